@@ -1,0 +1,122 @@
+"""Route a transformers model's attention through the ``llmc::paged_attention`` op (DESIGN §4).
+
+``transformers.AttentionInterface`` lets any model that uses the attention interface (Llama,
+Mistral, Qwen, Gemma 2/3, Phi-3, ...) call our function instead of its own, with no per-model
+code. The function calls a ``torch.library.custom_op`` whose eager implementation is the torch
+reference (it writes the KV cache in place) and whose fake implementation lets
+``torch.export`` trace it; the ONNX translation emits one ``llmc::PagedAttention`` node per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ATTN_IMPLEMENTATION = "llmc_paged"
+
+
+@torch.library.custom_op("llmc::paged_attention", mutates_args=())
+def paged_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_tables: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    sliding_window: int,
+    logit_softcap: float,
+    block_size: int,
+    layer_idx: int,
+) -> torch.Tensor:
+    """Eager implementation: the torch reference. q [T, H*D] -> [T, H*D].
+
+    Declared without ``mutates_args`` on purpose: the cache write is a side effect the exported
+    graph must keep as one plugin node, not a functionalized copy of the cache (DESIGN §3: the
+    cache is never copied). Only eager code (``TorchRunner``, tests) runs this body.
+    """
+    from llmc.plugins.paged_attention.reference import paged_attention_reference
+
+    return paged_attention_reference(
+        q,
+        k,
+        v,
+        key_cache,
+        value_cache,
+        seq_lens,
+        query_start_loc,
+        block_tables,
+        slot_mapping,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        scale=scale,
+        sliding_window=sliding_window or None,
+        logit_softcap=logit_softcap or None,
+    )
+
+
+@paged_attention_op.register_fake
+def _(q, k, v, key_cache, value_cache, *args) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: query [1, H, T, D], key/value [1, KVH, T, D].
+
+    The packed metadata arrive through the model's forward kwargs (``llmc_metadata``, a
+    ``PagedMetadata``). Returns ``([1, T, H, D], None)`` as transformers expects.
+    """
+    meta = kwargs["llmc_metadata"]
+    _, num_heads, num_tokens, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    layer_idx = module.layer_idx
+    key_cache, value_cache = meta.kv_caches[2 * layer_idx], meta.kv_caches[2 * layer_idx + 1]
+    # [1, H, T, D] -> [T, H*D]: tokens are packed, the batch dimension is always 1.
+    q = query.transpose(1, 2).reshape(num_tokens, num_heads * head_dim)
+    k = key.transpose(1, 2).reshape(num_tokens, num_kv_heads * head_dim)
+    v = value.transpose(1, 2).reshape(num_tokens, num_kv_heads * head_dim)
+    out = paged_attention_op(
+        q,
+        k,
+        v,
+        key_cache,
+        value_cache,
+        meta.seq_lens,
+        meta.query_start_loc,
+        meta.block_tables,
+        meta.slot_mapping,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        float(scaling if scaling is not None else head_dim**-0.5),
+        int(sliding_window or 0),
+        float(softcap or 0.0),
+        int(key_cache.shape[1]),
+        int(layer_idx),
+    )
+    return out.view(1, num_tokens, num_heads, head_dim), None
+
+
+def register_attention() -> str:
+    """Register ``paged_attention_forward`` with transformers; returns the implementation name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
+    return ATTN_IMPLEMENTATION

@@ -1,0 +1,151 @@
+"""``build``: checkpoint -> ONNX with plugins -> passes -> engine directory (DESIGN §1).
+
+Each stage is a function of the previous stage's artifact; the engine is written to a temporary
+directory beside the target and renamed into place at the end, so a failed or interrupted build
+never leaves a half-written engine where the runtime would find it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from llmc.compiler.build_config import CPU_TARGET, BuildConfig
+from llmc.errors import BuildConfigError
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What a build produced: where, the pass report, and the optimized graph's op counts."""
+
+    engine_dir: Path
+    pass_report: dict[str, int]
+    optimized_ops: dict[str, int]
+
+
+def _save_tokenizer_and_generation_config(src, model, tokenizer, engine_dir: Path) -> list[int]:
+    tokenizer.save_pretrained(engine_dir / "tokenizer")
+    gen = model.generation_config.to_dict() if model.generation_config is not None else {}
+    eos = gen.get("eos_token_id", model.config.eos_token_id)
+    eos_ids = sorted({int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None})
+    if tokenizer.eos_token_id is not None:
+        eos_ids = sorted({*eos_ids, int(tokenizer.eos_token_id)})
+    gen["eos_token_id"] = eos_ids
+    (engine_dir / "generation_config.json").write_text(json.dumps(gen, indent=1, default=str))
+    return eos_ids
+
+
+def build(config: BuildConfig, progress=None) -> BuildResult:
+    """Build one engine as ``config`` says.
+
+    ``progress`` is a ``BuildProgress`` (or None): it is told each stage's start and end.
+    Raises BuildConfigError for a target this host cannot build, ModelSourceError for a bad
+    model path, and whatever export/ORT raise for a model they cannot handle.
+    """
+    import onnx_ir as ir
+
+    from llmc.compiler import manifest as mf
+    from llmc.compiler.export import cache_spec, export_onnx
+    from llmc.compiler.isa import detect_host_isa
+    from llmc.compiler.lower_cpu import lower_to_cpu
+    from llmc.compiler.model_source import (
+        load_model,
+        load_tokenizer,
+        resolve_model,
+        sha256_files,
+    )
+    from llmc.compiler.passes import run_passes
+    from llmc.plugins import schema
+    from llmc.version import __version__
+
+    config.validate()
+    if config.arch != CPU_TARGET:
+        raise BuildConfigError(
+            f"--arch {config.arch} builds a TensorRT plan, which needs TensorRT and a GPU; "
+            "neither is available in this build of llmc yet. Build with --arch cpu."
+        )
+    stage = progress.stage if progress is not None else _no_stage
+    with stage("resolve model"):
+        src = resolve_model(config.model)
+        tokenizer = load_tokenizer(src)
+        checkpoint_digest = sha256_files(src.weight_files)
+    with stage("load weights"):
+        model = load_model(src, config.dtype)
+    spec = cache_spec(model)
+    with stage("export to ONNX"):
+        proto = export_onnx(model, block_size=config.block_size)
+    with stage("graph passes"):
+        graph = ir.from_proto(proto)
+        del proto
+        pass_report = run_passes(graph)
+        proto = ir.to_proto(graph)
+        del graph
+
+    out = config.output_dir(src.model_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with stage("lower to ONNX Runtime (cpu)") as tick:
+            _, optimized_ops = lower_to_cpu(proto, tmp, threads=config.threads, progress=tick)
+        with stage("tokenizer and manifest"):
+            _save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
+            tok_digest = sha256_files(sorted((tmp / "tokenizer").iterdir()))
+            host = detect_host_isa()
+            import onnxruntime as ort
+
+            manifest = mf.EngineManifest(
+                format_version=mf.FORMAT_VERSION,
+                llmc_version=__version__,
+                model_id=src.model_id,
+                source=src.source,
+                checkpoint_digest=checkpoint_digest,
+                tokenizer_digest=tok_digest,
+                target=config.arch,
+                isa=list(host.features),
+                arch=host.arch,
+                dtype=config.dtype,
+                quant=config.quant,
+                kv_cache_dtype=config.dtype,
+                max_seq_len=config.max_seq_len,
+                max_num_tokens=config.max_num_tokens,
+                max_batch=config.max_batch,
+                block_size=config.block_size,
+                num_layers=spec.num_layers,
+                num_kv_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim,
+                vocab_size=int(model.config.vocab_size),
+                plugin_versions={f"{schema.DOMAIN}::{schema.OP_TYPE}": schema.PLUGIN_VERSION},
+                backend="onnxruntime",
+                backend_version=ort.__version__,
+                execution_provider="CPUExecutionProvider",
+                build_config=config.to_dict(),
+                build_config_hash=config.hash(),
+                pass_report=pass_report,
+                accuracy_report=None,
+                files=mf.file_digests(tmp),
+                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            )
+            mf.write_manifest(manifest, tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BuildResult(out, pass_report, optimized_ops)
+
+
+class _NullStage:
+    def __enter__(self):
+        return lambda done, total: None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _no_stage(name: str) -> _NullStage:
+    return _NullStage()

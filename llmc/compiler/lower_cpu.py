@@ -1,0 +1,58 @@
+"""Lower an engine graph to the CPU target: ONNX Runtime segments optimized for this host.
+
+A graph saved by ONNX Runtime at ``ORT_ENABLE_ALL`` is specific to the hardware it was optimized
+on (DESIGN §6), which is what makes it the per-ISA CPU engine. Each segment between plugin nodes
+(see ``segment.py``) is optimized once at build time and saved with its weights as external data;
+the runtime loads the saved graphs with graph optimizations off.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+from llmc.compiler.segment import ExecutionPlan, save_plan, split_at_plugins
+
+SEGMENT_DIR = "segments"
+
+
+def _optimize_segment(model: onnx.ModelProto, out_path: Path, threads: int) -> Counter:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3  # the "hardware specific" warning is the point of this step
+    opts.optimized_model_filepath = str(out_path)
+    opts.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", out_path.name + ".data"
+    )
+    opts.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", "4096"
+    )
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(out_path), load_external_data=False)
+    return Counter(n.op_type for n in optimized.graph.node)
+
+
+def lower_to_cpu(
+    model: onnx.ModelProto, engine_dir: Path, threads: int = 2, progress=None
+) -> tuple[ExecutionPlan, dict[str, int]]:
+    """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``.
+
+    Returns the plan and the op counts of the optimized segments (recorded in the manifest).
+    ``progress(done, total)`` is called after each segment. Raises onnxruntime errors if ORT
+    cannot load a segment.
+    """
+    seg_dir = engine_dir / SEGMENT_DIR
+    seg_dir.mkdir(parents=True, exist_ok=True)
+    segments, plan = split_at_plugins(model, file_pattern=SEGMENT_DIR + "/segment_{:03d}.onnx")
+    ops: Counter = Counter()
+    for i, (seg, spec) in enumerate(zip(segments, plan.segments, strict=True)):
+        ops += _optimize_segment(seg, engine_dir / spec.file, threads)
+        if progress is not None:
+            progress(i + 1, len(segments))
+    save_plan(plan, engine_dir)
+    return plan, dict(sorted(ops.items()))

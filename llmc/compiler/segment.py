@@ -1,0 +1,171 @@
+"""Split an engine graph at its plugin nodes into ONNX Runtime segments (DESIGN §6).
+
+ONNX Runtime runs every node except ``llmc::PagedAttention``; the plugin runs as our CPU kernel
+between two segments, on the runner's KV cache by reference (an ORT custom op in Python would
+copy every input, the cache included, on each call). Segment ``i`` holds the nodes between plugin
+``i - 1`` and plugin ``i`` in graph order, so a step is: segment 0, plugin 0, segment 1, ...,
+plugin L-1, segment L.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from llmc.plugins import schema
+
+
+@dataclass(frozen=True)
+class PluginCall:
+    """One PagedAttention node: its 9 input names (DESIGN §3 order), output name, attributes."""
+
+    layer_idx: int
+    inputs: list[str]
+    output: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    sliding_window: int
+    logit_softcap: float
+    block_size: int
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """One ORT segment: its file (relative to the engine dir) and its boundary tensor names."""
+
+    file: str
+    inputs: list[str]
+    outputs: list[str]
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """How a runner executes the engine: segment i, then plugin i, for every i; logits last."""
+
+    segments: list[SegmentSpec]
+    plugins: list[PluginCall]
+    logits: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ExecutionPlan:
+        d = json.loads(text)
+        return cls(
+            segments=[SegmentSpec(**s) for s in d["segments"]],
+            plugins=[PluginCall(**p) for p in d["plugins"]],
+            logits=d["logits"],
+        )
+
+
+def _plugin_call(node: onnx.NodeProto) -> PluginCall:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return PluginCall(
+        layer_idx=int(attrs["layer_idx"]),
+        inputs=list(node.input),
+        output=node.output[0],
+        num_heads=int(attrs["num_heads"]),
+        num_kv_heads=int(attrs["num_kv_heads"]),
+        head_dim=int(attrs["head_dim"]),
+        scale=float(attrs["scale"]),
+        sliding_window=int(attrs["sliding_window"]),
+        logit_softcap=float(attrs["logit_softcap"]),
+        block_size=int(attrs["block_size"]),
+    )
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Type of every tensor, with plugin outputs typed like their q input ([T, H*D])."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    g = inferred.graph
+    types = {v.name: v for v in [*g.input, *g.output, *g.value_info]}
+    for node in schema.plugin_nodes(model):
+        q = types.get(node.input[0])
+        if q is not None:
+            types[node.output[0]] = helper.make_value_info(node.output[0], q.type)
+    return types
+
+
+def split_at_plugins(
+    model: onnx.ModelProto, file_pattern: str = "segment_{:03d}.onnx"
+) -> tuple[list[onnx.ModelProto], ExecutionPlan]:
+    """Cut ``model`` at its PagedAttention nodes.
+
+    Returns the segment models (each with the initializers it uses; an initializer used by two
+    segments, e.g. a tied embedding, is copied into both) and the plan a runner follows.
+    Raises ValueError if the graph has no plugin node or uses control-flow subgraphs.
+    """
+    g = model.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in g.node for a in n.attribute):
+        raise ValueError("graphs with control-flow subgraphs cannot be segmented")
+    plugins = [n for n in g.node if n.domain == schema.DOMAIN and n.op_type == schema.OP_TYPE]
+    if not plugins:
+        raise ValueError("the graph has no llmc::PagedAttention node")
+    types = _value_types(model)
+    initializers = {t.name: t for t in g.initializer}
+
+    groups: list[list[onnx.NodeProto]] = [[]]
+    for node in g.node:
+        if node.domain == schema.DOMAIN and node.op_type == schema.OP_TYPE:
+            groups.append([])
+        else:
+            groups[-1].append(node)
+
+    # Which later consumer (segment index or plugin index) needs each tensor.
+    needed_after: dict[str, int] = {o.name: len(groups) for o in g.output}
+    for i, group in enumerate(groups):
+        for node in group:
+            for name in node.input:
+                needed_after[name] = max(needed_after.get(name, -1), i)
+    for i, node in enumerate(plugins):
+        for name in node.input:
+            # Plugin i runs after segment i: a tensor it reads must leave segment <= i.
+            needed_after[name] = max(needed_after.get(name, -1), i + 1)
+
+    segments, specs = [], []
+    for i, group in enumerate(groups):
+        produced = {o for n in group for o in n.output if o}
+        used = [name for n in group for name in n.input if name]
+        inputs = list(dict.fromkeys(n for n in used if n not in produced and n not in initializers))
+        inits = [initializers[n] for n in dict.fromkeys(used) if n in initializers]
+        outputs = [n for n in dict.fromkeys(o for nd in group for o in nd.output if o)
+                   if needed_after.get(n, -1) > i]
+        graph = helper.make_graph(
+            group,
+            f"segment_{i}",
+            [_typed(types, n) for n in inputs],
+            [_typed(types, n) for n in outputs],
+            initializer=inits,
+        )
+        seg = helper.make_model(graph, opset_imports=list(model.opset_import))
+        seg.ir_version = model.ir_version
+        segments.append(seg)
+        specs.append(SegmentSpec(file=file_pattern.format(i), inputs=inputs, outputs=outputs))
+    plan = ExecutionPlan(specs, [_plugin_call(n) for n in plugins], logits=g.output[0].name)
+    return segments, plan
+
+
+def _typed(types: dict[str, onnx.ValueInfoProto], name: str) -> onnx.ValueInfoProto:
+    if name not in types or not types[name].type.HasField("tensor_type"):
+        raise ValueError(f"tensor {name!r} crosses a segment boundary but has no inferred type")
+    info = onnx.ValueInfoProto()
+    info.CopyFrom(types[name])
+    return info
+
+
+def save_plan(plan: ExecutionPlan, engine_dir: Path) -> None:
+    """Write ``plan.json`` into ``engine_dir``."""
+    (engine_dir / "plan.json").write_text(plan.to_json())
+
+
+def load_plan(engine_dir: Path) -> ExecutionPlan:
+    """Read ``plan.json`` from ``engine_dir``."""
+    return ExecutionPlan.from_json((engine_dir / "plan.json").read_text())

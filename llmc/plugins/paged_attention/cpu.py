@@ -1,0 +1,223 @@
+"""The CPU kernel of ``llmc::PagedAttention`` (float32): ctypes binding of ``paged_attention.c``.
+
+The library is the extension ``setup.py`` builds next to this file (``pip install -e .``). A
+checkout without it, or with one built from an older ``paged_attention.c``, compiles the source
+with gcc once into ``~/.cache/llmc/`` instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+_SOURCE = Path(__file__).with_name("paged_attention.c")
+# Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
+COMPILE_FLAGS = ("-O3", "-fopenmp", "-march=native", "-fno-math-errno")
+
+# Status codes returned by the C function (its PA_* enum), as the input they blame.
+_BAD_INPUT = {
+    1: "query_start_loc must start at 0, end at num_tokens and never decrease",
+    2: "every seq_lens[b] must be at least its sequence's new-token count and fit its block table",
+    3: "block_tables holds a block id outside [0, num_blocks) within a sequence's context",
+    4: "slot_mapping holds a slot outside [0, num_blocks * block_size)",
+}
+
+
+class _KernelLibrary:
+    """The loaded shared library, with its function's signature declared once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        library = ctypes.CDLL(str(path))
+        source_sha256 = library.llmc_pa_source_sha256
+        source_sha256.restype = ctypes.c_char_p
+        self.source_sha256: str = source_sha256().decode()
+        ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+        self.paged_attention_f32 = library.llmc_paged_attention_f32
+        self.paged_attention_f32.restype = ctypes.c_int
+        self.paged_attention_f32.argtypes = [
+            ptr, i64, ptr, i64, ptr, i64,  # q, k, v and their row strides
+            ptr, ptr, i64, i32,  # key_cache, value_cache, num_blocks, block_size
+            ptr, ptr, ptr, i64, i32,  # seq_lens, query_start_loc, block_tables, stride, max_blocks
+            ptr, ptr,  # slot_mapping, out
+            i32, i32, i32, i32, i32,  # num_tokens, num_seqs, num_heads, num_kv_heads, head_dim
+            f32, i32, f32,  # scale, sliding_window, softcap
+        ]  # fmt: skip
+
+
+@functools.cache
+def load_library() -> _KernelLibrary:
+    """Load the kernel: the built extension if it matches the source, else a cached gcc build.
+
+    Raises:
+        RuntimeError: no usable built extension, and gcc is missing or fails.
+    """
+    source_sha256 = hashlib.sha256(_SOURCE.read_bytes()).hexdigest() if _SOURCE.exists() else None
+    for path in sorted(_SOURCE.parent.glob("_paged_attention_cpu*.so")):
+        library = _KernelLibrary(path)
+        if source_sha256 is None or library.source_sha256 == source_sha256:
+            return library
+        warnings.warn(
+            f"{path.name} was built from an older paged_attention.c; compiling the current one "
+            "into ~/.cache/llmc (run `pip install -e .` to rebuild the extension)",
+            stacklevel=2,
+        )
+    if source_sha256 is None:
+        raise RuntimeError(f"neither the built CPU attention kernel nor {_SOURCE} was found")
+    return _KernelLibrary(_compile(source_sha256))
+
+
+def _compile(source_sha256: str) -> Path:
+    """Compile ``paged_attention.c`` into the cache dir, keyed by source and flags; return it."""
+    key = hashlib.sha256(" ".join((source_sha256, *COMPILE_FLAGS)).encode()).hexdigest()[:16]
+    cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmc"
+    target = cache_dir / f"paged_attention_cpu-{key}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError(
+            "the CPU paged-attention kernel is not built and no C compiler was found: "
+            "run `pip install -e .` where gcc is available, or install gcc"
+        )
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Why a temporary name and a rename: two processes compiling at once never load a half file.
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    command = [compiler, *COMPILE_FLAGS, "-shared", "-fPIC"]
+    command += [f'-DLLMC_PA_SOURCE_SHA256="{source_sha256}"', "-o", str(partial), str(_SOURCE)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        shown = " ".join(command)
+        raise RuntimeError(f"compiling {_SOURCE.name} failed:\n{shown}\n{result.stderr}")
+    os.replace(partial, target)
+    return target
+
+
+def _check(name: str, array: object, dtype: type, ndim: int, *, rows_strided: bool = False) -> None:
+    """Raise unless ``array`` is an ndarray of ``dtype`` and ``ndim`` laid out as the kernel reads.
+
+    ``rows_strided``: rows may be spaced freely (a column slice, such as q out of a fused QKV)
+    as long as each row is contiguous; otherwise the whole array must be C-contiguous.
+    """
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(array).__name__}")
+    if array.dtype != dtype:
+        raise TypeError(
+            f"{name} must be {np.dtype(dtype)}, got {array.dtype}"
+            + ("; the CPU kernel supports float32 only" if dtype is np.float32 else "")
+        )
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {array.shape}")
+    if rows_strided:
+        if array.strides[1] != array.itemsize or array.strides[0] % array.itemsize:
+            raise ValueError(f"{name} must have contiguous rows, got strides {array.strides}")
+    elif not array.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (it is used in place, never copied)")
+
+
+def _check_shape(name: str, array: np.ndarray, expected: tuple[int, ...]) -> None:
+    if array.shape != expected:
+        raise ValueError(f"{name} must have shape {expected}, got {array.shape}")
+
+
+def paged_attention_cpu(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    seq_lens: np.ndarray,
+    query_start_loc: np.ndarray,
+    block_tables: np.ndarray,
+    slot_mapping: np.ndarray,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    sliding_window: int | None,
+    logit_softcap: float | None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Write the new tokens' keys and values into the paged cache in place, then attend causally.
+
+    Same contract as :func:`llmc.plugins.paged_attention.reference.paged_attention_reference`
+    (DESIGN §3), on numpy arrays and float32 only. Threads: OpenMP, so ``OMP_NUM_THREADS``.
+
+    Args:
+        q: [T, H*D] float32; rows contiguous (a column slice of a fused QKV output is fine).
+        k, v: [T, KVH*D] float32; rows contiguous.
+        key_cache, value_cache: [num_blocks, block_size, KVH, D] float32, C-contiguous; written
+            in place, never copied.
+        seq_lens: [B] int32, context length after this step. query_start_loc: [B+1] int32.
+        block_tables: [B, max_blocks] int32; rows contiguous. slot_mapping: [T] int64.
+        num_heads, num_kv_heads, head_dim, scale, sliding_window, logit_softcap: as in the
+            reference (None = off).
+        out: optional [T, H*D] float32 C-contiguous array to write into (must not overlap q).
+
+    Returns:
+        ``out`` (or a new array), [T, H*D] float32.
+
+    Raises:
+        TypeError: an argument is not a numpy array of the dtype above (bfloat16 caches
+            included: float32 only for now).
+        ValueError: a shape, layout or parameter is wrong, or the metadata points outside the
+            cache (checked by the kernel before it writes anything).
+        RuntimeError: the kernel cannot be loaded or compiled (see :func:`load_library`).
+    """
+    if num_kv_heads <= 0 or head_dim <= 0 or num_heads % num_kv_heads != 0 or num_heads <= 0:
+        raise ValueError(
+            f"need num_heads a positive multiple of num_kv_heads and head_dim > 0, got "
+            f"num_heads={num_heads}, num_kv_heads={num_kv_heads}, head_dim={head_dim}"
+        )
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+    if logit_softcap is not None and not logit_softcap > 0:
+        raise ValueError(f"logit_softcap must be None or > 0, got {logit_softcap}")
+    for name, array in (("q", q), ("k", k), ("v", v)):
+        _check(name, array, np.float32, 2, rows_strided=True)
+    _check("key_cache", key_cache, np.float32, 4)
+    _check("value_cache", value_cache, np.float32, 4)
+    _check("seq_lens", seq_lens, np.int32, 1)
+    _check("query_start_loc", query_start_loc, np.int32, 1)
+    _check("block_tables", block_tables, np.int32, 2, rows_strided=True)
+    _check("slot_mapping", slot_mapping, np.int64, 1)
+    num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
+    num_blocks, block_size = key_cache.shape[:2]
+    _check_shape("q", q, (num_tokens, num_heads * head_dim))
+    _check_shape("k", k, (num_tokens, num_kv_heads * head_dim))
+    _check_shape("v", v, (num_tokens, num_kv_heads * head_dim))
+    _check_shape("key_cache", key_cache, (num_blocks, block_size, num_kv_heads, head_dim))
+    _check_shape("value_cache", value_cache, key_cache.shape)
+    _check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    _check_shape("block_tables", block_tables, (num_seqs, block_tables.shape[1]))
+    _check_shape("slot_mapping", slot_mapping, (num_tokens,))
+    if out is None:
+        out = np.empty((num_tokens, num_heads * head_dim), dtype=np.float32)
+    else:
+        _check("out", out, np.float32, 2)
+        _check_shape("out", out, (num_tokens, num_heads * head_dim))
+    if num_tokens == 0:
+        return out
+
+    status = load_library().paged_attention_f32(
+        q.ctypes.data, q.strides[0] // 4, k.ctypes.data, k.strides[0] // 4,
+        v.ctypes.data, v.strides[0] // 4, key_cache.ctypes.data, value_cache.ctypes.data,
+        num_blocks, block_size, seq_lens.ctypes.data, query_start_loc.ctypes.data,
+        block_tables.ctypes.data, block_tables.strides[0] // 4, block_tables.shape[1],
+        slot_mapping.ctypes.data, out.ctypes.data,
+        num_tokens, num_seqs, num_heads, num_kv_heads, head_dim,
+        # Why min(): a window longer than any context is no window, and must fit a C int.
+        scale, min(sliding_window or 0, 2**31 - 1), logit_softcap or 0.0,
+    )  # fmt: skip
+    if status != 0:
+        raise ValueError(f"bad attention metadata: {_BAD_INPUT.get(status, f'status {status}')}")
+    return out

@@ -1,0 +1,190 @@
+/* llmc::PagedAttention on the CPU, float32 (DESIGN §3; the ground truth is reference.py).
+ *
+ * One call = one layer of one step: write the T new tokens' keys and values into the paged cache
+ * in place, then let every new token attend causally over its sequence's context by walking the
+ * block table. No copy of the cache and no gather of the context: each K/V row is read where it
+ * lives. Scores use the online softmax of Milakov & Gimelshein 2018 ("Online normalizer
+ * calculation for softmax") as tiled in FlashAttention (Dao et al. 2022): a running max and sum
+ * per query head, the accumulator rescaled when the max grows, one tile of keys at a time.
+ *
+ * Built by setup.py as llmc/plugins/paged_attention/_paged_attention_cpu*.so (no PyInit: loaded
+ * with ctypes by cpu.py), or by cpu.py itself with gcc when the extension is missing.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef LLMC_PA_SOURCE_SHA256
+#define LLMC_PA_SOURCE_SHA256 "unknown"
+#endif
+
+/* Keys scored per softmax update. Why 32: the scores of a tile for a GQA group stay in L1 and
+ * the accumulator is rescaled once per tile instead of once per key. */
+#define TILE 32
+
+enum {
+  PA_OK = 0,
+  PA_BAD_QUERY_START_LOC = 1, /* not 0 .. T, or decreasing */
+  PA_BAD_SEQ_LEN = 2,         /* shorter than its new tokens, or longer than its block table */
+  PA_BAD_BLOCK_ID = 3,        /* a block id the context uses is outside the cache */
+  PA_BAD_SLOT = 4,            /* a slot outside the cache */
+};
+
+/* Lets cpu.py tell a stale built extension from one built from the current source. */
+const char *llmc_pa_source_sha256(void) { return LLMC_PA_SOURCE_SHA256; }
+
+static int check_metadata(const int32_t *seq_lens, const int32_t *query_start_loc,
+                          const int32_t *block_tables, int64_t block_table_stride, int max_blocks,
+                          const int64_t *slot_mapping, int num_tokens, int num_seqs,
+                          int64_t num_blocks, int block_size) {
+  if (query_start_loc[0] != 0 || query_start_loc[num_seqs] != num_tokens) {
+    return PA_BAD_QUERY_START_LOC;
+  }
+  for (int b = 0; b < num_seqs; ++b) {
+    int num_new = query_start_loc[b + 1] - query_start_loc[b];
+    if (num_new < 0) return PA_BAD_QUERY_START_LOC;
+    if (num_new == 0) continue; /* a sequence without new tokens is never read */
+    if (seq_lens[b] < num_new || seq_lens[b] > (int64_t)max_blocks * block_size) {
+      return PA_BAD_SEQ_LEN;
+    }
+    const int32_t *row = block_tables + b * block_table_stride;
+    for (int i = 0; i < (seq_lens[b] + block_size - 1) / block_size; ++i) {
+      if (row[i] < 0 || row[i] >= num_blocks) return PA_BAD_BLOCK_ID;
+    }
+  }
+  for (int t = 0; t < num_tokens; ++t) {
+    if (slot_mapping[t] < 0 || slot_mapping[t] >= num_blocks * block_size) return PA_BAD_SLOT;
+  }
+  return PA_OK;
+}
+
+/* The sequence that owns packed token t: the last b with query_start_loc[b] <= t. */
+static int seq_of_token(const int32_t *query_start_loc, int num_seqs, int t) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (query_start_loc[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+/* One token, one GQA group: the G query heads that share KV head kvh, over context positions
+ * first..last. q and out point at the group's G*D contiguous floats; out is the accumulator.
+ * key_cache/value_cache point at KV head kvh of slot 0; a slot's row is row_stride floats. */
+static void attend_group(const float *restrict q, float *restrict out,
+                         const float *restrict key_cache, const float *restrict value_cache,
+                         const int32_t *restrict block_table, int64_t row_stride, int block_size,
+                         int group, int head_dim, int first, int last, float scale,
+                         float softcap) {
+  float running_max[group], running_sum[group], scores[group][TILE];
+  for (int g = 0; g < group; ++g) {
+    running_max[g] = -INFINITY;
+    running_sum[g] = 0.0f;
+  }
+  memset(out, 0, sizeof(float) * group * head_dim);
+
+  for (int j0 = first; j0 <= last;) {
+    /* A tile never crosses a block: its rows are then equally spaced in memory. */
+    int offset = j0 % block_size;
+    int n = block_size - offset;
+    if (n > last - j0 + 1) n = last - j0 + 1;
+    if (n > TILE) n = TILE;
+    int64_t slot = (int64_t)block_table[j0 / block_size] * block_size + offset;
+    const float *keys = key_cache + slot * row_stride;
+    const float *values = value_cache + slot * row_stride;
+
+    /* Why keys outside, heads inside: each K row is loaded once for the whole group. */
+    for (int i = 0; i < n; ++i) {
+      const float *key = keys + i * row_stride;
+      for (int g = 0; g < group; ++g) {
+        const float *qg = q + g * head_dim;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int d = 0; d < head_dim; ++d) dot += qg[d] * key[d];
+        dot *= scale;
+        scores[g][i] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;
+      }
+    }
+    for (int g = 0; g < group; ++g) {
+      float tile_max = running_max[g];
+      for (int i = 0; i < n; ++i) tile_max = fmaxf(tile_max, scores[g][i]);
+      /* The first tile has running_max = -inf: correction = exp(-inf) = 0 on a zero sum. */
+      float correction = expf(running_max[g] - tile_max);
+      if (correction != 1.0f) {
+        float *og = out + g * head_dim;
+#pragma omp simd
+        for (int d = 0; d < head_dim; ++d) og[d] *= correction;
+      }
+      float tile_sum = 0.0f;
+      for (int i = 0; i < n; ++i) {
+        scores[g][i] = expf(scores[g][i] - tile_max);
+        tile_sum += scores[g][i];
+      }
+      running_sum[g] = running_sum[g] * correction + tile_sum;
+      running_max[g] = tile_max;
+    }
+    for (int i = 0; i < n; ++i) {
+      const float *value = values + i * row_stride;
+      for (int g = 0; g < group; ++g) {
+        float p = scores[g][i];
+        float *og = out + g * head_dim;
+#pragma omp simd
+        for (int d = 0; d < head_dim; ++d) og[d] += p * value[d];
+      }
+    }
+    j0 += n;
+  }
+  for (int g = 0; g < group; ++g) {
+    float inv = 1.0f / running_sum[g];
+    float *og = out + g * head_dim;
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) og[d] *= inv;
+  }
+}
+
+/* Returns PA_OK, or a PA_BAD_* code before anything is written. Strides are in elements.
+ * sliding_window <= 0 and softcap <= 0 mean off. */
+int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
+                             const float *v, int64_t v_stride, float *key_cache,
+                             float *value_cache, int64_t num_blocks, int block_size,
+                             const int32_t *seq_lens, const int32_t *query_start_loc,
+                             const int32_t *block_tables, int64_t block_table_stride,
+                             int max_blocks, const int64_t *slot_mapping, float *out,
+                             int num_tokens, int num_seqs, int num_heads, int num_kv_heads,
+                             int head_dim, float scale, int sliding_window, float softcap) {
+  int status = check_metadata(seq_lens, query_start_loc, block_tables, block_table_stride,
+                              max_blocks, slot_mapping, num_tokens, num_seqs, num_blocks,
+                              block_size);
+  if (status != PA_OK) return status;
+
+  int64_t row_stride = (int64_t)num_kv_heads * head_dim;
+  for (int t = 0; t < num_tokens; ++t) {
+    memcpy(key_cache + slot_mapping[t] * row_stride, k + t * k_stride, sizeof(float) * row_stride);
+    memcpy(value_cache + slot_mapping[t] * row_stride, v + t * v_stride,
+           sizeof(float) * row_stride);
+  }
+
+  /* Why (token, KV head) work items rather than (sequence, head): a single prefill with MQA is
+   * one sequence and one KV head, which would leave every core but one idle; per token it is
+   * T items. Dynamic scheduling because items differ in cost (a prefill's later tokens see more
+   * context; decodes of long and short sequences mix). */
+  int group = num_heads / num_kv_heads;
+  int64_t num_items = (int64_t)num_tokens * num_kv_heads;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t item = 0; item < num_items; ++item) {
+    int t = (int)(item / num_kv_heads), kvh = (int)(item % num_kv_heads);
+    int b = seq_of_token(query_start_loc, num_seqs, t);
+    int num_new = query_start_loc[b + 1] - query_start_loc[b];
+    int position = seq_lens[b] - num_new + (t - query_start_loc[b]);
+    int first = 0;
+    if (sliding_window > 0 && position - sliding_window + 1 > 0) {
+      first = position - sliding_window + 1;
+    }
+    int64_t head_offset = (int64_t)kvh * group * head_dim;
+    float *out_group = out + (int64_t)t * num_heads * head_dim + head_offset;
+    attend_group(q + t * q_stride + head_offset, out_group, key_cache + (int64_t)kvh * head_dim,
+                 value_cache + (int64_t)kvh * head_dim, block_tables + b * block_table_stride,
+                 row_stride, block_size, group, head_dim, first, position, scale, softcap);
+  }
+  return PA_OK;
+}

@@ -1,0 +1,214 @@
+"""The engine loop: schedule, run, sample, detokenize, one step at a time (in-flight batching)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmc.runtime.detokenizer import IncrementalDetokenizer
+from llmc.runtime.outputs import CompletionOutput, RequestOutput
+from llmc.runtime.runner import Runner
+from llmc.runtime.sampler import Sampler
+from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.scheduler import Scheduler, SchedulerConfig
+from llmc.runtime.sequence import Sequence, SequenceStatus
+from llmc.runtime.step_builder import build_step_inputs
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How the engine serves one engine directory.
+
+    Attributes:
+        block_size: tokens per KV block; must equal the runner's.
+        num_blocks: KV blocks the scheduler may use; at most the runner's cache size.
+        max_model_len: longest sequence (prompt + output) in tokens; at most the engine's
+            ``max_seq_len``.
+        max_num_seqs: most requests in one step.
+        max_num_batched_tokens: most tokens in one step (prompt chunks + decodes).
+        seed: seed of the sampler's generator for requests without a seed of their own; None
+            seeds it from the operating system.
+    """
+
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    seed: int | None = None
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
+class LLMEngine:
+    """Serves requests over one runner with in-flight batching: requests join and leave at
+    every step.
+
+    Args:
+        runner: executes steps and owns the KV cache.
+        tokenizer: the model's Hugging Face tokenizer (for detokenization).
+        config: limits; checked against the runner.
+        eos_token_ids: the model's end-of-sequence token ids.
+
+    Raises:
+        ValueError: if ``config`` does not fit the runner (block size, cache size) or a limit is
+            invalid.
+    """
+
+    def __init__(
+        self, runner: Runner, tokenizer: Any, config: EngineConfig, eos_token_ids: set[int]
+    ) -> None:
+        if config.block_size != runner.block_size:
+            raise ValueError(
+                f"block_size {config.block_size} differs from the runner's {runner.block_size}"
+            )
+        if config.num_blocks > runner.num_blocks:
+            raise ValueError(
+                f"num_blocks {config.num_blocks} exceeds the runner's KV cache of "
+                f"{runner.num_blocks} blocks"
+            )
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.max_model_len = config.max_model_len
+        self.scheduler = Scheduler(config.scheduler_config(), eos_token_ids)
+        self.sampler = Sampler(config.seed)
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # one per unfinished request
+
+    @classmethod
+    def from_engine_dir(cls, path: str | Path, **overrides: Any) -> LLMEngine:
+        """Load an engine directory and serve it.
+
+        Args:
+            path: the engine directory (``manifest.json`` and engine files).
+            overrides: `EngineConfig` fields to set instead of the engine's defaults (its block
+                size, its whole cache, its ``max_seq_len``).
+
+        Raises:
+            TypeError: for an override that is not an `EngineConfig` field.
+            ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``, or as `__init__`.
+        """
+        from llmc.runtime.engine_loader import load_engine
+
+        known = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(overrides.keys() - known)
+        if unknown:
+            raise TypeError(f"unknown engine options {unknown}; known: {sorted(known)}")
+        loaded = load_engine(path)
+        max_seq_len = loaded.manifest.max_seq_len
+        if overrides.get("max_model_len", max_seq_len) > max_seq_len:
+            raise ValueError(
+                f"max_model_len {overrides['max_model_len']} exceeds the engine's max_seq_len "
+                f"{max_seq_len}; rebuild the engine with a larger max_seq_len"
+            )
+        defaults = {
+            "block_size": loaded.block_size,
+            "num_blocks": loaded.runner.num_blocks,
+            "max_model_len": max_seq_len,
+        }
+        config = EngineConfig(**{**defaults, **overrides})
+        return cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+    ) -> None:
+        """Queue a request; it starts at the next `step` that has room for it.
+
+        Raises:
+            ValueError: for a duplicate id, bad sampling parameters, an empty prompt, token ids
+                outside the vocabulary, or a prompt plus ``max_tokens`` longer than
+                ``max_model_len``.
+        """
+        if request_id in self._detokenizers:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params.validate()
+        if len(prompt_token_ids) == 0:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        vocab_size = self.runner.vocab_size
+        lo, hi = min(prompt_token_ids), max(prompt_token_ids)
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens "
+                f"({params.max_tokens}) is {total} tokens, more than this engine's max_model_len "
+                f"of {self.max_model_len}; shorten the prompt or lower max_tokens"
+            )
+        seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
+        self.scheduler.add_request(seq)
+        self._detokenizers[request_id] = IncrementalDetokenizer(
+            self.tokenizer, seq.prompt_token_ids, params
+        )
+
+    def abort_request(self, request_id: str) -> None:
+        """Cancel a request and free its blocks; unknown or finished ids are ignored."""
+        self.scheduler.abort_request(request_id)
+        self._detokenizers.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step.
+
+        Returns:
+            One output for every request that got a token in this step (finished or not), in
+            step order. Prompt chunks that do not reach the end of their prompt produce none.
+        """
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output.scheduled:
+            return []
+        step_inputs = build_step_inputs(scheduler_output, self.config.block_size)
+        logits = self.runner.execute(step_inputs)  # logits: [S, V]
+        sampling = scheduler_output.sampling
+        if sampling:
+            params = [seq.params for seq in sampling]
+            token_ids = self.sampler(logits, params, [seq.generator for seq in sampling])
+        else:
+            token_ids = np.empty(0, np.int64)
+        updated = self.scheduler.update_from_output(scheduler_output, token_ids)
+        return [self._detokenize(seq) for seq in updated]
+
+    def _detokenize(self, seq: Sequence) -> RequestOutput:
+        detokenizer = self._detokenizers[seq.request_id]
+        stop = detokenizer.update(seq.last_token_id)
+        if stop is None and seq.is_finished:
+            stop = detokenizer.finish()
+        if stop is not None:
+            if seq.is_finished:
+                # A stop string in the last token wins over the length limit (as in vLLM).
+                seq.status = SequenceStatus.FINISHED_STOPPED
+            else:
+                self.scheduler.finish_request(seq.request_id, SequenceStatus.FINISHED_STOPPED)
+        if seq.is_finished:
+            del self._detokenizers[seq.request_id]
+        completion = CompletionOutput(
+            index=0,
+            text=detokenizer.text(seq.is_finished),
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+        )
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            outputs=[completion],
+            finished=seq.is_finished,
+        )

@@ -1,0 +1,98 @@
+"""Load an engine directory: manifest check first, then digests, then the runner (DESIGN §6).
+
+Nothing is deserialized before the manifest has been checked against this host, so a mismatched
+engine is refused with what to rebuild instead of failing somewhere inside ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmc.errors import EngineError, EngineNotFoundError
+
+#: Default KV-cache memory budget when neither ``num_blocks`` nor ``kv_cache_memory`` is given.
+DEFAULT_KV_CACHE_BYTES = 2 << 30
+
+
+@dataclass
+class LoadedEngine:
+    """A checked, loaded engine: its manifest, a runner owning the KV cache, and the tokenizer."""
+
+    manifest: object
+    runner: object
+    tokenizer: object
+    eos_token_ids: set[int]
+    block_size: int
+
+
+def kv_bytes_per_block(manifest) -> int:
+    """Bytes one KV block takes over all layers: 2 * layers * block_size * KVH * D * 4 (fp32)."""
+    return 2 * manifest.num_layers * manifest.block_size * manifest.num_kv_heads * manifest.head_dim * 4
+
+
+def plan_num_blocks(manifest, num_blocks: int | None, kv_cache_memory: int | None) -> int:
+    """How many KV blocks to allocate.
+
+    Default: enough for ``max_batch`` sequences of ``max_seq_len``, capped by the memory budget
+    (bytes). Raises EngineError when the pool cannot hold one ``max_seq_len`` sequence, naming
+    the setting to change.
+    """
+    per_seq = math.ceil(manifest.max_seq_len / manifest.block_size)
+    if num_blocks is None:
+        budget = kv_cache_memory or DEFAULT_KV_CACHE_BYTES
+        num_blocks = min(per_seq * manifest.max_batch, budget // kv_bytes_per_block(manifest))
+    if num_blocks < per_seq:
+        raise EngineError(
+            f"a KV pool of {num_blocks} blocks of {manifest.block_size} tokens cannot hold one "
+            f"sequence of max_seq_len={manifest.max_seq_len} ({per_seq} blocks); raise "
+            "--kv-cache-memory / --num-blocks, or rebuild with a smaller --max-seq-len"
+        )
+    return num_blocks
+
+
+def load_engine(
+    path: str | Path,
+    *,
+    num_blocks: int | None = None,
+    kv_cache_memory: int | None = None,
+    threads: int | None = None,
+    verify_digests: bool = True,
+) -> LoadedEngine:
+    """Check and load the engine at ``path``.
+
+    Raises EngineNotFoundError (no engine there), EngineMismatchError (built for another
+    target/ISA/backend; says what to rebuild), EngineCorruptError (a file's digest differs).
+    """
+    from llmc.compiler.isa import detect_host_isa
+    from llmc.compiler.manifest import check_host, read_manifest, verify_files
+
+    engine_dir = Path(path)
+    if not (engine_dir / "manifest.json").is_file():
+        raise EngineNotFoundError(
+            f"{engine_dir} is not an engine directory (no manifest.json); build one with "
+            "`llmc build MODEL --arch cpu -o DIR`"
+        )
+    manifest = read_manifest(engine_dir)
+    import onnxruntime as ort
+
+    check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
+    if verify_digests:
+        verify_files(manifest, engine_dir)
+    from transformers import AutoTokenizer
+
+    from llmc.runtime.ort_runner import OrtRunner
+
+    blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory)
+    runner = OrtRunner(engine_dir, num_blocks=blocks, threads=threads)
+    tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "tokenizer"))
+    gen = json.loads((engine_dir / "generation_config.json").read_text())
+    return LoadedEngine(
+        manifest=manifest,
+        runner=runner,
+        tokenizer=tokenizer,
+        eos_token_ids=set(gen.get("eos_token_id") or []),
+        block_size=manifest.block_size,
+    )

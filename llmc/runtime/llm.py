@@ -1,0 +1,114 @@
+"""The offline Python API: ``LLM(engine_dir).generate(prompts, SamplingParams(...))`` (as vLLM)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+from llmc.runtime.engine import LLMEngine
+from llmc.runtime.outputs import RequestOutput
+from llmc.runtime.sampling_params import SamplingParams
+
+# A prompt is text, or pre-tokenized as {"prompt_token_ids": [...]} (vLLM's TokensPrompt).
+Prompt = str | dict[str, list[int]]
+
+
+class LLM:
+    """Generate completions for a batch of prompts with one engine.
+
+    Args:
+        engine_dir: an engine directory built by ``llmc build``.
+        overrides: `EngineConfig` fields (``max_num_seqs``, ``max_model_len``, ``seed``, ...).
+
+    Raises:
+        TypeError, ValueError: as `LLMEngine.from_engine_dir`.
+    """
+
+    def __init__(self, engine_dir: str | Path, **overrides: Any) -> None:
+        self._init(LLMEngine.from_engine_dir(engine_dir, **overrides))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """Wrap an engine that is already built (tests, custom runners)."""
+        llm = cls.__new__(cls)
+        llm._init(engine)
+        return llm
+
+    def _init(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._request_ids = count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion, batched by the engine.
+
+        Args:
+            prompts: a prompt or a list of them; text is tokenized with the engine's tokenizer
+                (with its special tokens, e.g. BOS), ``{"prompt_token_ids": [...]}`` is used as is.
+            sampling_params: one `SamplingParams` for all prompts, or one per prompt; None means
+                ``SamplingParams()``.
+            use_tqdm: show a progress bar over finished requests.
+
+        Returns:
+            One finished `RequestOutput` per prompt, in the order of ``prompts``.
+
+        Raises:
+            ValueError: if the number of sampling params differs from the number of prompts, or
+                a request is invalid (nothing is left queued then).
+        """
+        if isinstance(prompts, str | dict):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        elif len(sampling_params) != len(prompts):
+            raise ValueError(
+                f"{len(sampling_params)} sampling params for {len(prompts)} prompts; "
+                "give one for all or one per prompt"
+            )
+
+        request_ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params, strict=True):
+                request_id = str(next(self._request_ids))
+                text, token_ids = self._tokenize(prompt)
+                self.engine.add_request(request_id, token_ids, params, prompt=text)
+                request_ids.append(request_id)
+        except Exception:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            raise
+
+        finished: dict[str, RequestOutput] = {}
+        progress = _progress_bar(len(request_ids)) if use_tqdm else None
+        while len(finished) < len(request_ids) and self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    if progress is not None:
+                        progress.update(1)
+        if progress is not None:
+            progress.close()
+        return [finished[request_id] for request_id in request_ids]
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return None, list(prompt["prompt_token_ids"])
+        raise ValueError(
+            f"a prompt must be a str or a dict with 'prompt_token_ids', got {type(prompt).__name__}"
+        )
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", unit="req")

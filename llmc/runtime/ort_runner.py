@@ -1,0 +1,92 @@
+"""The ONNX Runtime runner of CPU engines (DESIGN §6-7).
+
+A step runs segment 0, plugin 0, segment 1, ..., segment L (see ``llmc.compiler.segment``). ORT
+runs the segments; the paged-attention CPU kernel runs between them on the KV cache, which this
+runner owns as numpy arrays and which is only ever written in place at the step's slots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from llmc.compiler.segment import ExecutionPlan, load_plan
+from llmc.runtime.step_inputs import StepInputs
+
+
+class OrtRunner:
+    """Runs a CPU engine directory. Implements ``llmc.runtime.runner.Runner``.
+
+    Args:
+        engine_dir: the engine directory (``plan.json``, ``segments/``).
+        num_blocks: KV blocks per layer; the cache takes
+            ``2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim * 4`` bytes.
+        threads: ORT intra-op threads (the attention kernel uses OpenMP's default).
+    """
+
+    def __init__(self, engine_dir: str | Path, num_blocks: int, threads: int | None = None):
+        import onnxruntime as ort
+
+        engine_dir = Path(engine_dir)
+        self.plan: ExecutionPlan = load_plan(engine_dir)
+        opts = ort.SessionOptions()
+        # The saved segments are already optimized for this host at build time.
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = threads
+        self._sessions = [
+            ort.InferenceSession(str(engine_dir / s.file), opts, providers=["CPUExecutionProvider"])
+            for s in self.plan.segments
+        ]
+        first = self.plan.plugins[0]
+        self.num_blocks = num_blocks
+        self.block_size = first.block_size
+        # One key and one value cache per layer: [num_blocks, block_size, KVH, D] float32.
+        self.kv_caches = {
+            name: np.zeros((num_blocks, p.block_size, p.num_kv_heads, p.head_dim), np.float32)
+            for p in self.plan.plugins
+            for name in p.inputs[3:5]
+        }
+        logits_info = self._sessions[-1].get_outputs()[0]
+        self.vocab_size = int(logits_info.shape[-1])
+        from llmc.plugins.paged_attention.cpu import paged_attention_cpu
+
+        self._attention = paged_attention_cpu
+
+    def execute(self, step: StepInputs) -> np.ndarray:
+        """Run one step; returns logits [len(step.logits_indices), vocab] float32."""
+        env: dict[str, np.ndarray] = {
+            "input_ids": step.input_ids,
+            "positions": step.positions,
+            "logits_indices": step.logits_indices,
+            "seq_lens": step.seq_lens,
+            "query_start_loc": step.query_start_loc,
+            "block_tables": step.block_tables,
+            "slot_mapping": step.slot_mapping,
+        }
+        plugins = self.plan.plugins
+        for i, (spec, sess) in enumerate(zip(self.plan.segments, self._sessions, strict=True)):
+            outs = sess.run(spec.outputs, {n: env[n] for n in spec.inputs})
+            env.update(zip(spec.outputs, outs, strict=True))
+            if i < len(plugins):
+                p = plugins[i]
+                q, k, v = (env[n] for n in p.inputs[:3])
+                env[p.output] = self._attention(
+                    q,
+                    k,
+                    v,
+                    self.kv_caches[p.inputs[3]],
+                    self.kv_caches[p.inputs[4]],
+                    step.seq_lens,
+                    step.query_start_loc,
+                    step.block_tables,
+                    step.slot_mapping,
+                    num_heads=p.num_heads,
+                    num_kv_heads=p.num_kv_heads,
+                    head_dim=p.head_dim,
+                    scale=p.scale,
+                    sliding_window=p.sliding_window or None,
+                    logit_softcap=p.logit_softcap or None,
+                )
+        return env[self.plan.logits]

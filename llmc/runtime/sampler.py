@@ -1,0 +1,147 @@
+"""Pick the next token of each sampling sequence from its logits (greedy, temperature, top-k/p)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from llmc.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Sampler:
+    """Greedy, temperature, top-k and top-p (nucleus) sampling over a batch of logits rows.
+
+    Greedy rows (temperature 0) take one batched argmax. The other rows are scaled by their
+    temperature, masked by top-k (a ``topk`` threshold, no sort) and/or top-p (Holtzman et al.
+    2019, "The Curious Case of Neural Text Degeneration": keep the smallest set of most likely
+    tokens whose mass reaches ``top_p``; needs a sort, done only for rows that set top_p < 1),
+    then sampled with the exponential race ``argmax(probs / q)``, ``q ~ Exp(1)`` (vLLM's sampler):
+    it equals a categorical draw and lets each row draw its noise from its own generator.
+
+    A row's result depends only on its own logits, parameters and generator, never on the rest
+    of the batch: a request with a seed gets the same tokens whatever it is batched with.
+
+    Args:
+        seed: seed of the generator shared by rows without their own; None seeds it from the
+            operating system's entropy.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        import torch
+
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    def __call__(
+        self,
+        logits: np.ndarray,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> np.ndarray:
+        """Sample one token per row.
+
+        Args:
+            logits: [S, V] float32, one row per sampling sequence.
+            params: the S rows' sampling parameters.
+            generators: the S rows' own generators (``Sequence.generator``), None for rows that
+                use the sampler's shared one.
+
+        Returns:
+            [S] int64 token ids.
+
+        Raises:
+            ValueError: if ``params`` or ``generators`` does not have S entries.
+        """
+        num_rows = logits.shape[0]
+        if len(params) != num_rows or len(generators) != num_rows:
+            raise ValueError(
+                f"{num_rows} logits rows but {len(params)} params and {len(generators)} generators"
+            )
+        greedy = np.fromiter((p.is_greedy for p in params), np.bool_, num_rows)
+        if greedy.all():
+            return logits.argmax(axis=1).astype(np.int64)
+        token_ids = np.empty(num_rows, np.int64)
+        if greedy.any():
+            token_ids[greedy] = logits[greedy].argmax(axis=1)
+        rows = np.flatnonzero(~greedy)
+        token_ids[rows] = self._sample_random(
+            logits[rows], [params[i] for i in rows], [generators[i] for i in rows]
+        )
+        return token_ids
+
+    def _sample_random(
+        self,
+        logits: np.ndarray,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> np.ndarray:
+        """logits: [R, V], a private copy (modified in place). Returns [R] int64."""
+        import torch
+
+        x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))  # x: [R, V]
+        num_rows, vocab_size = x.shape
+        x.div_(torch.tensor([p.temperature for p in params], dtype=torch.float32)[:, None])
+
+        top_k = [min(p.top_k, vocab_size) if p.top_k is not None else None for p in params]
+        nucleus_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+        top_k_rows = [i for i, k in enumerate(top_k) if k is not None and params[i].top_p >= 1.0]
+        if top_k_rows:
+            idx = torch.tensor(top_k_rows)
+            x[idx] = _top_k_mask(x[idx], torch.tensor([top_k[i] for i in top_k_rows]))
+        if nucleus_rows:
+            idx = torch.tensor(nucleus_rows)
+            k = torch.tensor([top_k[i] or vocab_size for i in nucleus_rows])
+            p = torch.tensor([params[i].top_p for i in nucleus_rows], dtype=torch.float32)
+            x[idx] = _top_k_top_p_mask(x[idx], k, p)
+
+        probs = x.softmax(dim=-1)
+        q = torch.empty_like(probs)  # q: [R, V], exponential noise
+        shared = [i for i, g in enumerate(generators) if g is None]
+        if len(shared) == num_rows:
+            q.exponential_(generator=self._generator)
+        else:
+            if shared:
+                noise = torch.empty(len(shared), vocab_size).exponential_(generator=self._generator)
+                q[torch.tensor(shared)] = noise
+            for i, g in enumerate(generators):
+                if g is not None:
+                    q[i].exponential_(generator=g)  # a row view: the draw is the row's own
+        return probs.div_(q).argmax(dim=-1).numpy()
+
+
+def _top_k_mask(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x: [R, V], k: [R] in [1, V]. Sets logits below each row's k-th largest to -inf.
+
+    Ties with the k-th value are kept (as in vLLM). One ``topk`` of width max(k), no full sort.
+    """
+    import torch
+
+    kth = x.topk(int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])  # kth: [R, 1]
+    return x.masked_fill(x < kth, -torch.inf)
+
+
+def _top_k_top_p_mask(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """x: [R, V], k: [R] in [1, V], p: [R] in (0, 1]. Masks to -inf all but the nucleus.
+
+    After vLLM's ``apply_top_k_top_p``: sort each row ascending, drop all but the last k, then drop
+    the low tail whose cumulative probability is at most 1 - p; the most likely token always
+    stays.
+    """
+    import torch
+
+    x_sorted, order = x.sort(dim=-1)  # ascending: x_sorted: [R, V]
+    vocab_size = x.shape[1]
+    ranks = torch.arange(vocab_size)[None, :]
+    x_sorted.masked_fill_(ranks < (vocab_size - k)[:, None], -torch.inf)
+    tail_mass = x_sorted.softmax(dim=-1).cumsum(dim=-1)
+    drop = tail_mass <= (1.0 - p)[:, None]
+    drop[:, -1] = False
+    x_sorted.masked_fill_(drop, -torch.inf)
+    return torch.empty_like(x).scatter_(-1, order, x_sorted)

@@ -1,0 +1,123 @@
+"""The state of one request as it moves through the engine (nano-vllm's Sequence, vLLM's Request).
+
+A `Sequence` is the only object that crosses the boundaries between scheduler, step builder,
+sampler and detokenizer. Its tokens are the prompt followed by the generated tokens;
+``num_computed_tokens`` says how many of them already have their keys and values in the KV cache.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from llmc.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+
+class SequenceStatus(enum.Enum):
+    """Where a request is in its life; the FINISHED_* members say why it ended."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED_STOPPED = enum.auto()  # EOS, a stop token id or a stop string
+    FINISHED_LENGTH_CAPPED = enum.auto()  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = enum.auto()  # cancelled by the caller
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+
+# OpenAI's finish_reason strings, as vLLM reports them.
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False)  # identity semantics: two requests are never "equal"
+class Sequence:
+    """One request: its tokens, its place in the KV cache and its timing.
+
+    Attributes:
+        request_id: the caller's id, unique among unfinished requests.
+        prompt_token_ids: the prompt, never empty.
+        params: how to sample and when to stop.
+        prompt: the prompt text when the caller gave one (echoed in outputs), else None.
+        arrival_time: when the request was added, in seconds of ``time.monotonic()``.
+        output_token_ids: the generated tokens so far.
+        status: see `SequenceStatus`.
+        num_computed_tokens: how many leading tokens (prompt then output) have their keys and
+            values in the cache. Reset to 0 when the request is preempted (recomputed later).
+        block_ids: the KV blocks holding those tokens, in order; token i lives in
+            ``block_ids[i // block_size]`` at offset ``i % block_size``.
+        first_token_time: when the first output token was appended (``time.monotonic()``), for
+            TTFT; None before.
+        generator: the request's own torch.Generator, created when ``params.seed`` is set.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.seed is not None and self.generator is None:
+            import torch  # only seeded requests pay for the import here
+
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        if self.output_token_ids:
+            return self.output_token_ids[-1]
+        return self.prompt_token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"stop", "length" or "abort" once finished, else None."""
+        return _FINISH_REASONS.get(self.status)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``start:end`` of prompt + output, without copying the whole sequence."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    def append_token(self, token_id: int) -> None:
+        """Append one sampled token and stamp the first-token time."""
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self.output_token_ids.append(token_id)

@@ -1,0 +1,132 @@
+"""Errors of the HTTP server and their translation into OpenAI's error body.
+
+Every failure the server reports has the shape OpenAI's clients parse::
+
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
+
+A bad request is a 4xx with a message that says what was wrong; nothing a client sends can
+produce a 500 or stop the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An error returned to the client as ``status`` with OpenAI's error body.
+
+    Args:
+        status: HTTP status code.
+        message: what was wrong and, where it helps, what to do.
+        type: OpenAI's error type (``invalid_request_error``, ``server_error``, ...).
+        param: the request field at fault, if one is.
+        code: a machine-readable code (``model_not_found``, ``context_length_exceeded``, ...).
+        headers: extra response headers (``Retry-After``, ``WWW-Authenticate``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        """The error as a JSON response."""
+        return error_response(
+            self.status, self.message, self.type, self.param, self.code, self.headers
+        )
+
+
+class QueueFullError(RuntimeError):
+    """Raised by ``AsyncLLMEngine.generate`` when ``max_waiting`` requests already wait.
+
+    The server answers 503 with ``Retry-After``; the client should retry later.
+    """
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped (shut down, or a step raised); no request can be served."""
+
+
+def error_response(
+    status: int,
+    message: str,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """A JSON response with OpenAI's error body."""
+    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400 ``invalid_request_error``."""
+    return ApiError(400, message, param=param, code=code)
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One readable message and the offending top-level field from pydantic's error list."""
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return f"The request body is not valid JSON: {detail}".rstrip(": "), None
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if not loc:
+        return f"Invalid request body: {msg}", None
+    more = f" ({len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    if first.get("type") == "missing":
+        return f"Missing required parameter: '{loc[0]}'.", loc[0]
+    return f"Invalid value for '{loc[0]}': {msg}{more}", loc[0]
+
+
+async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = list(exc.errors())
+    if not errors:
+        return error_response(400, "Invalid request body.")
+    message, param = _validation_message(errors)
+    return error_response(400, message, param=param)
+
+
+async def _on_api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return exc.response()
+
+
+async def _on_http_exception(_: Request, exc: HTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(exc.status_code, str(exc.detail), kind, headers=exc.headers)
+
+
+async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error while serving a request", exc_info=exc)
+    return error_response(500, f"Internal server error: {exc}", "server_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error the app can raise to OpenAI's error body."""
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(HTTPException, _on_http_exception)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,138 @@
+"""Response bodies of the OpenAI-compatible API, field for field as OpenAI sends them.
+
+Non-streamed: ``CompletionResponse`` (``object="text_completion"``) and ``ChatCompletionResponse``
+(``"chat.completion"``). Streamed, one per SSE event: ``CompletionResponse`` again (OpenAI streams
+completions in the same schema, text being the delta) and ``ChatCompletionChunk``
+(``"chat.completion.chunk"``). ``logprobs`` is always null: llmc does not return log-probs yet.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+
+# "stop" or "length" (vLLM also has "abort", which no client sees).
+FinishReason = str
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class UsageInfo(BaseModel):
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+        """Usage with ``total_tokens`` filled in."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a completion; in a stream, ``text`` is the new text only."""
+
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class CompletionResponse(BaseModel):
+    """``/v1/completions`` response, and each event of its stream."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo | None = None
+
+
+class AssistantMessage(BaseModel):
+    """The generated message of a chat completion."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class ChatCompletionChoice(BaseModel):
+    """One choice of a non-streamed chat completion."""
+
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """``/v1/chat/completions`` response (non-streamed)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    """What a chat chunk adds to the message. Unset fields are left out, as OpenAI does:
+    the first chunk carries ``role``, the next ones ``content``, the last one nothing."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class ChatCompletionStreamChoice(BaseModel):
+    """One choice of a chat chunk."""
+
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a streamed ``/v1/chat/completions`` response."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of ``/v1/models``; ``max_model_len`` is vLLM's extension."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "llmc"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    """``/v1/models`` response."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

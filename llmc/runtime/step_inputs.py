@@ -1,0 +1,46 @@
+"""The packed inputs of one model step: the contract between the engine loop and every runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One step of T packed tokens from B sequences (no padding), DESIGN §3.
+
+    Every array is a contiguous numpy array on the host.
+
+    Attributes:
+        input_ids: [T] int64, the new tokens of every scheduled sequence, sequence after sequence.
+        positions: [T] int64, each token's position in its sequence (0-based).
+        seq_lens: [B] int32, each sequence's context length *after* this step (cached + new).
+        query_start_loc: [B+1] int32, prefix sums of the new-token counts; sequence b owns tokens
+            ``query_start_loc[b]:query_start_loc[b+1]``.
+        block_tables: [B, max_blocks_per_seq] int32, the KV block ids of each sequence in order;
+            entries past a sequence's last block are 0 and never read.
+        slot_mapping: [T] int64, the cache slot (``block_id * block_size + offset``) each new
+            token's key and value are written to.
+        logits_indices: [S] int64, rows of T whose logits are wanted (the last token of each
+            sequence that samples this step), in the order the sampler expects.
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray
+    block_tables: np.ndarray
+    slot_mapping: np.ndarray
+    logits_indices: np.ndarray
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the number of packed tokens."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        """B, the number of sequences in the step."""
+        return int(self.seq_lens.shape[0])

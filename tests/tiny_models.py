@@ -1,0 +1,94 @@
+"""Tiny random-weight HF checkpoints with a real (trained) tokenizer, built inside the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
+    """Train a byte-level BPE tokenizer on tinyshakespeare and save it as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<bos>", "<eos>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = SHAKESPEARE.read_text()[:200_000]
+    tok.train_from_iterator([text[i : i + 2000] for i in range(0, len(text), 2000)], trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+
+
+def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
+    """Write a 2-layer Llama (hidden 64, 4 heads, 2 KV heads: GQA) checkpoint to ``out_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    train_tokenizer(out_dir)
+    return out_dir
+
+
+def make_tiny_gemma3(out_dir: Path, seed: int = 0) -> Path:
+    """Write a 2-layer Gemma 3 text model: MQA, one sliding (window 8) and one global layer."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
+    model = Gemma3ForCausalLM(cfg).eval()
+    # Random init leaves norms at 0 (Gemma's RMSNorm scales by 1 + w); perturb them so the
+    # norms, q/k norms and the offset are all exercised.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    train_tokenizer(out_dir)
+    return out_dir
