@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -56,9 +61,19 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
 
 
+@dataclass
+class Served:
+    """The running server and hooks into its engine."""
+
+    server: Server
+    engine: AsyncLLMEngine
+    aborted: list[str]  # ids passed to LLMEngine.abort_request
+    steps: threading.Event  # LLMEngine.step waits for it: clear it to hold the engine
+
+
 @pytest.fixture(scope="module")
-def served(tiny_dir: Path) -> Iterator[tuple[Server, AsyncLLMEngine, list[str]]]:
-    """The real server; yields it, its async engine and the ids the engine was asked to abort."""
+def served(tiny_dir: Path) -> Iterator[Served]:
+    """The real server over a real tiny engine (torch runner)."""
     from transformers import AutoTokenizer
 
     from llmc.runtime.engine import EngineConfig, LLMEngine
@@ -68,30 +83,43 @@ def served(tiny_dir: Path) -> Iterator[tuple[Server, AsyncLLMEngine, list[str]]]
     runner = TorchRunner(tiny_dir, num_blocks=32, block_size=16)
     engine = LLMEngine(runner, AutoTokenizer.from_pretrained(tiny_dir), config, eos_token_ids={1})
     aborted: list[str] = []
-    abort = engine.abort_request
+    steps = threading.Event()
+    steps.set()
+    abort, step = engine.abort_request, engine.step
 
-    def spy(request_id: str) -> None:
+    def spy_abort(request_id: str) -> None:
         aborted.append(request_id)
         abort(request_id)
 
-    engine.abort_request = spy  # type: ignore[method-assign]
+    def gated_step() -> list[RequestOutput]:
+        steps.wait()
+        return step()
+
+    engine.abort_request, engine.step = spy_abort, gated_step  # type: ignore[method-assign]
     async_engine = AsyncLLMEngine(engine, max_waiting=8)
     server = Server(build_app(async_engine, MODEL))
-    yield server, async_engine, aborted
+    yield Served(server, async_engine, aborted, steps)
     server.stop()
     async_engine.shutdown()
     assert not async_engine.is_running
 
 
 @pytest.fixture
-def client(served: tuple[Server, AsyncLLMEngine, list[str]]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="unused", max_retries=0)
+def client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.server.url + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture
-def http(served: tuple[Server, AsyncLLMEngine, list[str]]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=served[0].url, timeout=60) as c:
+def http(served: Served) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.server.url, timeout=60) as c:
         yield c
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.005)
 
 
 def test_models_and_health(http: httpx.Client) -> None:
@@ -207,18 +235,52 @@ def test_bad_requests_get_openai_errors(http: httpx.Client) -> None:
     assert http.get("/health").status_code == 200
 
 
-def test_client_disconnect_aborts_the_request(
-    served: tuple[Server, AsyncLLMEngine, list[str]], http: httpx.Client
-) -> None:
-    _, async_engine, aborted = served
-    body = {"model": MODEL, "prompt": "Now is the winter", "max_tokens": 100, "stream": True}
-    with http.stream("POST", "/v1/completions", json=body | {"ignore_eos": True}) as response:
-        first = next(response.iter_lines())
-    request_id = json.loads(first.removeprefix("data: "))["id"]
-    deadline = time.monotonic() + 10
-    while request_id not in aborted or async_engine.num_running:
-        assert time.monotonic() < deadline, "the request was not aborted"
-        time.sleep(0.01)
+def test_openai_client_gets_typed_errors(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-4", messages=messages)
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as two:
+        client.chat.completions.create(model=MODEL, messages=messages, n=2)
+    assert two.value.param == "n" and "n must be 1" in two.value.message
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=MAX_MODEL_LEN)
+    assert too_long.value.code == "context_length_exceeded"
+    assert f"maximum context length is {MAX_MODEL_LEN} tokens" in too_long.value.message
+
+
+def test_client_disconnect_aborts_the_request(served: Served, http: httpx.Client) -> None:
+    body = {"model": MODEL, "prompt": "Now is the winter", "max_tokens": 64, "ignore_eos": True}
+    # Streamed: the client reads one chunk and hangs up.
+    with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as response:
+        request_id = json.loads(next(response.iter_lines()).removeprefix("data: "))["id"]
+        served.steps.clear()  # hold the engine so the request cannot finish first
+    _wait_until(lambda: served.engine.num_running == 0, "the stream is dropped")
+    served.steps.set()
+    _wait_until(lambda: request_id in served.aborted, "the streamed request is aborted")
+
+    # Not streamed: the client gives up while the engine is held.
+    served.steps.clear()
+    num_aborted = len(served.aborted)
+    with pytest.raises(httpx.ReadTimeout):
+        http.post("/v1/completions", json=body, timeout=0.5)
+    _wait_until(lambda: served.engine.num_waiting == 0, "the request is dropped")
+    served.steps.set()
+    _wait_until(lambda: len(served.aborted) == num_aborted + 1, "the request is aborted")
+    assert served.aborted[-1].startswith("cmpl-") and served.engine.num_running == 0
+
+
+def test_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
+    args = {"model": MODEL, "prompt": "KING HENRY:", "temperature": 0, "max_tokens": 24}
+    text = client.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text
+    start = next(i for i in range(2, len(text) - 1) if text[i : i + 2].isalpha())
+    stop = text[start : start + 2]
+    expected = text[: text.index(stop)]
+    body = args | {"stop": [stop], "extra_body": {"ignore_eos": True}}
+    cut = client.completions.create(**body).choices[0]
+    assert (cut.text, cut.finish_reason) == (expected, "stop")
+    deltas = list(client.completions.create(**body, stream=True))
+    assert "".join(c.choices[0].text for c in deltas) == expected
 
 
 def test_metrics(http: httpx.Client) -> None:
@@ -228,8 +290,8 @@ def test_metrics(http: httpx.Client) -> None:
     assert "vllm:time_to_first_token_seconds_count{" in text
 
 
-def test_api_key(served: tuple[Server, AsyncLLMEngine, list[str]]) -> None:
-    app = build_app(served[1], MODEL, api_key="sesame")
+def test_api_key(served: Served) -> None:
+    app = build_app(served.engine, MODEL, api_key="sesame")
 
     async def run() -> tuple[int, int, int]:
         transport = httpx.ASGITransport(app=app)
@@ -240,6 +302,62 @@ def test_api_key(served: tuple[Server, AsyncLLMEngine, list[str]]) -> None:
             return no_key.status_code, key.status_code, health.status_code
 
     assert asyncio.run(run()) == (401, 200, 200)
+
+
+SERVE_SCRIPT = """
+import sys
+from transformers import AutoTokenizer
+from llmc.runtime.engine import EngineConfig, LLMEngine
+from llmc.runtime.server import serve
+from llmc.runtime.torch_runner import TorchRunner
+
+def from_engine_dir(path):  # the tiny checkpoint stands in for a built engine directory
+    config = EngineConfig(block_size=16, num_blocks=32, max_model_len=128)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return LLMEngine(TorchRunner(path, 32, 16), tokenizer, config, eos_token_ids={1})
+
+LLMEngine.from_engine_dir = staticmethod(from_engine_dir)
+serve(sys.argv[1], port=int(sys.argv[2]), model_name="tiny-llama")
+"""
+
+
+def test_serve_drains_in_flight_requests_on_sigterm(tiny_dir: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_dir), str(port)],
+        cwd=root,
+        env=os.environ | {"PYTHONPATH": str(root)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_until(lambda: _is_up(url), "the server is up", timeout_s=120)
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": 120, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body | {"ignore_eos": True}) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            proc.send_signal(signal.SIGTERM)
+            events = [first, *(line for line in lines if line)]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == (
+            "length"
+        )
+        _, stderr = proc.communicate(timeout=60)
+        assert "Application shutdown complete" in stderr  # the lifespan stopped the engine
+        assert not _is_up(url)
+    finally:
+        proc.kill()
+
+
+def _is_up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 # AsyncLLMEngine over a scripted engine: one token per request per step, "x" per token.
@@ -328,6 +446,17 @@ def test_async_engine_aborts_when_the_consumer_stops() -> None:
     engine.shutdown()
 
 
+def test_async_engine_fails_every_request_when_a_step_raises() -> None:
+    scripted = ScriptedEngine()
+    scripted.step = lambda: 1 / 0  # type: ignore[method-assign]
+    engine = AsyncLLMEngine(scripted)  # type: ignore[arg-type]
+    with pytest.raises(EngineDeadError, match="ZeroDivisionError"):
+        _collect(engine, "a", 3)
+    assert not engine.is_running
+    with pytest.raises(EngineDeadError):
+        _collect(engine, "b", 3)
+
+
 def test_async_engine_bounds_the_waiting_queue_and_fails_pending_on_shutdown() -> None:
     scripted = ScriptedEngine()
     scripted.gate.clear()  # no step completes: every request keeps waiting
@@ -345,3 +474,29 @@ def test_async_engine_bounds_the_waiting_queue_and_fails_pending_on_shutdown() -
 
     errors = asyncio.run(run())
     assert all(isinstance(e, EngineDeadError) for e in errors)
+
+
+def test_full_queue_gets_503_with_retry_after_and_dead_engine_fails_health() -> None:
+    scripted = ScriptedEngine()
+    engine = AsyncLLMEngine(scripted, max_waiting=0)  # type: ignore[arg-type]
+    app = build_app(engine, MODEL, retry_after_s=3)
+    body = {"model": MODEL, "prompt": [1, 2], "max_tokens": 2}
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            return await c.post("/v1/completions", json=body)
+
+    async def health() -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            return (await c.get("/health")).status_code
+
+    full = asyncio.run(post())
+    assert full.status_code == 503 and full.headers["retry-after"] == "3"
+    assert full.json()["error"]["code"] == "server_overloaded"
+    assert asyncio.run(health()) == 200
+    engine.shutdown()
+    assert asyncio.run(health()) == 503
+    dead = asyncio.run(post())
+    assert dead.status_code == 503 and dead.json()["error"]["type"] == "server_error"

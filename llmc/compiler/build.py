@@ -105,7 +105,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 checkpoint_digest=checkpoint_digest,
                 tokenizer_digest=tok_digest,
                 target=config.arch,
-                isa=list(host.features),
+                isa=engine_isa(host.features),
                 arch=host.arch,
                 dtype=config.dtype,
                 quant=config.quant,
@@ -137,6 +137,19 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return BuildResult(out, pass_report, optimized_ops)
+
+
+def engine_isa(host_features: tuple[str, ...]) -> list[str]:
+    """The ISA features a CPU engine depends on: the SIMD width ORT laid its graph out for.
+
+    ORT's optimizer picks blocked layouts by vector width (AVX-512 vs AVX2); its kernels dispatch
+    at run time, so the host's other features (VNNI, BF16, AMX) are not requirements of the
+    saved graph and are not recorded as such.
+    """
+    for width in ("avx512", "avx2", "neon"):
+        if width in host_features:
+            return [width]
+    return []
 
 
 class _NullStage:

@@ -37,7 +37,9 @@ class BuildConfig:
     max_batch: int = _opt(16, "most sequences in one step")
     block_size: int = _opt(16, "tokens per KV-cache block")
     threads: int = _opt(2, "CPU threads used to optimize and run the engine")
-    output: str | None = _opt(None, "engine directory (default: engines/<model>-<arch>-<dtype>-<quant>)")
+    output: str | None = _opt(
+        None, "engine directory (default: engines/<model>-<arch>-<dtype>-<quant>)"
+    )
 
     def validate(self) -> None:
         """Raise BuildConfigError naming the bad option and the allowed values."""

@@ -103,8 +103,11 @@ def split_at_plugins(
     Raises ValueError if the graph has no plugin node or uses control-flow subgraphs.
     """
     g = model.graph
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for n in g.node for a in n.attribute):
+    if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for n in g.node
+        for a in n.attribute
+    ):
         raise ValueError("graphs with control-flow subgraphs cannot be segmented")
     plugins = [n for n in g.node if n.domain == schema.DOMAIN and n.op_type == schema.OP_TYPE]
     if not plugins:
@@ -136,8 +139,11 @@ def split_at_plugins(
         used = [name for n in group for name in n.input if name]
         inputs = list(dict.fromkeys(n for n in used if n not in produced and n not in initializers))
         inits = [initializers[n] for n in dict.fromkeys(used) if n in initializers]
-        outputs = [n for n in dict.fromkeys(o for nd in group for o in nd.output if o)
-                   if needed_after.get(n, -1) > i]
+        outputs = [
+            n
+            for n in dict.fromkeys(o for nd in group for o in nd.output if o)
+            if needed_after.get(n, -1) > i
+        ]
         graph = helper.make_graph(
             group,
             f"segment_{i}",

@@ -87,25 +87,41 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # one per unfinished request
 
     @classmethod
-    def from_engine_dir(cls, path: str | Path, **overrides: Any) -> LLMEngine:
+    def from_engine_dir(
+        cls,
+        path: str | Path,
+        *,
+        num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        threads: int | None = None,
+        **overrides: Any,
+    ) -> LLMEngine:
         """Load an engine directory and serve it.
 
         Args:
             path: the engine directory (``manifest.json`` and engine files).
-            overrides: `EngineConfig` fields to set instead of the engine's defaults (its block
-                size, its whole cache, its ``max_seq_len``).
+            num_blocks: KV blocks the runner allocates; None sizes the cache from
+                ``kv_cache_memory`` (see ``engine_loader.plan_num_blocks``).
+            kv_cache_memory: KV cache budget in bytes when ``num_blocks`` is None.
+            threads: runner threads; None lets the runner choose.
+            overrides: other `EngineConfig` fields (``max_model_len``, ``max_num_seqs``,
+                ``max_num_batched_tokens``, ``seed``); by default the engine's block size and
+                ``max_seq_len`` and the whole cache are used.
 
         Raises:
             TypeError: for an override that is not an `EngineConfig` field.
             ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``, or as `__init__`.
+            llmc.errors.EngineError: from the loader (no engine, built for another host, corrupt).
         """
         from llmc.runtime.engine_loader import load_engine
 
-        known = {f.name for f in dataclasses.fields(EngineConfig)}
+        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"num_blocks"}
         unknown = sorted(overrides.keys() - known)
         if unknown:
             raise TypeError(f"unknown engine options {unknown}; known: {sorted(known)}")
-        loaded = load_engine(path)
+        loaded = load_engine(
+            path, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, threads=threads
+        )
         max_seq_len = loaded.manifest.max_seq_len
         if overrides.get("max_model_len", max_seq_len) > max_seq_len:
             raise ValueError(

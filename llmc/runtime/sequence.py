@@ -104,7 +104,7 @@ class Sequence:
 
     @property
     def finish_reason(self) -> str | None:
-        """"stop", "length" or "abort" once finished, else None."""
+        """OpenAI's finish reason once finished ("stop", "length", "abort"), else None."""
         return _FINISH_REASONS.get(self.status)
 
     def token_ids(self, start: int, end: int) -> list[int]:

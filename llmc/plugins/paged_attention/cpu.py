@@ -2,7 +2,8 @@
 
 The library is the extension ``setup.py`` builds next to this file (``pip install -e .``). A
 checkout without it, or with one built from an older ``paged_attention.c``, compiles the source
-with gcc once into ``~/.cache/llmc/`` instead.
+with gcc once into ``$XDG_CACHE_HOME/llmc`` (default ``~/.cache/llmc``) instead, keyed by the
+source's sha256 and the flags.
 """
 
 from __future__ import annotations

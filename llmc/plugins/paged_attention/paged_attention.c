@@ -18,8 +18,8 @@
 #define LLMC_PA_SOURCE_SHA256 "unknown"
 #endif
 
-/* Keys scored per softmax update. Why 32: the scores of a tile for a GQA group stay in L1 and
- * the accumulator is rescaled once per tile instead of once per key. */
+/* Keys per softmax update. Why tiles: the accumulator is rescaled once per tile, not per key;
+ * why 32: a tile's K and V rows (32 KB each at D=256, one KV head) stay close to L1. */
 #define TILE 32
 
 enum {
@@ -68,6 +68,56 @@ static int seq_of_token(const int32_t *query_start_loc, int num_seqs, int t) {
   return lo;
 }
 
+/* scores[i] = q . key_i for n keys row_stride apart. Why four keys per pass: four independent
+ * sums hide the FMA latency that one reduction chain would wait on, and q is loaded once. */
+static void score_keys(const float *restrict q, const float *restrict keys, int64_t row_stride,
+                       int n, int head_dim, float *restrict scores) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *k0 = keys + i * row_stride, *k1 = k0 + row_stride;
+    const float *k2 = k1 + row_stride, *k3 = k2 + row_stride;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int d = 0; d < head_dim; ++d) {
+      s0 += q[d] * k0[d];
+      s1 += q[d] * k1[d];
+      s2 += q[d] * k2[d];
+      s3 += q[d] * k3[d];
+    }
+    scores[i] = s0;
+    scores[i + 1] = s1;
+    scores[i + 2] = s2;
+    scores[i + 3] = s3;
+  }
+  for (; i < n; ++i) {
+    const float *key = keys + i * row_stride;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int d = 0; d < head_dim; ++d) s += q[d] * key[d];
+    scores[i] = s;
+  }
+}
+
+/* acc += sum_i p[i] * value_i. Why four values per pass: acc is loaded and stored once per four
+ * rows instead of once per row. */
+static void accumulate_values(const float *restrict p, const float *restrict values,
+                              int64_t row_stride, int n, int head_dim, float *restrict acc) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *v0 = values + i * row_stride, *v1 = v0 + row_stride;
+    const float *v2 = v1 + row_stride, *v3 = v2 + row_stride;
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) {
+      acc[d] += p[i] * v0[d] + p[i + 1] * v1[d] + p[i + 2] * v2[d] + p[i + 3] * v3[d];
+    }
+  }
+  for (; i < n; ++i) {
+    const float *value = values + i * row_stride;
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) acc[d] += p[i] * value[d];
+  }
+}
+
 /* One token, one GQA group: the G query heads that share KV head kvh, over context positions
  * first..last. q and out point at the group's G*D contiguous floats; out is the accumulator.
  * key_cache/value_cache point at KV head kvh of slot 0; a slot's row is row_stride floats. */
@@ -93,16 +143,13 @@ static void attend_group(const float *restrict q, float *restrict out,
     const float *keys = key_cache + slot * row_stride;
     const float *values = value_cache + slot * row_stride;
 
-    /* Why keys outside, heads inside: each K row is loaded once for the whole group. */
-    for (int i = 0; i < n; ++i) {
-      const float *key = keys + i * row_stride;
-      for (int g = 0; g < group; ++g) {
-        const float *qg = q + g * head_dim;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < head_dim; ++d) dot += qg[d] * key[d];
-        dot *= scale;
-        scores[g][i] = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;
+    /* Why all G heads over one tile: the tile's K and V rows come from memory once and stay
+     * in L1 (or L2) while the other heads of the group reuse them. */
+    for (int g = 0; g < group; ++g) {
+      score_keys(q + g * head_dim, keys, row_stride, n, head_dim, scores[g]);
+      for (int i = 0; i < n; ++i) {
+        float s = scores[g][i] * scale;
+        scores[g][i] = softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
       }
     }
     for (int g = 0; g < group; ++g) {
@@ -123,14 +170,8 @@ static void attend_group(const float *restrict q, float *restrict out,
       running_sum[g] = running_sum[g] * correction + tile_sum;
       running_max[g] = tile_max;
     }
-    for (int i = 0; i < n; ++i) {
-      const float *value = values + i * row_stride;
-      for (int g = 0; g < group; ++g) {
-        float p = scores[g][i];
-        float *og = out + g * head_dim;
-#pragma omp simd
-        for (int d = 0; d < head_dim; ++d) og[d] += p * value[d];
-      }
+    for (int g = 0; g < group; ++g) {
+      accumulate_values(scores[g], values, row_stride, n, head_dim, out + g * head_dim);
     }
     j0 += n;
   }

@@ -46,7 +46,7 @@ def serve(
     name = model_name or Path(engine_dir).resolve().name
     engine = AsyncLLMEngine(LLMEngine.from_engine_dir(engine_dir), max_waiting=max_waiting)
     try:
-        app = build_app(engine, name, api_key=api_key)
+        app = build_app(engine, name, api_key=api_key, owns_engine=True)
         config = uvicorn.Config(
             app,
             host=host,
@@ -55,6 +55,6 @@ def serve(
             timeout_graceful_shutdown=drain_timeout_s,
         )
         logger.info("serving %s as model %r on http://%s:%d", engine_dir, name, host, port)
-        uvicorn.Server(config).run()  # handles SIGINT/SIGTERM: graceful drain, then returns
+        uvicorn.Server(config).run()  # SIGINT/SIGTERM: drain, lifespan shutdown, exit
     finally:
-        engine.shutdown()
+        engine.shutdown()  # when uvicorn failed to start (e.g. the port is taken)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -29,18 +29,29 @@ def build_app(
     model_name: str,
     api_key: str | None = None,
     retry_after_s: int = 1,
+    owns_engine: bool = False,
 ) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine.
 
     Args:
-        engine: the async engine; the app does not own it (the caller shuts it down).
+        engine: the running async engine; the caller shuts it down unless ``owns_engine``.
         model_name: the name clients pass as ``model``; any other name gets 404.
         api_key: when set, ``/v1/*`` requires ``Authorization: Bearer <api_key>`` (else 401).
         retry_after_s: ``Retry-After`` of the 503 sent when the waiting queue is full, seconds.
+        owns_engine: stop the engine thread when the app shuts down (ASGI lifespan). uvicorn
+            runs the lifespan shutdown after draining in-flight requests, and then, on SIGTERM,
+            re-raises the signal, so code after ``uvicorn.run`` never runs.
     """
     metrics = ServerMetrics(engine, model_name)
     serving = OpenAIServing(engine, model_name, metrics, retry_after_s)
-    app = FastAPI(title="llmc", version=__version__)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_engine:
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="llmc", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
     router = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(api_key))])
 

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from llmc.runtime.server.errors import EngineDeadError, QueueFullError
 
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_Item = Any  # RequestOutput | BaseException: what a request's queue carries
+# What a request's queue carries: its outputs, or the exception that ended it.
+_Item: TypeAlias = "RequestOutput | BaseException"
 
 
 @dataclass

@@ -95,6 +95,8 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
         return f"The request body is not valid JSON: {detail}".rstrip(": "), None
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if not loc:
+        if first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+            msg = "it must be a JSON object (send Content-Type: application/json)"
         return f"Invalid request body: {msg}", None
     more = f" ({len(errors) - 1} more errors)" if len(errors) > 1 else ""
     if first.get("type") == "missing":
@@ -114,9 +116,15 @@ async def _on_api_error(_: Request, exc: ApiError) -> JSONResponse:
     return exc.response()
 
 
-async def _on_http_exception(_: Request, exc: HTTPException) -> JSONResponse:
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return error_response(exc.status_code, str(exc.detail), kind, headers=exc.headers)
+async def _on_http_exception(request: Request, exc: HTTPException) -> JSONResponse:
+    message = str(exc.detail)
+    if exc.status_code in (404, 405):  # OpenAI's wording for a route that does not exist
+        message = f"Invalid URL ({request.method} {request.url.path}): {message}"
+    return error_response(exc.status_code, message, headers=exc.headers)
+
+
+async def _on_engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+    return error_response(503, str(exc), "server_error", code="engine_dead")
 
 
 async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -129,4 +137,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
+    app.add_exception_handler(EngineDeadError, _on_engine_dead)
     app.add_exception_handler(Exception, _on_unexpected)

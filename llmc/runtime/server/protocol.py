@@ -44,7 +44,7 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    n: int = Field(default=1, ge=1)
+    n: int | None = Field(default=1, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
@@ -52,7 +52,7 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     ignore_eos: bool = False
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
@@ -75,10 +75,10 @@ class SamplingFields(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
+    def _one_choice(cls, value: int | None) -> int:
+        if value not in (None, 1):
             raise ValueError("n must be 1: llmc serves one choice per request")
-        return value
+        return 1
 
     @field_validator("stream_options")
     @classmethod

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
-from llmc.runtime.server.errors import ApiError, EngineDeadError, QueueFullError, bad_request
+from llmc.runtime.server.errors import ApiError, QueueFullError, bad_request
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from llmc.runtime.server.responses import (
@@ -38,9 +38,10 @@ from llmc.runtime.server.responses import (
     UsageInfo,
 )
 
-# Builds one streamed event from (text delta, finish reason or None, usage or None).
 logger = logging.getLogger(__name__)
 
+# Builds one streamed event from (text delta, finish reason, usage); a None delta makes the
+# usage-only chunk (no choices).
 ChunkFactory = Callable[[str | None, str | None, UsageInfo | None], BaseModel]
 
 
@@ -94,15 +95,15 @@ class OpenAIServing:
         # The template already holds every special token (BOS included, if the model uses one).
         prompt_ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        started = False
 
         def chunk(delta: str | None, finish: str | None, usage: UsageInfo | None) -> BaseModel:
-            nonlocal started
             choices = []
             if delta is not None:
-                role = None if started else "assistant"
-                started = True
-                msg = DeltaMessage(role=role, content=delta if delta or finish is None else None)
+                opening = delta == "" and finish is None  # the first chunk: it names the role
+                msg = DeltaMessage(
+                    role="assistant" if opening else None,
+                    content=(delta or None) if finish else delta,
+                )
                 choices = [ChatCompletionStreamChoice(delta=msg, finish_reason=finish)]
             return ChatCompletionChunk(id=rid, model=self.model_name, choices=choices, usage=usage)
 
@@ -139,8 +140,6 @@ class OpenAIServing:
             raise ApiError(
                 503, str(exc), "server_error", code="server_overloaded", headers=headers
             ) from exc
-        except EngineDeadError as exc:
-            raise ApiError(503, str(exc), "server_error", code="engine_dead") from exc
         except ValueError as exc:  # LLMEngine.add_request refused the prompt or the parameters
             raise bad_request(str(exc)) from exc
         self.metrics.observe_first_token(time.monotonic() - arrival)

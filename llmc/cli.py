@@ -1,0 +1,155 @@
+"""``llmc``: the command line. A thin layer over the Python API: parse, call, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+
+from llmc.errors import LlmcError
+
+
+def _add_build(sub) -> None:
+    from llmc.compiler.build_config import BuildConfig
+
+    p = sub.add_parser("build", help="build an engine from a checkpoint")
+    p.add_argument("model", nargs="?", default=argparse.SUPPRESS, help=_help(BuildConfig, "model"))
+    for f in fields(BuildConfig):
+        if f.name == "model":
+            continue
+        flags = [f"--{f.name.replace('_', '-')}"] + (["-o"] if f.name == "output" else [])
+        kind = int if f.type in ("int", int) else str
+        p.add_argument(
+            *flags,
+            dest=f.name,
+            type=kind,
+            choices=f.metadata.get("choices"),
+            default=argparse.SUPPRESS,
+            help=f"{f.metadata['help']} (default: {f.default})",
+        )
+    p.add_argument("--config", help="YAML file setting any build option; flags win")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
+
+
+def _help(cls, name: str) -> str:
+    f = next(f for f in fields(cls) if f.name == name)
+    return f"{f.metadata['help']} (default: {f.default})"
+
+
+def _run_build(args: argparse.Namespace) -> int:
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.progress import BuildProgress
+
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "print_config")}
+    config = BuildConfig.from_sources(args.config, cli)
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+        return 0
+    with BuildProgress() as progress:
+        result = build(config, progress)
+    print("passes: " + ", ".join(f"{k}={v}" for k, v in result.pass_report.items()))
+    print(f"engine: {result.engine_dir}")
+    return 0
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate completions for prompts with an engine")
+    p.add_argument("engine", help="engine directory")
+    p.add_argument("prompts", nargs="+", help="one or more prompts")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from llmc.runtime.llm import LLM
+    from llmc.runtime.sampling_params import SamplingParams
+
+    llm = LLM(args.engine)
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+    )
+    prompts = args.prompts
+    if args.chat:
+        tok = llm.engine.tokenizer
+        prompts = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            )
+            for p in prompts
+        ]
+    for prompt, out in zip(args.prompts, llm.generate(prompts, params), strict=True):
+        o = out.outputs[0]
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": o.text,
+                        "token_ids": o.token_ids,
+                        "finish_reason": o.finish_reason,
+                    }
+                )
+            )
+        else:
+            print(f"{prompt}{o.text}\n")
+    return 0
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve an engine with the OpenAI-compatible API")
+    p.add_argument("engine", help="engine directory")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="model name clients send")
+    p.add_argument("--api-key", default=None, help="require this bearer token on /v1/*")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from llmc.runtime.server.api_server import serve
+
+    serve(
+        args.engine,
+        host=args.host,
+        port=args.port,
+        model_name=args.served_model_name,
+        api_key=args.api_key,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``llmc`` command; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="llmc", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_build(sub)
+    _add_generate(sub)
+    _add_serve(sub)
+    args = parser.parse_args(argv)
+    run = {"build": _run_build, "generate": _run_generate, "serve": _run_serve}[args.command]
+    try:
+        return run(args)
+    except LlmcError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The engine manifest: ``manifest.json``, what an engine is and what it needs (DESIGN §6).
+
+The runtime reads it and calls ``check_host`` before anything else in the engine directory is
+deserialized, so an engine built for another target, ISA or backend version is refused with a
+message that says what to rebuild; ``verify_files`` then checks every engine file's sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import tempfile
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+
+from llmc.compiler.isa import HostIsa, isa_name, missing_features
+from llmc.errors import EngineCorruptError, EngineMismatchError, EngineNotFoundError
+from llmc.version import __version__
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+_CHUNK_BYTES = 1 << 20
+_GPU_TARGET = re.compile(r"sm\d+")
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass(kw_only=True)
+class EngineManifest:
+    """Everything the runtime must know about an engine before loading it (``manifest.json``).
+
+    Digests are sha256 hex strings. ``files`` maps each engine file's path relative to the
+    engine directory (POSIX separators) to its digest; ``manifest.json`` itself is not listed.
+    """
+
+    format_version: int = FORMAT_VERSION
+    llmc_version: str = __version__
+    model_id: str  # short name: an alias ("gemma-3-270m") or a path's basename
+    source: str  # the path or alias given to `llmc build`
+    checkpoint_digest: str
+    tokenizer_digest: str
+    target: str  # "cpu" or a GPU arch "sm80" ... "sm120"
+    isa: list[str]  # canonical ISA features the engine needs (cpu targets), see llmc.compiler.isa
+    arch: str  # machine architecture: "x86_64" or "aarch64"
+    dtype: str  # "float32" | "bfloat16"
+    quant: str  # "none" | "int8" | "int4" | "fp8" ...
+    kv_cache_dtype: str
+    max_seq_len: int  # tokens per sequence (prompt + generated)
+    max_num_tokens: int  # tokens per step, over all sequences
+    max_batch: int  # sequences per step
+    block_size: int  # tokens per KV-cache block
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    plugin_versions: dict[str, str] = field(default_factory=dict)  # "llmc::PagedAttention": "1"
+    backend: str  # "onnxruntime" | "tensorrt"
+    backend_version: str
+    execution_provider: str  # e.g. "CPUExecutionProvider"
+    build_config: dict = field(default_factory=dict)
+    build_config_hash: str
+    pass_report: dict[str, int] = field(default_factory=dict)  # pass name -> rewrites made
+    accuracy_report: dict | None = None  # quantized builds: against the unquantized model
+    files: dict[str, str] = field(default_factory=dict)
+    created_at: str = field(default_factory=_utc_now)  # ISO 8601, UTC
+
+
+def write_manifest(m: EngineManifest, engine_dir: str | Path) -> Path:
+    """Write ``m`` as ``engine_dir/manifest.json`` atomically (temp file, fsync, os.replace).
+
+    A reader never sees a half-written manifest; a failed write leaves no temp file. Returns the
+    manifest's path. Raises TypeError if a dict field holds a value JSON cannot represent.
+    """
+    path = Path(engine_dir) / MANIFEST_NAME
+    text = json.dumps(asdict(m), indent=2) + "\n"
+    fd, partial = tempfile.mkstemp(prefix=f".{MANIFEST_NAME}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_manifest(engine_dir: str | Path) -> EngineManifest:
+    """Read and validate ``engine_dir/manifest.json``.
+
+    Unknown keys are ignored (a newer llmc of the same format may add optional fields).
+
+    Raises:
+        EngineNotFoundError: no such directory, or no manifest.json in it.
+        EngineCorruptError: the file is not valid JSON, or a field is missing or mistyped.
+        EngineMismatchError: the manifest's format_version is not FORMAT_VERSION.
+    """
+    engine_dir = Path(engine_dir)
+    path = engine_dir / MANIFEST_NAME
+    if not engine_dir.is_dir():
+        raise EngineNotFoundError(
+            f"engine directory {engine_dir} does not exist; build one with "
+            "`llmc build MODEL --arch cpu` or check the path"
+        )
+    if not path.is_file():
+        raise EngineNotFoundError(
+            f"{engine_dir} has no {MANIFEST_NAME}: it is not an llmc engine directory, or its "
+            "build was interrupted; rebuild it with `llmc build MODEL --arch cpu`"
+        )
+    broken = f"{path} is corrupt"
+    todo = "rebuild the engine with `llmc build` or re-pull it"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise EngineCorruptError(f"{broken}: not valid JSON ({error}); {todo}") from error
+    if not isinstance(data, dict):
+        raise EngineCorruptError(f"{broken}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format_version") != FORMAT_VERSION:
+        _raise_format_mismatch(data.get("format_version"), path)
+    hints = typing.get_type_hints(EngineManifest)
+    values = {}
+    for f in fields(EngineManifest):
+        if f.name not in data:
+            raise EngineCorruptError(f"{broken}: field {f.name!r} is missing; {todo}")
+        if not _has_type(data[f.name], hints[f.name]):
+            raise EngineCorruptError(
+                f"{broken}: field {f.name!r} should be {_type_name(hints[f.name])}, "
+                f"got {data[f.name]!r}; {todo}"
+            )
+        values[f.name] = data[f.name]
+    return EngineManifest(**values)
+
+
+def file_digests(engine_dir: str | Path) -> dict[str, str]:
+    """sha256 (hex) of every file under ``engine_dir``, by POSIX relative path, sorted.
+
+    Skips ``manifest.json`` and the manifest's temp files. Reads in 1 MiB chunks, so memory stays
+    flat for multi-GB engine files; about 1-2 s per GB.
+    """
+    root = Path(engine_dir)
+    digests = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        relative = path.relative_to(root).as_posix()
+        if relative == MANIFEST_NAME or relative.startswith(f".{MANIFEST_NAME}."):
+            continue
+        digests[relative] = _sha256(path)
+    return digests
+
+
+def verify_files(m: EngineManifest, engine_dir: str | Path) -> None:
+    """Check each file listed in ``m.files`` against its sha256 (files not listed are ignored).
+
+    Raises:
+        EngineCorruptError: a listed file is missing, or its digest differs (the message names
+            the file and both digests).
+    """
+    root = Path(engine_dir)
+    todo = f"the engine is damaged; rebuild it with {_rebuild_command(m, m.target)} or re-pull it"
+    for relative, expected in m.files.items():
+        if Path(relative).is_absolute() or ".." in Path(relative).parts:
+            raise EngineCorruptError(f"manifest lists {relative!r}, outside the engine; {todo}")
+        path = root / relative
+        if not path.is_file():
+            raise EngineCorruptError(f"engine file {path} (in the manifest) is missing; {todo}")
+        actual = _sha256(path)
+        if actual != expected:
+            raise EngineCorruptError(
+                f"engine file {path} has sha256 {actual}, but the manifest expects {expected}; "
+                f"{todo}"
+            )
+
+
+def check_host(m: EngineManifest, host: HostIsa, backend_versions: dict[str, str]) -> None:
+    """Refuse an engine this host cannot run, before anything of it is loaded.
+
+    ``backend_versions`` maps backend name ("onnxruntime", "tensorrt") to its installed version;
+    a backend absent from it counts as not installed. This host is assumed to have no GPU.
+
+    Raises:
+        EngineMismatchError: format version, target (a GPU arch), machine arch, ISA features or
+            the backend's major.minor version differ; the message says what to rebuild or install.
+    """
+    if m.format_version != FORMAT_VERSION:
+        _raise_format_mismatch(m.format_version, MANIFEST_NAME)
+    rebuild = _rebuild_command(m, "cpu")
+    if _GPU_TARGET.fullmatch(m.target):
+        raise EngineMismatchError(
+            f"engine built for {m.target}, this host is {host.name} (no GPU); "
+            f"rebuild with {rebuild}"
+        )
+    if m.target != "cpu":
+        raise EngineMismatchError(f"unknown engine target {m.target!r}; rebuild with {rebuild}")
+    if m.arch != host.arch:
+        raise EngineMismatchError(
+            f"engine built for {m.arch}, this host is {host.arch} ({host.name}); "
+            f"rebuild on this host with {rebuild}"
+        )
+    missing = missing_features(m.isa, host)
+    if missing:
+        raise EngineMismatchError(
+            f"engine built for {isa_name(m.isa)} needs {', '.join(missing)}, which this host "
+            f"({host.name}) does not run; rebuild on this host with {rebuild}"
+        )
+    installed = backend_versions.get(m.backend)
+    needed = ".".join(m.backend_version.split(".")[:2])
+    if installed is None:
+        raise EngineMismatchError(
+            f"engine needs {m.backend} {needed}.x (built with {m.backend_version}), which is not "
+            f"installed; install {m.backend} {needed}.x"
+        )
+    if _major_minor(installed) != _major_minor(m.backend_version):
+        raise EngineMismatchError(
+            f"engine was built with {m.backend} {m.backend_version} but {installed} is installed; "
+            f"install {m.backend} {needed}.x or rebuild with {rebuild}"
+        )
+
+
+def _raise_format_mismatch(version: object, where: object) -> None:
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise EngineMismatchError(
+            f"{where}: engine format {version} is newer than this llmc {__version__} reads "
+            f"(format {FORMAT_VERSION}); upgrade llmc, or rebuild the engine with this version"
+        )
+    raise EngineMismatchError(
+        f"{where}: engine format {version!r} is not the format this llmc {__version__} reads "
+        f"({FORMAT_VERSION}); rebuild the engine with `llmc build`"
+    )
+
+
+def _rebuild_command(m: EngineManifest, arch: str) -> str:
+    command = ["llmc", "build", m.source or m.model_id, "--arch", arch]
+    if m.dtype != "float32":
+        command += ["--dtype", m.dtype]
+    if m.quant != "none":
+        command += ["--quant", m.quant]
+    return f"`{shlex.join(command)}`"
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(re.split(r"[.+-]", version)[:2])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _has_type(value: object, hint: object) -> bool:
+    """Whether a JSON value fits a field's type hint (int, str, list[X], dict[K, V], X | None)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_has_type(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and all(_has_type(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _has_type(k, args[0]) and _has_type(v, args[1]) for k, v in value.items()
+        )
+    return isinstance(value, typing.cast(type, hint))
+
+
+def _type_name(hint: object) -> str:
+    return getattr(hint, "__name__", None) or str(hint)

@@ -1,0 +1,68 @@
+"""BlockPool: exact block ids, LRU free order, reference counts, errors."""
+
+import pytest
+
+from llmc.runtime.block_pool import BlockPool
+
+
+def test_allocate_takes_lowest_ids_first_from_a_fresh_pool():
+    pool = BlockPool(10)
+    assert pool.num_free_blocks == 10
+    assert pool.allocate(3) == [0, 1, 2]
+    assert pool.allocate(2) == [3, 4]
+    assert pool.num_free_blocks == 5
+    assert pool.usage == pytest.approx(0.5)
+    assert [b.ref_cnt for b in pool.blocks] == [1] * 5 + [0] * 5
+
+
+def test_freed_blocks_are_reused_last_in_the_order_freed():
+    pool = BlockPool(6)
+    a = pool.allocate(3)  # [0, 1, 2]
+    pool.free(reversed(a))  # queue: 3 4 5 2 1 0
+    assert pool.num_free_blocks == 6
+    assert [b.ref_cnt for b in pool.blocks] == [0] * 6
+    assert pool.allocate(4) == [3, 4, 5, 2]
+    pool.free([4])  # queue: 1 0 4
+    assert pool.allocate(3) == [1, 0, 4]
+    assert pool.num_free_blocks == 0
+
+
+def test_can_allocate_is_exact():
+    pool = BlockPool(4)
+    pool.allocate(1)
+    assert pool.can_allocate(3)
+    assert not pool.can_allocate(4)
+    assert pool.can_allocate(0)
+
+
+def test_allocating_too_many_raises_and_changes_nothing():
+    pool = BlockPool(4)
+    pool.allocate(2)
+    with pytest.raises(ValueError, match="only 2 free"):
+        pool.allocate(3)
+    assert pool.num_free_blocks == 2
+    assert pool.allocate(2) == [2, 3]
+
+
+def test_double_free_raises():
+    pool = BlockPool(4)
+    ids = pool.allocate(2)
+    pool.free(ids)
+    with pytest.raises(ValueError, match="block 0 is already free"):
+        pool.free([0])
+
+
+def test_block_shared_by_two_owners_is_freed_with_the_last_reference():
+    # Prefix caching will share blocks; the reference count already supports it.
+    pool = BlockPool(3)
+    (b,) = pool.allocate(1)
+    pool.blocks[b].ref_cnt += 1  # a second sequence holds it
+    pool.free([b])
+    assert pool.num_free_blocks == 2
+    pool.free([b])
+    assert pool.num_free_blocks == 3
+
+
+def test_empty_pool_is_refused():
+    with pytest.raises(ValueError, match="num_blocks"):
+        BlockPool(0)

@@ -1,0 +1,325 @@
+"""LLMEngine and LLM end to end: a paged fake model, then the torch reference runner vs HF."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from llmc.runtime.engine import EngineConfig, LLMEngine
+from llmc.runtime.llm import LLM
+from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.step_inputs import StepInputs
+from tests.tiny_models import make_tiny_llama
+
+VOCAB = 512
+EOS = 1
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    """The tiny Llama with q and k projections scaled up: at init scale its attention is nearly
+    uniform, and greedy tokens would not notice wrong positions or a wrong context."""
+    from safetensors.torch import load_file, save_file
+
+    path = make_tiny_llama(tmp_path_factory.mktemp("llama"))
+    weights_file = path / "model.safetensors"
+    weights = load_file(weights_file)
+    for name, w in weights.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            w.mul_(12.0)
+    save_file(weights, weights_file, metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(llama_dir):
+    return AutoTokenizer.from_pretrained(llama_dir)
+
+
+def next_token(context: np.ndarray) -> int:
+    """The fake model: a hash of the whole context, never a special token (ids 0-6)."""
+    weights = np.arange(1, len(context) + 1, dtype=np.int64)
+    return int((context * weights).sum() * 2654435761 % (VOCAB - 7)) + 7
+
+
+class PagedFakeRunner:
+    """A runner whose "KV cache" stores token ids at their slots; each sampled row reads its whole
+    context back through its block table, so any paging error changes the tokens."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size, self.vocab_size = num_blocks, block_size, VOCAB
+        self.cache = np.full(num_blocks * block_size, -1, np.int64)
+        self.num_steps = 0
+
+    def execute(self, step: StepInputs) -> np.ndarray:
+        self.num_steps += 1
+        self.cache[step.slot_mapping] = step.input_ids
+        logits = np.zeros((len(step.logits_indices), VOCAB), np.float32)
+        for row, t in enumerate(step.logits_indices):
+            b = int(np.searchsorted(step.query_start_loc, t, side="right")) - 1
+            pos = np.arange(step.seq_lens[b])
+            slots = step.block_tables[b, pos // self.block_size] * self.block_size
+            context = self.cache[slots + pos % self.block_size]
+            assert (context >= 0).all()
+            logits[row, next_token(context)] = 1.0
+        return logits
+
+
+def oracle(prompt: list[int], num_tokens: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(num_tokens):
+        tokens.append(next_token(np.array(tokens)))
+    return tokens[len(prompt) :]
+
+
+def fake_engine(tokenizer, num_blocks=64, block_size=4, **kw) -> LLMEngine:
+    cfg = EngineConfig(block_size=block_size, num_blocks=num_blocks, max_model_len=64, **kw)
+    return LLMEngine(PagedFakeRunner(num_blocks, block_size), tokenizer, cfg, {EOS})
+
+
+def prompt_of(i: int) -> list[int]:
+    rng = np.random.default_rng(i)
+    return [int(t) for t in rng.integers(7, VOCAB, size=int(rng.integers(1, 30)))]
+
+
+def run(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]]):
+    """Step the engine, adding requests at the given steps; returns the final outputs."""
+    finished, step = {}, 0
+    while step <= max(arrivals) or engine.has_unfinished_requests():
+        for request_id, prompt, params in arrivals.get(step, []):
+            engine.add_request(request_id, prompt, params)
+        for out in engine.step():
+            assert out.request_id not in finished
+            if out.finished:
+                finished[out.request_id] = out
+        step += 1
+    return finished
+
+
+def spy_on_schedule(engine: LLMEngine) -> dict[str, int]:
+    """Count preemptions and prompt chunks (scheduled tokens that do not sample)."""
+    counts = {"preempted": 0, "chunks": 0}
+    schedule = engine.scheduler.schedule
+
+    def spy():
+        out = schedule()
+        counts["preempted"] += len(out.preempted_request_ids)
+        counts["chunks"] += sum(not s.samples for s in out.scheduled)
+        return out
+
+    engine.scheduler.schedule = spy
+    return counts
+
+
+def test_staggered_requests_with_chunks_and_preemption_match_the_oracle(tokenizer):
+    # 16 blocks of 4 tokens for up to 4 requests of up to 45 tokens, and a budget of 12 tokens.
+    engine = fake_engine(tokenizer, num_blocks=16, max_num_seqs=4, max_num_batched_tokens=12)
+    counts = spy_on_schedule(engine)
+    requests = {
+        i: [(str(i), prompt_of(i), SamplingParams(max_tokens=5 + i, **GREEDY))] for i in range(12)
+    }
+    finished = run(engine, requests)
+    assert sorted(finished, key=int) == [str(i) for i in range(12)]
+    for i in range(12):
+        out = finished[str(i)].outputs[0]
+        assert out.token_ids == oracle(prompt_of(i), 5 + i)
+        assert out.finish_reason == "length"
+        assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert counts["preempted"] > 0 and counts["chunks"] > 0
+    assert engine.scheduler.block_pool.num_free_blocks == 16
+
+
+def test_outputs_come_only_for_requests_that_sampled(tokenizer):
+    engine = fake_engine(tokenizer, max_num_batched_tokens=8)
+    engine.add_request("long", prompt_of(0)[:1] * 20, SamplingParams(max_tokens=2, **GREEDY))
+    engine.add_request("short", [9, 10], SamplingParams(max_tokens=3, **GREEDY))
+    assert engine.step() == []  # 8 of the 20 prompt tokens
+    assert engine.step() == []  # 16 of 20
+    outs = engine.step()  # last 4 tokens of "long" and all of "short"
+    assert [(o.request_id, len(o.outputs[0].token_ids), o.finished) for o in outs] == [
+        ("long", 1, False),
+        ("short", 1, False),
+    ]
+    assert outs[1].prompt_token_ids == [9, 10]
+
+
+def test_stop_token_id_and_stop_string(tokenizer):
+    prompt = prompt_of(3)
+    tokens = oracle(prompt, 12)
+    engine = fake_engine(tokenizer)
+    params = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[tokens[4]])
+    engine.add_request("a", prompt, params)
+    out = run(engine, {0: []})["a"].outputs[0]
+    assert out.token_ids == tokens[:5] and out.finish_reason == "stop"
+
+    full = tokenizer.decode(tokens)
+    stop = full[10:13]
+    cut = full.index(stop)
+    engine.add_request("b", prompt, SamplingParams(max_tokens=12, stop=stop, **GREEDY))
+    out = run(engine, {0: []})["b"].outputs[0]
+    assert out.text == full[:cut]
+    assert out.finish_reason == "stop"
+    assert tokens[: len(out.token_ids)] == out.token_ids
+    assert len(out.token_ids) < 12
+    assert not engine.has_unfinished_requests()
+
+
+def test_eos_stops_unless_ignored(tokenizer):
+    engine = fake_engine(tokenizer)
+    # The fake model never emits EOS: make it do so by stopping on the first oracle token.
+    prompt = prompt_of(5)
+    first = oracle(prompt, 1)[0]
+    engine.scheduler.eos_token_ids = frozenset({first})
+    engine.add_request("stops", prompt, SamplingParams(max_tokens=4, temperature=0.0))
+    engine.add_request("ignores", prompt, SamplingParams(max_tokens=4, **GREEDY))
+    finished = run(engine, {0: []})
+    assert finished["stops"].outputs[0].token_ids == [first]
+    assert finished["stops"].outputs[0].finish_reason == "stop"
+    assert finished["ignores"].outputs[0].token_ids == oracle(prompt, 4)
+
+
+def test_abort_frees_everything(tokenizer):
+    engine = fake_engine(tokenizer)
+    engine.add_request("a", prompt_of(1), SamplingParams(max_tokens=20))
+    engine.add_request("b", prompt_of(2), SamplingParams(max_tokens=20))
+    engine.step()
+    engine.abort_request("a")
+    engine.abort_request("b")
+    assert not engine.has_unfinished_requests()
+    assert engine.step() == []
+    assert engine.scheduler.block_pool.num_free_blocks == 64
+    engine.add_request("a", prompt_of(1), SamplingParams(max_tokens=1))  # the id is free again
+
+
+def test_add_request_validation(tokenizer):
+    engine = fake_engine(tokenizer)
+    engine.add_request("x", [5], SamplingParams())
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("x", [5], SamplingParams())
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("y", [], SamplingParams())
+    with pytest.raises(ValueError, match=r"token id 512 is outside the vocabulary \[0, 512\)"):
+        engine.add_request("y", [5, 512], SamplingParams())
+    with pytest.raises(ValueError, match="token id -1"):
+        engine.add_request("y", [-1], SamplingParams())
+    with pytest.raises(
+        ValueError, match="is 65 tokens, more than this engine's max_model_len of 64"
+    ):
+        engine.add_request("y", [5] * 60, SamplingParams(max_tokens=5))
+    with pytest.raises(ValueError, match="n > 1 is not supported yet"):
+        engine.add_request("y", [5], SamplingParams(n=2))
+    with pytest.raises(ValueError, match="block_size 8 differs"):
+        cfg = EngineConfig(block_size=8, num_blocks=8, max_model_len=8)
+        LLMEngine(PagedFakeRunner(8, 4), tokenizer, cfg, set())
+    with pytest.raises(ValueError, match="exceeds the runner's KV cache of 8 blocks"):
+        cfg = EngineConfig(block_size=4, num_blocks=9, max_model_len=8)
+        LLMEngine(PagedFakeRunner(8, 4), tokenizer, cfg, set())
+    assert list(engine.scheduler.requests) == ["x"]
+
+
+def test_llm_generate_keeps_input_order_and_accepts_token_prompts(tokenizer):
+    llm = LLM.from_engine(fake_engine(tokenizer, max_num_seqs=2))
+    params = [SamplingParams(max_tokens=m, **GREEDY) for m in (7, 2, 4)]
+    prompts = ["To be, or not", {"prompt_token_ids": prompt_of(9)}, "héllo wörld ✓ 日本"]
+    outs = llm.generate(prompts, params)
+    assert [o.prompt for o in outs] == [prompts[0], None, prompts[2]]
+    assert [len(o.outputs[0].token_ids) for o in outs] == [7, 2, 4]
+    assert outs[0].prompt_token_ids == tokenizer.encode(prompts[0])
+    assert outs[1].outputs[0].token_ids == oracle(prompt_of(9), 2)
+    assert all(o.finished for o in outs)
+
+    single = llm.generate("To be, or not", SamplingParams(max_tokens=7, **GREEDY))
+    assert single[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
+
+    with pytest.raises(ValueError, match="2 sampling params for 3 prompts"):
+        llm.generate(prompts, params[:2])
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(["ok", {"prompt_token_ids": [5] * 70}])
+    assert not llm.engine.has_unfinished_requests()  # the valid first prompt was withdrawn
+
+
+def test_from_engine_dir_uses_the_loaded_engine_and_checks_overrides(tokenizer, monkeypatch):
+    from types import SimpleNamespace
+
+    import llmc.runtime.engine_loader
+
+    calls = []
+
+    def fake_load_engine(path, **kw):
+        calls.append((path, kw))
+        return SimpleNamespace(
+            runner=PagedFakeRunner(kw["num_blocks"] or 32, 4),
+            tokenizer=tokenizer,
+            manifest=SimpleNamespace(max_seq_len=48),
+            eos_token_ids={EOS},
+            block_size=4,
+        )
+
+    monkeypatch.setattr(llmc.runtime.engine_loader, "load_engine", fake_load_engine)
+    engine = LLMEngine.from_engine_dir("some/dir", max_num_seqs=3)
+    assert calls[-1] == ("some/dir", dict(num_blocks=None, kv_cache_memory=None, threads=None))
+    cfg = engine.config
+    assert (cfg.block_size, cfg.num_blocks, cfg.max_model_len, cfg.max_num_seqs) == (4, 32, 48, 3)
+    engine = LLMEngine.from_engine_dir("d", num_blocks=20, max_model_len=40)
+    assert (engine.config.num_blocks, engine.max_model_len) == (20, 40)
+    with pytest.raises(ValueError, match="max_model_len 49 exceeds the engine's max_seq_len 48"):
+        LLMEngine.from_engine_dir("d", max_model_len=49)
+    with pytest.raises(TypeError, match="unknown engine options"):
+        LLMEngine.from_engine_dir("d", max_num_seq=3)
+    llm = LLM("d", seed=3)
+    assert llm.engine.config.seed == 3
+
+
+# ---- the torch reference runner: greedy tokens equal HF generate ----------------------------
+
+TORCH_PROMPTS = [prompt_of(20), prompt_of(21)[:5], prompt_of(29)]  # 26, 5 and 28 tokens
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def hf_reference(llama_dir) -> list[list[int]]:
+    """HF ``generate(do_sample=False)`` continuations of TORCH_PROMPTS (EOS stops both)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    out = []
+    for prompt in TORCH_PROMPTS:
+        ids = torch.tensor([prompt])
+        gen = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS
+        )
+        out.append(gen[0, len(prompt) :].tolist())
+    return out
+
+
+def torch_engine(llama_dir, tokenizer, num_blocks=64, **kw) -> LLMEngine:
+    from llmc.runtime.torch_runner import TorchRunner
+
+    runner = TorchRunner(llama_dir, num_blocks=num_blocks, block_size=4)
+    cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_model_len=64, **kw)
+    return LLMEngine(runner, tokenizer, cfg, {EOS})
+
+
+GREEDY_TORCH = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+
+
+def test_torch_runner_greedy_equals_hf_generate(llama_dir, tokenizer, hf_reference):
+    engine = torch_engine(llama_dir, tokenizer)
+    for i, prompt in enumerate(TORCH_PROMPTS):
+        engine.add_request(str(i), prompt, GREEDY_TORCH)
+        assert run(engine, {0: []})[str(i)].outputs[0].token_ids == hf_reference[i]
+
+
+def test_torch_runner_staggered_batch_equals_hf_generate(llama_dir, tokenizer, hf_reference):
+    # A small budget and pool: prompts are chunked and requests preempted while others decode.
+    engine = torch_engine(
+        llama_dir, tokenizer, num_blocks=16, max_num_seqs=3, max_num_batched_tokens=10
+    )
+    counts = spy_on_schedule(engine)
+    arrivals = {i: [(str(i), p, GREEDY_TORCH)] for i, p in enumerate(TORCH_PROMPTS)}
+    finished = run(engine, arrivals)
+    assert [finished[str(i)].outputs[0].token_ids for i in range(3)] == hf_reference
+    assert counts["preempted"] > 0 and counts["chunks"] > 0

@@ -1,0 +1,294 @@
+"""Scheduler with fake model outputs: exact plans, block ids, budgets, preemption, stops."""
+
+import random
+
+import pytest
+
+from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.scheduler import Scheduler, SchedulerConfig
+from llmc.runtime.sequence import Sequence, SequenceStatus
+
+EOS = 1
+
+
+def make_scheduler(**kw) -> Scheduler:
+    cfg = dict(max_model_len=64, block_size=4, num_blocks=16)
+    cfg.update(kw)
+    return Scheduler(SchedulerConfig(**cfg), eos_token_ids={EOS})
+
+
+def make_seq(request_id: str, num_prompt: int, **params) -> Sequence:
+    prompt = [100 + i for i in range(num_prompt)]
+    return Sequence(request_id, prompt, SamplingParams(**params))
+
+
+def plan(out):
+    """The plan as (request id, computed tokens, new tokens, samples) tuples."""
+    return [
+        (s.seq.request_id, s.num_computed_tokens, s.num_new_tokens, s.samples)
+        for s in out.scheduled
+    ]
+
+
+def run_step(sched: Scheduler, token: int = 5):
+    """One step of a fake model that always samples ``token``."""
+    out = sched.schedule()
+    sched.update_from_output(out, [token] * len(out.sampling))
+    return out
+
+
+def test_prefill_then_decode_with_exact_blocks():
+    sched = make_scheduler()
+    seq = make_seq("a", 5)
+    sched.add_request(seq)
+
+    out = run_step(sched, token=7)
+    assert plan(out) == [("a", 0, 5, True)]
+    assert out.num_batched_tokens == 5
+    assert seq.block_ids == [0, 1]
+    assert seq.output_token_ids == [7]
+    assert seq.num_computed_tokens == 5
+
+    for token, blocks in [(8, [0, 1]), (9, [0, 1]), (10, [0, 1]), (11, [0, 1, 2])]:
+        out = run_step(sched, token=token)
+        assert plan(out) == [("a", seq.num_computed_tokens - 1, 1, True)]
+        assert seq.block_ids == blocks
+    # 5 prompt + 5 sampled tokens, the last one not computed yet: 9 in the cache.
+    assert seq.output_token_ids == [7, 8, 9, 10, 11]
+    assert seq.num_computed_tokens == 9
+    assert sched.block_pool.num_free_blocks == 13
+
+
+def test_long_prompt_is_prefilled_in_chunks_and_samples_only_at_its_end():
+    sched = make_scheduler(max_num_batched_tokens=8)
+    seq = make_seq("a", 20)
+    sched.add_request(seq)
+    expected = [
+        (("a", 0, 8, False), [0, 1]),
+        (("a", 8, 8, False), [0, 1, 2, 3]),
+        (("a", 16, 4, True), [0, 1, 2, 3, 4]),
+        (("a", 20, 1, True), [0, 1, 2, 3, 4, 5]),  # token 21 opens block 6
+    ]
+    for entry, blocks in expected:
+        out = run_step(sched)
+        assert plan(out) == [entry]
+        assert seq.block_ids == blocks
+    assert seq.output_token_ids == [5, 5]
+
+
+def test_token_budget_is_shared_running_first_then_waiting_in_fcfs_order():
+    sched = make_scheduler(max_num_batched_tokens=10)
+    for rid in "abc":
+        sched.add_request(make_seq(rid, 6))
+    out = run_step(sched)
+    assert plan(out) == [("a", 0, 6, True), ("b", 0, 4, False)]
+    assert out.num_batched_tokens == 10
+    out = run_step(sched)
+    assert plan(out) == [("a", 6, 1, True), ("b", 4, 2, True), ("c", 0, 6, True)]
+    assert out.num_batched_tokens == 9
+    out = run_step(sched)
+    assert plan(out) == [("a", 7, 1, True), ("b", 6, 1, True), ("c", 6, 1, True)]
+    assert [s.block_ids for s in sched.running] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_max_num_seqs_bounds_running_and_next_waiting_joins_when_one_finishes():
+    sched = make_scheduler(max_num_seqs=2)
+    sched.add_request(make_seq("a", 3, max_tokens=2))
+    sched.add_request(make_seq("b", 3, max_tokens=5))
+    sched.add_request(make_seq("c", 3, max_tokens=5))
+    out = run_step(sched)
+    assert [s.seq.request_id for s in out.scheduled] == ["a", "b"]
+    assert sched.num_running_seqs == 2 and sched.num_waiting_seqs == 1
+    out = run_step(sched)  # a reaches max_tokens=2 and leaves
+    assert [s.seq.request_id for s in out.scheduled] == ["a", "b"]
+    out = run_step(sched)
+    assert plan(out) == [("b", 4, 1, True), ("c", 0, 3, True)]
+    # b's 5th token opens its 2nd block before c is admitted; a's block 0 went to the back of
+    # the free queue.
+    assert sched.requests["b"].block_ids == [1, 2]
+    assert sched.requests["c"].block_ids == [3]
+
+
+def test_waiting_request_that_does_not_fit_blocks_later_ones():
+    sched = make_scheduler(block_size=2, num_blocks=4, max_model_len=8)
+    sched.add_request(make_seq("a", 5))  # 3 blocks
+    sched.add_request(make_seq("b", 5))  # 3 blocks: only 1 left
+    sched.add_request(make_seq("c", 1))  # would fit, but must not overtake b
+    out = sched.schedule()
+    assert plan(out) == [("a", 0, 5, True)]
+    assert sched.requests["a"].block_ids == [0, 1, 2]
+    assert [s.request_id for s in sched.waiting] == ["b", "c"]
+
+
+def test_preemption_by_recompute_of_the_newest_request():
+    sched = make_scheduler(block_size=2, num_blocks=4, max_model_len=8)
+    a = make_seq("a", 3, max_tokens=4)
+    b = make_seq("b", 3, max_tokens=4)
+    sched.add_request(a)
+    sched.add_request(b)
+
+    out = sched.schedule()
+    assert plan(out) == [("a", 0, 3, True), ("b", 0, 3, True)]
+    assert (a.block_ids, b.block_ids) == ([0, 1], [2, 3])
+    sched.update_from_output(out, [10, 20])
+    out = sched.schedule()
+    assert plan(out) == [("a", 3, 1, True), ("b", 3, 1, True)]
+    sched.update_from_output(out, [11, 21])
+
+    # a's 5th token needs a 3rd block; none is free, so b (admitted last) is preempted.
+    out = sched.schedule()
+    assert plan(out) == [("a", 4, 1, True)]
+    assert out.preempted_request_ids == ("b",)
+    assert a.block_ids == [0, 1, 3]  # b's blocks were freed tail first: 3, then 2
+    assert b.block_ids == [] and b.num_computed_tokens == 0
+    assert b.status is SequenceStatus.WAITING and b.output_token_ids == [20, 21]
+    sched.update_from_output(out, [12])
+
+    # b needs 3 blocks to recompute its 5 tokens; one is free: it keeps waiting.
+    out = sched.schedule()
+    assert plan(out) == [("a", 5, 1, True)]
+    sched.update_from_output(out, [13])
+    assert a.status is SequenceStatus.FINISHED_LENGTH_CAPPED
+    assert a.output_token_ids == [10, 11, 12, 13]
+
+    # b recomputes prompt + its 2 outputs in one chunk and samples its 3rd token.
+    out = sched.schedule()
+    assert plan(out) == [("b", 0, 5, True)]
+    assert b.block_ids == [2, 3, 1]  # free queue after a finished: 2, then a's 3 1 0
+    sched.update_from_output(out, [22])
+    assert b.output_token_ids == [20, 21, 22]
+
+
+def test_preempted_requests_go_back_to_the_front_of_waiting_in_arrival_order():
+    sched = make_scheduler(block_size=1, num_blocks=6, max_model_len=6)
+    sched.add_request(make_seq("a", 2))
+    sched.add_request(make_seq("b", 3))
+    sched.add_request(make_seq("c", 1))
+    sched.add_request(make_seq("d", 1))
+    run_step(sched)  # a: [0, 1], b: [2, 3, 4], c: [5]; d waits for a block
+    assert [s.request_id for s in sched.waiting] == ["d"]
+    # a's next token takes c's block; then b needs one, and being the newest left, preempts
+    # itself.
+    out = sched.schedule()
+    assert plan(out) == [("a", 2, 1, True)]
+    assert out.preempted_request_ids == ("c", "b")
+    assert [s.request_id for s in sched.waiting] == ["b", "c", "d"]
+    assert sched.requests["a"].block_ids == [0, 1, 5]
+
+
+def test_request_that_preempts_itself_is_not_scheduled():
+    sched = make_scheduler(block_size=2, num_blocks=2, max_model_len=4)
+    sched.add_request(make_seq("a", 1))
+    sched.add_request(make_seq("b", 2))
+    run_step(sched)  # a: [0] with room for one more token, b: [1] full
+    out = sched.schedule()
+    assert plan(out) == [("a", 1, 1, True)]
+    assert out.preempted_request_ids == ("b",)
+    assert sched.block_pool.num_free_blocks == 1
+
+
+def test_stop_on_eos_stop_token_and_max_tokens_frees_blocks():
+    sched = make_scheduler()
+    sched.add_request(make_seq("eos", 3))
+    sched.add_request(make_seq("ignore", 3, ignore_eos=True, max_tokens=2))
+    sched.add_request(make_seq("stop_id", 3, stop_token_ids=[9]))
+    out = sched.schedule()
+    updated = sched.update_from_output(out, [EOS, EOS, 9])
+    assert [s.request_id for s in updated] == ["eos", "ignore", "stop_id"]
+    assert [s.finish_reason for s in updated] == ["stop", None, "stop"]
+    assert [s.output_token_ids for s in updated] == [[EOS], [EOS], [9]]
+    out = run_step(sched, token=EOS)
+    assert plan(out) == [("ignore", 3, 1, True)]
+    assert out.scheduled[0].seq.finish_reason == "length"
+    assert not sched.has_unfinished_requests()
+    assert sched.block_pool.num_free_blocks == 16
+
+
+def test_max_model_len_caps_the_sequence():
+    sched = make_scheduler(max_model_len=6)
+    seq = make_seq("a", 4, max_tokens=10)  # the engine would refuse it; the cap still holds
+    sched.add_request(seq)
+    run_step(sched)
+    run_step(sched)
+    assert seq.num_tokens == 6
+    assert seq.status is SequenceStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_abort_and_finish_request():
+    sched = make_scheduler(max_num_seqs=1)
+    sched.add_request(make_seq("a", 5))
+    sched.add_request(make_seq("b", 5))
+    sched.add_request(make_seq("c", 5))
+    run_step(sched)
+    sched.abort_request("b")  # waiting: dropped when it reaches the front
+    sched.abort_request("nope")  # unknown ids are ignored
+    assert sched.num_waiting_seqs == 1
+    sched.finish_request("a", SequenceStatus.FINISHED_STOPPED)  # e.g. a stop string
+    assert sched.block_pool.num_free_blocks == 16
+    out = run_step(sched)
+    assert plan(out) == [("c", 0, 5, True)]
+    sched.abort_request("c")
+    assert sched.block_pool.num_free_blocks == 16
+    assert not sched.has_unfinished_requests()
+    with pytest.raises(ValueError, match="FINISHED"):
+        sched.finish_request("c", SequenceStatus.RUNNING)
+
+
+def test_request_aborted_while_its_step_runs_gets_no_token():
+    sched = make_scheduler()
+    sched.add_request(make_seq("a", 3))
+    sched.add_request(make_seq("b", 3))
+    out = sched.schedule()
+    sched.abort_request("a")
+    updated = sched.update_from_output(out, [7, 8])
+    assert [(s.request_id, s.output_token_ids) for s in updated] == [("b", [8])]
+    assert sched.requests.keys() == {"b"}
+
+
+def test_errors():
+    sched = make_scheduler()
+    sched.add_request(make_seq("a", 3))
+    with pytest.raises(ValueError, match="already in use"):
+        sched.add_request(make_seq("a", 3))
+    out = sched.schedule()
+    with pytest.raises(ValueError, match="expected 1 sampled tokens, got 2"):
+        sched.update_from_output(out, [1, 2])
+    with pytest.raises(ValueError, match="max_model_len"):
+        SchedulerConfig(max_model_len=100, block_size=4, num_blocks=24)
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
+        SchedulerConfig(max_model_len=8, block_size=4, num_blocks=2, max_num_seqs=0)
+
+
+def test_random_workload_keeps_invariants_and_finishes_every_request():
+    rng = random.Random(0)
+    cfg = SchedulerConfig(
+        max_model_len=24, block_size=4, num_blocks=12, max_num_seqs=4, max_num_batched_tokens=10
+    )
+    sched = Scheduler(cfg, eos_token_ids={EOS})
+    pending = [
+        make_seq(str(i), rng.randint(1, 16), max_tokens=rng.randint(1, 8)) for i in range(30)
+    ]
+    expected_lens = {s.request_id: s.params.max_tokens for s in pending}
+    finished = {}
+    num_preemptions = 0
+    for _ in range(1000):
+        if pending and rng.random() < 0.5:
+            sched.add_request(pending.pop(0))
+        out = sched.schedule()
+        num_preemptions += len(out.preempted_request_ids)
+        assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= 10
+        assert len(out.scheduled) <= 4 and len(sched.running) <= 4
+        used = [b for s in sched.running for b in s.block_ids]
+        assert len(used) == len(set(used)) == 12 - sched.block_pool.num_free_blocks
+        for s in out.scheduled:
+            assert len(s.seq.block_ids) == -(-(s.num_computed_tokens + s.num_new_tokens) // 4)
+        tokens = [rng.randint(2, 500) for _ in out.sampling]
+        for seq in sched.update_from_output(out, tokens):
+            if seq.is_finished:
+                finished[seq.request_id] = seq
+        if not pending and not sched.has_unfinished_requests():
+            break
+    assert len(finished) == 30
+    assert {k: s.num_output_tokens for k, s in finished.items()} == expected_lens
+    assert num_preemptions > 0  # the pool is small enough to exercise preemption
+    assert sched.block_pool.num_free_blocks == 12
