@@ -35,8 +35,20 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
     fast.save_pretrained(out_dir)
 
 
-def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
-    """Write a 2-layer Llama (hidden 64, 4 heads, 2 KV heads: GQA) checkpoint to ``out_dir``."""
+def _sharpen_attention(model, factor: float = 12.0) -> None:
+    """Scale q/k projections: at init scale attention is nearly uniform, and greedy tokens would
+    not notice a wrong position, window or context."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(factor)
+
+
+def make_tiny_llama(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
+    """Write a 2-layer Llama (hidden 64, 4 heads, 2 KV heads: GQA) checkpoint to ``out_dir``;
+    ``sharp`` scales q/k up so attention is far from uniform."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -55,13 +67,16 @@ def make_tiny_llama(out_dir: Path, seed: int = 0) -> Path:
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(cfg).eval()
+    if sharp:
+        _sharpen_attention(model)
     model.save_pretrained(out_dir, safe_serialization=True)
     train_tokenizer(out_dir)
     return out_dir
 
 
-def make_tiny_gemma3(out_dir: Path, seed: int = 0) -> Path:
-    """Write a 2-layer Gemma 3 text model: MQA, one sliding (window 8) and one global layer."""
+def make_tiny_gemma3(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
+    """Write a 2-layer Gemma 3 text model: MQA, one sliding (window 8) and one global layer;
+    ``sharp`` as in ``make_tiny_llama``."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -89,6 +104,8 @@ def make_tiny_gemma3(out_dir: Path, seed: int = 0) -> Path:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(0.0, 0.1)
+    if sharp:
+        _sharpen_attention(model, 4.0)
     model.save_pretrained(out_dir, safe_serialization=True)
     train_tokenizer(out_dir)
     return out_dir

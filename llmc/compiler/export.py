@@ -28,7 +28,7 @@ INPUT_NAMES = [
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """Per-layer KV cache geometry of a model: ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+    """Per-layer KV cache geometry: [num_blocks, block_size, num_kv_heads, head_dim]."""
 
     num_layers: int
     num_kv_heads: int

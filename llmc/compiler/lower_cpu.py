@@ -21,9 +21,10 @@ SEGMENT_DIR = "segments"
 def _optimize_segment(model: onnx.ModelProto, out_path: Path, threads: int) -> Counter:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
+    from llmc.runtime.ort_env import session_options
+
+    opts = session_options(threads)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = threads
     opts.log_severity_level = 3  # the "hardware specific" warning is the point of this step
     opts.optimized_model_filepath = str(out_path)
     opts.add_session_config_entry(

@@ -30,7 +30,14 @@ class LoadedEngine:
 
 def kv_bytes_per_block(manifest) -> int:
     """Bytes one KV block takes over all layers: 2 * layers * block_size * KVH * D * 4 (fp32)."""
-    return 2 * manifest.num_layers * manifest.block_size * manifest.num_kv_heads * manifest.head_dim * 4
+    return (
+        2
+        * manifest.num_layers
+        * manifest.block_size
+        * manifest.num_kv_heads
+        * manifest.head_dim
+        * 4
+    )
 
 
 def plan_num_blocks(manifest, num_blocks: int | None, kv_cache_memory: int | None) -> int:

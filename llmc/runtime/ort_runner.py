@@ -7,12 +7,12 @@ runner owns as numpy arrays and which is only ever written in place at the step'
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from llmc.compiler.segment import ExecutionPlan, load_plan
+from llmc.runtime.ort_env import session_options
 from llmc.runtime.step_inputs import StepInputs
 
 
@@ -31,19 +31,9 @@ class OrtRunner:
 
         engine_dir = Path(engine_dir)
         self.plan: ExecutionPlan = load_plan(engine_dir)
-        if os.environ.get("LLMC_GLOBAL_POOL", "1") == "1":
-            from onnxruntime.capi import _pybind_state
-
-            _pybind_state.set_global_thread_pool_sizes(threads or 2, 1)
-        opts = ort.SessionOptions()
-        opts.use_per_session_threads = os.environ.get("LLMC_GLOBAL_POOL", "1") != "1"
+        opts = session_options(threads or 2)
         # The saved segments are already optimized for this host at build time.
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        if threads and opts.use_per_session_threads:
-            opts.intra_op_num_threads = threads
-        # ORT's pool and the kernel's OpenMP team take turns on the same cores: a pool spinning
-        # after its segment steals the cores the attention kernel needs next (measured: 20x).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", os.environ.get("LLMC_SPIN", "0"))
         self._sessions = [
             ort.InferenceSession(str(engine_dir / s.file), opts, providers=["CPUExecutionProvider"])
             for s in self.plan.segments

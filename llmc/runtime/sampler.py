@@ -22,8 +22,8 @@ class Sampler:
     then sampled with the exponential race ``argmax(probs / q)``, ``q ~ Exp(1)`` (vLLM's sampler):
     it equals a categorical draw and lets each row draw its noise from its own generator.
 
-    A row's result depends only on its own logits, parameters and generator, never on the rest
-    of the batch: a request with a seed gets the same tokens whatever it is batched with.
+    How a row is masked depends only on its own parameters, and a seeded row draws its noise from
+    its own generator, so a request with a seed gets the same tokens whatever it is batched with.
 
     Args:
         seed: seed of the generator shared by rows without their own; None seeds it from the

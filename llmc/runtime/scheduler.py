@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from llmc.runtime.block_pool import BlockPool
 from llmc.runtime.sequence import Sequence, SequenceStatus
@@ -37,15 +37,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_model_len",
-            "block_size",
-            "num_blocks",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for f in fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"{f.name} must be >= 1, got {getattr(self, f.name)}")
         capacity = self.num_blocks * self.block_size
         if capacity < self.max_model_len:
             raise ValueError(

@@ -38,7 +38,8 @@ class RmsNormFusion(pattern.RewriteRuleClassBase):
         return op.RMSNormalization(x, weight, axis=-1, epsilon=epsilon, stash_type=1)
 
 
-RULES = pattern.RewriteRuleSet([RmsNormFusion.rule()])
+# commute: Llama writes w * normed, Gemma normed * (1 + w); both orders match.
+RULES = pattern.RewriteRuleSet([RmsNormFusion.rule()], commute=True)
 
 
 def fuse_rms_norm(model: ir.Model) -> int:

@@ -22,6 +22,10 @@
  * why 32: a tile's K and V rows (32 KB each at D=256, one KV head) stay close to L1. */
 #define TILE 32
 
+/* Below this many q.k multiply-adds (~10 us on one core) a step runs on the calling thread. Why:
+ * waking the OpenMP team costs about as much, and far more when the cores are busy. */
+#define PARALLEL_MIN_WORK (1 << 18)
+
 enum {
   PA_OK = 0,
   PA_BAD_QUERY_START_LOC = 1, /* not 0 .. T, or decreasing */
@@ -211,7 +215,12 @@ int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, i
    * context; decodes of long and short sequences mix). */
   int group = num_heads / num_kv_heads;
   int64_t num_items = (int64_t)num_tokens * num_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1)
+  int64_t work = 0; /* multiply-adds of q.k, an upper bound (windows ignored) */
+  for (int b = 0; b < num_seqs; ++b) {
+    work += (int64_t)(query_start_loc[b + 1] - query_start_loc[b]) * seq_lens[b];
+  }
+  work *= (int64_t)num_heads * head_dim;
+#pragma omp parallel for schedule(dynamic, 1) if (work >= PARALLEL_MIN_WORK)
   for (int64_t item = 0; item < num_items; ++item) {
     int t = (int)(item / num_kv_heads), kvh = (int)(item % num_kv_heads);
     int b = seq_of_token(query_start_loc, num_seqs, t);

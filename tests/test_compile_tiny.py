@@ -1,0 +1,154 @@
+"""The main job on tiny random-weight models: build a CPU engine, generate, compare with HF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from llmc.compiler.build import build
+from llmc.compiler.build_config import BuildConfig
+from llmc.errors import BuildConfigError, EngineCorruptError, EngineMismatchError
+from llmc.plugins import schema
+from llmc.runtime.engine import LLMEngine
+from llmc.runtime.llm import LLM
+from llmc.runtime.sampling_params import SamplingParams
+from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
+
+PROMPTS = ["To be, or not to be", "ROMEO:", "First Citizen:\nBefore we proceed", "What is"]
+NEW_TOKENS = 24
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def tiny(request, tmp_path_factory):
+    """(checkpoint dir, engine dir) of a tiny model built for cpu with 4-token blocks (so the
+    prompts cross block boundaries and the Gemma 3 window of 8 is exceeded)."""
+    root = tmp_path_factory.mktemp(request.param)
+    make = make_tiny_llama if request.param == "llama" else make_tiny_gemma3
+    ckpt = make(root / "ckpt", sharp=True)
+    config = BuildConfig(
+        model=str(ckpt), block_size=4, max_seq_len=128, output=str(root / "engine")
+    )
+    result = build(config)
+    return request.param, ckpt, result
+
+
+def hf_greedy(ckpt: Path, prompt_ids: list[int], n: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def test_engine_greedy_equals_hf(tiny):
+    _, ckpt, result = tiny
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    llm = LLM(result.engine_dir)
+    outs = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ids = tok(prompt).input_ids
+        assert out.prompt_token_ids == ids
+        assert out.outputs[0].token_ids == hf_greedy(ckpt, ids, NEW_TOKENS), prompt
+        assert out.outputs[0].text == tok.decode(out.outputs[0].token_ids, skip_special_tokens=True)
+
+
+def test_staggered_arrivals_equal_alone(tiny):
+    """In-flight batching: requests join a running batch at different steps and leave when done;
+    every request's tokens equal its tokens when run alone."""
+    _, _, result = tiny
+    engine = LLMEngine.from_engine_dir(result.engine_dir)
+    tok = engine.tokenizer
+    alone = {}
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"alone-{i}", tok(p).input_ids, GREEDY)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    alone[i] = out.outputs[0].token_ids
+    together: dict[int, list[int]] = {}
+    pending = list(enumerate(PROMPTS))
+    step = 0
+    max_running = 0
+    while pending or engine.has_unfinished_requests():
+        if pending and step % 3 == 0:  # a new request every third step
+            i, p = pending.pop(0)
+            engine.add_request(f"together-{i}", tok(p).input_ids, GREEDY)
+        outs = engine.step()
+        max_running = max(max_running, len(outs))
+        for out in outs:
+            if out.finished:
+                together[int(out.request_id.split("-")[1])] = out.outputs[0].token_ids
+        step += 1
+    assert max_running > 1  # the requests really shared steps
+    assert together == alone
+
+
+def test_graph_has_one_plugin_per_layer_and_fused_ops(tiny):
+    name, _, result = tiny
+    report = result.pass_report
+    # Llama: 2 norms per layer + final = 5; Gemma 3: 4 norms + q/k norms per layer + final = 13.
+    assert report["rms_norm"] == {"llama": 5, "gemma3": 13}[name]
+    assert report["rotary_embedding"] == 4  # q and k in each of 2 layers
+    plan = json.loads((result.engine_dir / "plan.json").read_text())
+    assert [p["layer_idx"] for p in plan["plugins"]] == [0, 1]
+    windows = [p["sliding_window"] for p in plan["plugins"]]
+    assert windows == {"llama": [0, 0], "gemma3": [8, 0]}[name]
+    assert result.optimized_ops.get("RMSNormalization") == report["rms_norm"]
+
+
+def test_exported_plugin_nodes_carry_the_contract(tiny):
+    _, ckpt, _ = tiny
+    from llmc.compiler.export import export_onnx
+    from llmc.compiler.model_source import load_model, resolve_model
+
+    proto = export_onnx(load_model(resolve_model(str(ckpt))), block_size=4)
+    nodes = schema.plugin_nodes(proto)
+    assert len(nodes) == 2
+    for node in nodes:
+        attrs = {a.name for a in node.attribute}
+        assert set(schema.REQUIRED_ATTRIBUTES) <= attrs
+        assert (
+            onnx.helper.get_attribute_value(
+                next(a for a in node.attribute if a.name == "plugin_namespace")
+            )
+            == b"llmc"
+        )
+    assert [i.name for i in proto.graph.output] == ["logits"]
+
+
+def test_mismatched_engine_is_refused_before_loading(tiny, tmp_path):
+    _, _, result = tiny
+    import shutil
+
+    copy = tmp_path / "engine"
+    shutil.copytree(result.engine_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["target"] = "sm90"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    # Corrupt a segment too: the manifest check must fire first, before any file is read.
+    seg = copy / "segments" / "segment_000.onnx"
+    seg.write_bytes(b"not onnx")
+    with pytest.raises(EngineMismatchError, match=r"sm90.*--arch cpu"):
+        LLM(copy)
+    manifest["target"] = "cpu"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EngineCorruptError, match="segment_000.onnx"):
+        LLM(copy)
+
+
+def test_bad_build_options_fail_before_work(tmp_path):
+    with pytest.raises(BuildConfigError, match="--dtype"):
+        BuildConfig.from_sources(None, {"dtype": "float8"})
+    with pytest.raises(BuildConfigError, match="unknown build option"):
+        BuildConfig.from_sources(None, {"max_seq": 3})
+    yaml_file = tmp_path / "b.yaml"
+    yaml_file.write_text("max-seq-len: 512\nblock_size: 8\n")
+    config = BuildConfig.from_sources(str(yaml_file), {"block_size": 32})
+    assert (config.max_seq_len, config.block_size) == (512, 32)  # the command line wins
