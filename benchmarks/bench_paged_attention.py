@@ -65,8 +65,8 @@ def main() -> None:
     kwargs = dict(num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
                   scale=HEAD_DIM**-0.5, sliding_window=None, logit_softcap=None)  # fmt: skip
     print(f"kernel: {load_library().path}")
-    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-          f"torch threads={torch.get_num_threads()}")  # fmt: skip
+    env = {name: os.environ.get(name, "unset") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    print(f"{env}, torch threads={torch.get_num_threads()}, load average={os.getloadavg()}")
     steps = {
         "decode 16 x 256 ctx": make_step([256] * 16, [1] * 16),
         "prefill 128 tokens": make_step([128], [128]),

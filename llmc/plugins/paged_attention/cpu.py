@@ -151,7 +151,10 @@ def paged_attention_cpu(
     """Write the new tokens' keys and values into the paged cache in place, then attend causally.
 
     Same contract as :func:`llmc.plugins.paged_attention.reference.paged_attention_reference`
-    (DESIGN §3), on numpy arrays and float32 only. Threads: OpenMP, so ``OMP_NUM_THREADS``.
+    (DESIGN §3), on numpy arrays and float32 only. Threads: OpenMP, so ``OMP_NUM_THREADS``;
+    steps under ~2^18 multiply-adds run on the calling thread. On a busy host set
+    ``OMP_WAIT_POLICY=passive``: measured here with other processes on both cores, the default
+    spin-waiting made a 1 ms decode step take 4-8 ms (the woken thread waits for a time slice).
 
     Args:
         q: [T, H*D] float32; rows contiguous (a column slice of a fused QKV output is fine).

