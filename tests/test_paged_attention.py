@@ -101,24 +101,24 @@ def run_reference(case: Case, batch: Batch, dtype=torch.float32):
 
 
 def dense_attention(case: Case, batch: Batch) -> np.ndarray:
-    """Causal attention over each sequence's dense context, float64, one token at a time: written
-    apart from the reference (slicing the window, not masking) so either can catch the other."""
-    d = case.head_dim
-    kv_head = torch.arange(case.num_heads) // (case.num_heads // case.num_kv_heads)  # [H]
-    q = torch.from_numpy(batch.q).double().view(-1, case.num_heads, d)
-    out = torch.zeros_like(q)
+    """Causal attention over each sequence's dense context in numpy float64, one token at a time:
+    written apart from the reference (slicing the window, not masking) so either can catch the
+    other."""
+    kv_head = np.arange(case.num_heads) // (case.num_heads // case.num_kv_heads)  # [H]
+    q = batch.q.astype(np.float64).reshape(-1, case.num_heads, case.head_dim)
+    out = np.zeros_like(q)
     for b, (length, num_new) in enumerate(case.seqs):
-        keys = torch.from_numpy(batch.dense_keys[b]).double()[:, kv_head]  # [L, H, D]
-        values = torch.from_numpy(batch.dense_values[b]).double()[:, kv_head]
+        keys = batch.dense_keys[b].astype(np.float64)[:, kv_head]  # [L, H, D]
+        values = batch.dense_values[b].astype(np.float64)[:, kv_head]
         for i in range(num_new):
             t, pos = int(batch.query_start_loc[b]) + i, length - num_new + i
             first = 0 if case.sliding_window is None else max(0, pos - case.sliding_window + 1)
-            scores = (keys[first : pos + 1] * q[t]).sum(-1) * d**-0.5  # [n, H]
+            scores = np.einsum("nhd,hd->nh", keys[first : pos + 1], q[t]) * case.head_dim**-0.5
             if case.logit_softcap is not None:
-                scores = case.logit_softcap * torch.tanh(scores / case.logit_softcap)
-            weights = torch.softmax(scores, 0)
-            out[t] = (weights[:, :, None] * values[first : pos + 1]).sum(0)
-    return out.view(len(q), -1).numpy()
+                scores = case.logit_softcap * np.tanh(scores / case.logit_softcap)
+            weights = np.exp(scores - scores.max(0))
+            out[t] = np.einsum("nh,nhd->hd", weights / weights.sum(0), values[first : pos + 1])
+    return out.reshape(len(q), -1)
 
 
 def random_case(seed: int) -> Case:

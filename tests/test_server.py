@@ -73,15 +73,20 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tiny_dir: Path) -> Iterator[Served]:
-    """The real server over a real tiny engine (torch runner)."""
-    from transformers import AutoTokenizer
+    """The real server over a real tiny engine: built for cpu, run by ONNX Runtime."""
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
+    from llmc.runtime.engine import LLMEngine
 
-    from llmc.runtime.engine import EngineConfig, LLMEngine
-    from llmc.runtime.torch_runner import TorchRunner
-
-    config = EngineConfig(block_size=16, num_blocks=32, max_model_len=MAX_MODEL_LEN)
-    runner = TorchRunner(tiny_dir, num_blocks=32, block_size=16)
-    engine = LLMEngine(runner, AutoTokenizer.from_pretrained(tiny_dir), config, eos_token_ids={1})
+    built = build(
+        BuildConfig(
+            model=str(tiny_dir),
+            block_size=16,
+            max_seq_len=MAX_MODEL_LEN,
+            output=str(tiny_dir.parent / "engine"),
+        )
+    )
+    engine = LLMEngine.from_engine_dir(built.engine_dir, num_blocks=32)
     aborted: list[str] = []
     steps = threading.Event()
     steps.set()
