@@ -143,7 +143,7 @@ def machine_info() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line), None)
     return {
         "nproc": os.cpu_count(),
-        "loadavg_1m_at_end": os.getloadavg()[0],  # other jobs on the machine skew every number
+        "loadavg_1m_at_end": os.getloadavg()[0],  # includes this run: ~2 is a quiet machine
         "cpu_model": cpu or platform.processor(),
         "python": platform.python_version(),
         "torch": torch.__version__,

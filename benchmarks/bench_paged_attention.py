@@ -9,6 +9,12 @@ Steps: decode of 16 sequences with 256 context tokens each; one 128-token prefil
 from __future__ import annotations
 
 import os
+
+# Why before torch: the kernel's loader defaults OMP_WAIT_POLICY to PASSIVE, but libgomp reads it
+# once, when loaded, and `import torch` loads torch's libgomp.so.1, which the kernel then shares
+# (same soname). Set here, both runtimes see the policy the kernel runs with in the engine.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import statistics
 import time
 from collections.abc import Callable

@@ -121,13 +121,16 @@ def split_at_plugins(
             groups.append([])
         else:
             groups[-1].append(node)
+    groups = _rematerialize_shape_math(g, groups, types, initializers)
 
     # Which later consumer (segment index or plugin index) needs each tensor.
     needed_after: dict[str, int] = {o.name: len(groups) for o in g.output}
     for i, group in enumerate(groups):
+        own = {o for n in group for o in n.output}
         for node in group:
             for name in node.input:
-                needed_after[name] = max(needed_after.get(name, -1), i)
+                if name not in own:
+                    needed_after[name] = max(needed_after.get(name, -1), i)
     for i, node in enumerate(plugins):
         for name in node.input:
             # Plugin i runs after segment i: a tensor it reads must leave segment <= i.
@@ -157,6 +160,90 @@ def split_at_plugins(
         specs.append(SegmentSpec(file=file_pattern.format(i), inputs=inputs, outputs=outputs))
     plan = ExecutionPlan(specs, [_plugin_call(n) for n in plugins], logits=g.output[0].name)
     return segments, plan
+
+
+# Integer shape arithmetic that is cheaper to recompute in each segment than to pass between
+# segments: as a segment input its value is unknown when the segment is compiled, so a
+# compiler (OpenVINO, TensorRT) cannot fold it and sees dynamic ranks.
+_SHAPE_OPS = {
+    "Constant",
+    "Shape",
+    "Gather",
+    "Concat",
+    "Unsqueeze",
+    "Squeeze",
+    "Slice",
+    "Cast",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Max",
+    "Min",
+    "Equal",
+    "Where",
+    "Range",
+    "Reshape",
+}
+_INT_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+
+
+def _rematerialize_shape_math(
+    g: onnx.GraphProto,
+    groups: list[list[onnx.NodeProto]],
+    types: dict[str, onnx.ValueInfoProto],
+    initializers: dict[str, onnx.TensorProto],
+) -> list[list[onnx.NodeProto]]:
+    """Copy the producers of integer shape tensors into every segment that reads them, so that
+    only activations (and graph inputs) cross segment boundaries."""
+    graph_inputs = {i.name for i in g.input}
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in g.node:
+        if node.op_type not in _SHAPE_OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        outs_int = all(
+            o in types and types[o].type.tensor_type.elem_type in _INT_TYPES for o in node.output
+        )
+        sources_ok = all(
+            not n
+            or n in producer
+            or n in initializers
+            or (n in graph_inputs and (node.op_type == "Shape" or _is_int(types, n)))
+            for n in node.input
+        )
+        if outs_int and sources_ok:
+            for o in node.output:
+                producer[o] = node
+    result = []
+    for group in groups:
+        produced = {o for n in group for o in n.output}
+        pulled: list[onnx.NodeProto] = []
+        for node in group:
+            for name in node.input:
+                _pull(name, producer, produced, pulled)
+        result.append(pulled + [n for n in group if n not in pulled])
+    return result
+
+
+def _pull(
+    name: str,
+    producer: dict[str, onnx.NodeProto],
+    produced: set[str],
+    pulled: list[onnx.NodeProto],
+) -> None:
+    """Append the producers of ``name`` not yet in the segment to ``pulled``, inputs first."""
+    node = producer.get(name)
+    if node is None or name in produced:
+        return
+    for n in node.input:
+        _pull(n, producer, produced, pulled)
+    if not any(o in produced for o in node.output):
+        pulled.append(node)
+        produced.update(node.output)
+
+
+def _is_int(types: dict[str, onnx.ValueInfoProto], name: str) -> bool:
+    return name in types and types[name].type.tensor_type.elem_type in _INT_TYPES
 
 
 def _typed(types: dict[str, onnx.ValueInfoProto], name: str) -> onnx.ValueInfoProto:

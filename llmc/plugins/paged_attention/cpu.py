@@ -37,6 +37,11 @@ class _KernelLibrary:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # The kernel's OpenMP team and ONNX Runtime's pool take turns on the same cores, once
+        # per layer. OpenMP's default spin-wait after a parallel region keeps both cores busy
+        # while ORT runs the next segment (measured on 2 cores: a Gemma 3 270M decode step took
+        # 150 ms instead of 50 ms). libgomp reads this when it is loaded, i.e. right below.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         library = ctypes.CDLL(str(path))
         source_sha256 = library.llmc_pa_source_sha256
         source_sha256.restype = ctypes.c_char_p
@@ -121,7 +126,7 @@ def _check(name: str, array: object, dtype: type, ndim: int, *, rows_strided: bo
         if array.strides[1] != array.itemsize or array.strides[0] % array.itemsize:
             raise ValueError(f"{name} must have contiguous rows, got strides {array.strides}")
     elif not array.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (it is used in place, never copied)")
+        raise ValueError(f"{name} must be C-contiguous (read in place, never copied)")
 
 
 def _check_shape(name: str, array: np.ndarray, expected: tuple[int, ...]) -> None:
@@ -152,9 +157,10 @@ def paged_attention_cpu(
 
     Same contract as :func:`llmc.plugins.paged_attention.reference.paged_attention_reference`
     (DESIGN §3), on numpy arrays and float32 only. Threads: OpenMP, so ``OMP_NUM_THREADS``;
-    steps under ~2^18 multiply-adds run on the calling thread. On a busy host set
-    ``OMP_WAIT_POLICY=passive``: measured here with other processes on both cores, the default
-    spin-waiting made a 1 ms decode step take 4-8 ms (the woken thread waits for a time slice).
+    steps under ~2^18 multiply-adds run on the calling thread. Loading the kernel sets
+    ``OMP_WAIT_POLICY=PASSIVE`` unless the environment already sets it (see ``_KernelLibrary``;
+    also measured here with other processes on both cores: spin-waiting made a 1 ms decode step
+    take 4-8 ms, the woken thread waiting for a time slice).
 
     Args:
         q: [T, H*D] float32; rows contiguous (a column slice of a fused QKV output is fine).

@@ -74,7 +74,8 @@ static int seq_of_token(const int32_t *query_start_loc, int num_seqs, int t) {
 
 /* exp(x) for x <= 0, vectorizable (libm's expf is a scalar call): x = n ln2 + r with Cody-Waite
  * range reduction, exp(r) by the Cephes expf polynomial (relative error < 1e-7, measured on
- * [-80, 0]), 2^n built in the exponent bits. Below -87 it returns ~2^-126 instead of 0: the softmax sum cannot tell. */
+ * [-80, 0]), 2^n built in the exponent bits. Below -87 it returns ~2^-126 instead of 0, which
+ * the softmax sum cannot tell apart. */
 static inline float exp_nonpositive(float x) {
   x = x > -87.0f ? x : -87.0f;
   float n = (float)(int)(x * 1.44269504088896341f - 0.5f);
@@ -140,6 +141,61 @@ static void accumulate_values(const float *restrict p, const float *restrict val
   }
 }
 
+/* score_keys for four heads at once (q holds them D apart). Why: each key element loaded feeds
+ * four multiply-adds instead of one, so the loop is bound by FMAs rather than by loads. */
+static void score_keys_4heads(const float *restrict q, int head_dim, const float *restrict keys,
+                              int64_t row_stride, int n, float (*restrict scores)[TILE]) {
+  const float *q0 = q, *q1 = q + head_dim, *q2 = q + 2 * head_dim, *q3 = q + 3 * head_dim;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *k0 = keys + i * row_stride, *k1 = k0 + row_stride;
+    const float *k2 = k1 + row_stride, *k3 = k2 + row_stride;
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+    float c0 = 0, c1 = 0, c2 = 0, c3 = 0, e0 = 0, e1 = 0, e2 = 0, e3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3)
+    for (int d = 0; d < head_dim; ++d) {
+      a0 += q0[d] * k0[d]; a1 += q0[d] * k1[d]; a2 += q0[d] * k2[d]; a3 += q0[d] * k3[d];
+      b0 += q1[d] * k0[d]; b1 += q1[d] * k1[d]; b2 += q1[d] * k2[d]; b3 += q1[d] * k3[d];
+      c0 += q2[d] * k0[d]; c1 += q2[d] * k1[d]; c2 += q2[d] * k2[d]; c3 += q2[d] * k3[d];
+      e0 += q3[d] * k0[d]; e1 += q3[d] * k1[d]; e2 += q3[d] * k2[d]; e3 += q3[d] * k3[d];
+    }
+    float *s0 = scores[0] + i, *s1 = scores[1] + i, *s2 = scores[2] + i, *s3 = scores[3] + i;
+    s0[0] = a0; s0[1] = a1; s0[2] = a2; s0[3] = a3;
+    s1[0] = b0; s1[1] = b1; s1[2] = b2; s1[3] = b3;
+    s2[0] = c0; s2[1] = c1; s2[2] = c2; s2[3] = c3;
+    s3[0] = e0; s3[1] = e1; s3[2] = e2; s3[3] = e3;
+  }
+  for (int g = 0; g < 4 && i < n; ++g) {
+    score_keys(q + g * head_dim, keys + i * row_stride, row_stride, n - i, head_dim,
+               scores[g] + i);
+  }
+}
+
+/* accumulate_values for four heads at once (acc holds them D apart), for the same reason. */
+static void accumulate_values_4heads(float (*restrict p)[TILE], const float *restrict values,
+                                     int64_t row_stride, int n, int head_dim,
+                                     float *restrict acc) {
+  float *acc0 = acc, *acc1 = acc + head_dim, *acc2 = acc + 2 * head_dim;
+  float *acc3 = acc + 3 * head_dim;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *v0 = values + i * row_stride, *v1 = v0 + row_stride;
+    const float *v2 = v1 + row_stride, *v3 = v2 + row_stride;
+    const float *p0 = p[0] + i, *p1 = p[1] + i, *p2 = p[2] + i, *p3 = p[3] + i;
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) {
+      acc0[d] += p0[0] * v0[d] + p0[1] * v1[d] + p0[2] * v2[d] + p0[3] * v3[d];
+      acc1[d] += p1[0] * v0[d] + p1[1] * v1[d] + p1[2] * v2[d] + p1[3] * v3[d];
+      acc2[d] += p2[0] * v0[d] + p2[1] * v1[d] + p2[2] * v2[d] + p2[3] * v3[d];
+      acc3[d] += p3[0] * v0[d] + p3[1] * v1[d] + p3[2] * v2[d] + p3[3] * v3[d];
+    }
+  }
+  for (int g = 0; g < 4 && i < n; ++g) {
+    accumulate_values(p[g] + i, values + i * row_stride, row_stride, n - i, head_dim,
+                      acc + g * head_dim);
+  }
+}
+
 /* One token, one GQA group: the G query heads that share KV head kvh, over context positions
  * first..last. q and out point at the group's G*D contiguous floats; out is the accumulator.
  * key_cache/value_cache point at KV head kvh of slot 0; a slot's row is row_stride floats. */
@@ -165,16 +221,20 @@ static void attend_group(const float *restrict q, float *restrict out,
     const float *keys = key_cache + slot * row_stride;
     const float *values = value_cache + slot * row_stride;
 
-    /* Why all G heads over one tile: the tile's K and V rows come from memory once and stay
-     * in L1 (or L2) while the other heads of the group reuse them. */
-    for (int g = 0; g < group; ++g) {
-      score_keys(q + g * head_dim, keys, row_stride, n, head_dim, scores[g]);
+    /* Why all G heads over one tile, four at a time where G allows: the tile's K and V rows
+     * come from memory once and stay in L1 while the group's heads reuse them. */
+    int g = 0;
+    for (; g + 4 <= group; g += 4) {
+      score_keys_4heads(q + g * head_dim, head_dim, keys, row_stride, n, scores + g);
+    }
+    for (; g < group; ++g) score_keys(q + g * head_dim, keys, row_stride, n, head_dim, scores[g]);
+    for (g = 0; g < group; ++g) {
       for (int i = 0; i < n; ++i) {
         float s = scores[g][i] * scale;
         scores[g][i] = softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
       }
     }
-    for (int g = 0; g < group; ++g) {
+    for (g = 0; g < group; ++g) {
       float tile_max = running_max[g];
       for (int i = 0; i < n; ++i) tile_max = scores[g][i] > tile_max ? scores[g][i] : tile_max;
       /* The first tile has running_max = -inf: correction = exp(-inf) = 0 on a zero sum. */
@@ -193,7 +253,10 @@ static void attend_group(const float *restrict q, float *restrict out,
       running_sum[g] = running_sum[g] * correction + tile_sum;
       running_max[g] = tile_max;
     }
-    for (int g = 0; g < group; ++g) {
+    for (g = 0; g + 4 <= group; g += 4) {
+      accumulate_values_4heads(scores + g, values, row_stride, n, head_dim, out + g * head_dim);
+    }
+    for (; g < group; ++g) {
       accumulate_values(scores[g], values, row_stride, n, head_dim, out + g * head_dim);
     }
     j0 += n;
