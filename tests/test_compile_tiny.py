@@ -152,3 +152,44 @@ def test_bad_build_options_fail_before_work(tmp_path):
     yaml_file.write_text("max-seq-len: 512\nblock_size: 8\n")
     config = BuildConfig.from_sources(str(yaml_file), {"block_size": 32})
     assert (config.max_seq_len, config.block_size) == (512, 32)  # the command line wins
+
+
+def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
+    """``--dtype bfloat16``: the same graph on the OpenVINO EP with bf16 compute. Its logits stay
+    within bf16 error of the float32 engine's and it is recorded as such in the manifest."""
+    pytest.importorskip("onnxruntime_ep_openvino")
+    from llmc.compiler.isa import detect_host_isa
+
+    if "avx512-bf16" not in detect_host_isa().features:
+        pytest.skip("this host does not run AVX-512 BF16")
+    ckpt = make_tiny_gemma3(tmp_path / "ckpt", sharp=True)
+    engines = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / dtype
+        build(
+            BuildConfig(model=str(ckpt), dtype=dtype, block_size=4, max_seq_len=64, output=str(out))
+        )
+        engines[dtype] = LLMEngine.from_engine_dir(out)
+    manifest = json.loads((tmp_path / "bfloat16" / "manifest.json").read_text())
+    assert manifest["execution_provider"] == "OpenVINOExecutionProvider"
+    assert manifest["execution_precision"] == "bf16"
+    assert "avx512-bf16" in manifest["isa"]
+    import numpy as np
+
+    from llmc.runtime.step_inputs import StepInputs
+
+    n = 11
+    step = StepInputs(
+        input_ids=np.arange(10, 10 + n, dtype=np.int64),
+        positions=np.arange(n, dtype=np.int64),
+        seq_lens=np.array([n], np.int32),
+        query_start_loc=np.array([0, n], np.int32),
+        block_tables=np.array([[0, 1, 2]], np.int32),
+        slot_mapping=np.arange(n, dtype=np.int64),
+        logits_indices=np.arange(n, dtype=np.int64),
+    )
+    f32 = engines["float32"].runner.execute(step)
+    bf16 = engines["bfloat16"].runner.execute(step)
+    rel = np.abs(bf16 - f32).max() / np.abs(f32).max()
+    assert 0 < rel < 0.1  # not bit-identical (bf16 really ran), within bf16 error
+    assert (bf16.argmax(-1) == f32.argmax(-1)).mean() >= 0.8

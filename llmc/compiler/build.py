@@ -63,6 +63,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     )
     from llmc.compiler.passes import run_passes
     from llmc.plugins import schema
+    from llmc.runtime.execution_provider import provider_for_dtype, provider_version
     from llmc.version import __version__
 
     config.validate()
@@ -76,8 +77,18 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         src = resolve_model(config.model)
         tokenizer = load_tokenizer(src)
         checkpoint_digest = sha256_files(src.weight_files)
+    choice = provider_for_dtype(config.dtype)
+    host = detect_host_isa()
+    required_isa = engine_isa(host.features, choice)
+    missing = [f for f in required_isa if f not in host.features]
+    if missing:
+        raise BuildConfigError(
+            f"--dtype {config.dtype} on cpu needs {', '.join(missing)}, which this host "
+            f"({host.name}) does not run; build with --dtype float32"
+        )
     with stage("load weights"):
-        model = load_model(src, config.dtype)
+        # CPU engines keep float32 weights; bfloat16 is the provider's compute precision.
+        model = load_model(src, "float32")
     spec = cache_spec(model)
     with stage("export to ONNX"):
         proto = export_onnx(model, block_size=config.block_size)
@@ -93,11 +104,12 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         with stage("lower to ONNX Runtime (cpu)") as tick:
-            _, optimized_ops = lower_to_cpu(proto, tmp, threads=config.threads, progress=tick)
+            _, optimized_ops = lower_to_cpu(
+                proto, tmp, threads=config.threads, progress=tick, choice=choice
+            )
         with stage("tokenizer and manifest"):
             _save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
             tok_digest = sha256_files(sorted((tmp / "tokenizer").iterdir()))
-            host = detect_host_isa()
             import onnxruntime as ort
 
             manifest = mf.EngineManifest(
@@ -108,11 +120,11 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 checkpoint_digest=checkpoint_digest,
                 tokenizer_digest=tok_digest,
                 target=config.arch,
-                isa=engine_isa(host.features),
+                isa=required_isa,
                 arch=host.arch,
                 dtype=config.dtype,
                 quant=config.quant,
-                kv_cache_dtype=config.dtype,
+                kv_cache_dtype="float32",
                 max_seq_len=config.max_seq_len,
                 max_num_tokens=config.max_num_tokens,
                 max_batch=config.max_batch,
@@ -124,7 +136,9 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 plugin_versions={f"{schema.DOMAIN}::{schema.OP_TYPE}": schema.PLUGIN_VERSION},
                 backend="onnxruntime",
                 backend_version=ort.__version__,
-                execution_provider="CPUExecutionProvider",
+                execution_provider=choice.name,
+                execution_precision=choice.precision,
+                execution_provider_version=provider_version(choice),
                 build_config=config.to_dict(),
                 build_config_hash=config.hash(),
                 pass_report=pass_report,
@@ -142,17 +156,19 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     return BuildResult(out, pass_report, optimized_ops)
 
 
-def engine_isa(host_features: tuple[str, ...]) -> list[str]:
-    """The ISA features a CPU engine depends on: the SIMD width ORT laid its graph out for.
+def engine_isa(host_features: tuple[str, ...], choice) -> list[str]:
+    """The ISA features a CPU engine depends on: the SIMD width ORT laid its graph out for, and
+    AVX-512 BF16 for bf16 compute.
 
     ORT's optimizer picks blocked layouts by vector width (AVX-512 vs AVX2); its kernels dispatch
-    at run time, so the host's other features (VNNI, BF16, AMX) are not requirements of the
-    saved graph and are not recorded as such.
+    at run time, so the host's other features (VNNI, AMX) are not requirements of the saved
+    graph and are not recorded as such.
     """
-    for width in ("avx512", "avx2", "neon"):
-        if width in host_features:
-            return [width]
-    return []
+    width = next((w for w in ("avx512", "avx2", "neon") if w in host_features), None)
+    required = [width] if width else []
+    if choice.precision == "bf16":
+        required.append("avx512-bf16")
+    return required
 
 
 class _NullStage:

@@ -38,21 +38,49 @@ def _optimize_segment(model: onnx.ModelProto, out_path: Path, threads: int) -> C
     return Counter(n.op_type for n in optimized.graph.node)
 
 
+def _save_portable_segment(model: onnx.ModelProto, out_path: Path, choice, threads: int) -> Counter:
+    """Save the segment as it is (the provider compiles it at load) and check it loads."""
+    import onnxruntime as ort
+
+    from llmc.runtime.execution_provider import bind_provider
+    from llmc.runtime.ort_env import session_options
+
+    onnx.save(
+        model,
+        str(out_path),
+        save_as_external_data=True,
+        location=out_path.name + ".data",
+        size_threshold=4096,
+    )
+    opts = session_options(threads)
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(out_path), opts, providers=bind_provider(opts, choice))
+    return Counter(n.op_type for n in model.graph.node)
+
+
 def lower_to_cpu(
-    model: onnx.ModelProto, engine_dir: Path, threads: int = 2, progress=None
+    model: onnx.ModelProto, engine_dir: Path, threads: int = 2, progress=None, choice=None
 ) -> tuple[ExecutionPlan, dict[str, int]]:
     """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``.
 
-    Returns the plan and the op counts of the optimized segments (recorded in the manifest).
-    ``progress(done, total)`` is called after each segment. Raises onnxruntime errors if ORT
-    cannot load a segment.
+    ``choice`` (``execution_provider.ProviderChoice``, default: the CPU EP) decides whether the
+    segments are optimized by ORT now (CPU EP) or saved portable for the provider to compile at
+    load (OpenVINO). Returns the plan and the op counts of the saved segments (recorded in the
+    manifest). ``progress(done, total)`` is called after each segment. Raises onnxruntime
+    errors if a segment does not load.
     """
+    from llmc.runtime.execution_provider import provider_for_dtype
+
+    choice = choice or provider_for_dtype("float32")
     seg_dir = engine_dir / SEGMENT_DIR
     seg_dir.mkdir(parents=True, exist_ok=True)
     segments, plan = split_at_plugins(model, file_pattern=SEGMENT_DIR + "/segment_{:03d}.onnx")
     ops: Counter = Counter()
     for i, (seg, spec) in enumerate(zip(segments, plan.segments, strict=True)):
-        ops += _optimize_segment(seg, engine_dir / spec.file, threads)
+        if choice.optimize_at_build:
+            ops += _optimize_segment(seg, engine_dir / spec.file, threads)
+        else:
+            ops += _save_portable_segment(seg, engine_dir / spec.file, choice, threads)
         if progress is not None:
             progress(i + 1, len(segments))
     save_plan(plan, engine_dir)

@@ -65,6 +65,8 @@ class EngineManifest:
     backend: str  # "onnxruntime" | "tensorrt"
     backend_version: str
     execution_provider: str  # e.g. "CPUExecutionProvider"
+    execution_precision: str = "f32"  # compute precision asked of the provider: "f32" | "bf16"
+    execution_provider_version: str | None = None  # plugin EP package version, if any
     build_config: dict = field(default_factory=dict)
     build_config_hash: str
     pass_report: dict[str, int] = field(default_factory=dict)  # pass name -> rewrites made

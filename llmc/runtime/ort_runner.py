@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from llmc.compiler.segment import ExecutionPlan, load_plan
+from llmc.runtime.execution_provider import ProviderChoice, bind_provider, provider_for_dtype
 from llmc.runtime.ort_env import session_options
 from llmc.runtime.step_inputs import StepInputs
 
@@ -24,18 +25,28 @@ class OrtRunner:
         num_blocks: KV blocks per layer; the cache takes
             ``2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim * 4`` bytes.
         threads: ORT intra-op threads (the attention kernel uses OpenMP's default).
+        provider: the execution provider (default: the CPU EP).
     """
 
-    def __init__(self, engine_dir: str | Path, num_blocks: int, threads: int | None = None):
+    def __init__(
+        self,
+        engine_dir: str | Path,
+        num_blocks: int,
+        threads: int | None = None,
+        provider: ProviderChoice | None = None,
+    ):
         import onnxruntime as ort
 
         engine_dir = Path(engine_dir)
         self.plan: ExecutionPlan = load_plan(engine_dir)
+        provider = provider or provider_for_dtype("float32")
         opts = session_options(threads or 2)
-        # The saved segments are already optimized for this host at build time.
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if provider.optimize_at_build:
+            # The saved segments are already optimized for this host at build time.
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        providers = bind_provider(opts, provider)
         self._sessions = [
-            ort.InferenceSession(str(engine_dir / s.file), opts, providers=["CPUExecutionProvider"])
+            ort.InferenceSession(str(engine_dir / s.file), opts, providers=providers)
             for s in self.plan.segments
         ]
         first = self.plan.plugins[0]
