@@ -12,6 +12,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from llmc.compiler.passes.no_op import remove_no_ops
+from llmc.compiler.passes.parallel_matmul import fuse_parallel_matmuls
 from llmc.compiler.passes.rms_norm import fuse_rms_norm
 from llmc.compiler.passes.rotary_embedding import fuse_rotary_embedding
 
@@ -43,6 +44,7 @@ PIPELINE: list[tuple[str, Callable[[ir.Model], int]]] = [
     ("no_op_arithmetic", remove_no_ops),
     ("rms_norm", fuse_rms_norm),
     ("rotary_embedding", fuse_rotary_embedding),
+    ("parallel_matmul", fuse_parallel_matmuls),
     ("dead_and_duplicate_nodes", _dedupe),
 ]
 
