@@ -135,6 +135,7 @@ def load_hf():
 
 
 def machine_info() -> dict:
+    """Cores, CPU model, load average and library versions, recorded with every result."""
     import onnxruntime
     import torch
     import transformers
@@ -179,6 +180,7 @@ def run_all(args: argparse.Namespace) -> dict:
 
 
 def print_table(results: dict) -> None:
+    """Both systems side by side with the llmc/HF ratio of each metric."""
     print(f"{'metric':<18} {'llmc':>10} {'HF eager':>10} {'llmc/HF':>8}")
     for s, key, label in METRICS:
         a = results["llmc"].get(s, {}).get(key)
@@ -191,6 +193,7 @@ def print_table(results: dict) -> None:
 
 
 def main() -> None:
+    """Parse the command line, run the scenarios on llmc then HF, print and save."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", required=True, help="engine directory (llmc build -o DIR)")
     p.add_argument("--scenarios", default="s1,s16", help="comma-separated: s1, s16")
