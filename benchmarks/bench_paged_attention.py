@@ -3,7 +3,8 @@
     python benchmarks/bench_paged_attention.py   # after `pip install -e .` (or PYTHONPATH=.)
 
 Layer: H=4 query heads, KVH=1 (MQA), D=256, block size 16, blocks shuffled in a 1024-block pool.
-Steps: decode of 16 sequences with 256 context tokens each; one 128-token prefill.
+Steps: decode of 16 sequences with 256 context tokens each; one 128-token prefill (the TTFT
+workload of bench_e2e.py); one 512-token prefill.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def ms_per_call(fn: Callable[[], object], rounds: int = 7, min_seconds: float = 
 
 
 def main() -> None:
+    """Time the kernel and the reference on each step shape; print best and median ms."""
     kwargs = dict(num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
                   scale=HEAD_DIM**-0.5, sliding_window=None, logit_softcap=None)  # fmt: skip
     print(f"kernel: {load_library().path}")
@@ -76,6 +78,7 @@ def main() -> None:
     steps = {
         "decode 16 x 256 ctx": make_step([256] * 16, [1] * 16),
         "prefill 128 tokens": make_step([128], [128]),
+        "prefill 512 tokens": make_step([512], [512]),
         "decode 1 x 1 ctx (overhead)": make_step([1], [1]),
     }
     # Why best and median: on a shared 2-core machine other processes inflate some rounds; the

@@ -161,6 +161,14 @@ CASES = {
     "block-size-over-tile": Case(((150, 40), (97, 1)), 4, 2, 32, 64),
     "block-size-1": Case(((9, 4), (3, 1)), 2, 1, 32, 1),
     "sequence-without-new-tokens": Case(((10, 0), (12, 3), (7, 0)), 4, 2, 32, 4),
+    # Long prefills run in tiles of 32 / G tokens: full and partial tiles, mid-block starts,
+    # windows narrower than a tile, groups that do not divide 32, mixed with decodes.
+    "long-prefill-mqa": Case(((300, 300), (64, 1)), 4, 1, 256, 16),
+    "chunked-prefill-mid-block": Case(((300, 93), (40, 1), (77, 30)), 4, 1, 64, 16),
+    "long-prefill-window-under-tile": Case(((300, 300),), 4, 1, 64, 16, sliding_window=5),
+    "long-prefill-window-one": Case(((70, 70),), 2, 2, 32, 16, sliding_window=1),
+    "long-prefill-gqa3-softcap": Case(((130, 77),), 6, 2, 48, 8, 40, logit_softcap=5.0),
+    "long-prefill-mha-block-64": Case(((200, 150),), 2, 2, 32, 64, sliding_window=33),
     **{f"random-{seed}": random_case(seed) for seed in range(24)},
 }
 PARAMS = [pytest.param(case, i, id=name) for i, (name, case) in enumerate(CASES.items())]

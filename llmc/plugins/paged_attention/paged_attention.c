@@ -62,12 +62,13 @@ static int check_metadata(const int32_t *seq_lens, const int32_t *query_start_lo
   return PA_OK;
 }
 
-/* The sequence that owns packed token t: the last b with query_start_loc[b] <= t. */
-static int seq_of_token(const int32_t *query_start_loc, int num_seqs, int t) {
+/* The sequence that owns packed item t (a token, a tile) given each sequence's first item: the
+ * last b with starts[b] <= t. */
+static int seq_of(const int32_t *starts, int num_seqs, int t) {
   int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) / 2;
-    if (query_start_loc[mid] <= t) lo = mid; else hi = mid - 1;
+    if (starts[mid] <= t) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
@@ -269,6 +270,211 @@ static void attend_group(const float *restrict q, float *restrict out,
   }
 }
 
+/* Query rows of a prefill tile: QUERY_ROWS / G tokens of one sequence times the G heads of their
+ * GQA group. Why 32: per key the scores of 32 rows fill four 256-bit registers (two of 512), and
+ * a tile of 8 Gemma 3 tokens (G = 4) reuses each K/V row read from the paged cache 32 times
+ * instead of 4, while the masked triangle on the diagonal stays small. */
+#define QUERY_ROWS 32
+
+/* s[i][r] = key_i . qt[:, r] for n keys row_stride apart, qt being the tile's queries transposed
+ * ([D][QUERY_ROWS], unused rows zero). Why transposed: each key element is broadcast against 32
+ * queries with no horizontal sum, and the scores come out one query row per lane, the layout the
+ * softmax of attend_tile runs in. Why four keys per pass: 4 x 32 sums stay in registers. */
+static void score_tile(const float *restrict qt, int head_dim, const float *restrict keys,
+                       int64_t row_stride, int n, float (*restrict s)[QUERY_ROWS]) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *k0 = keys + i * row_stride, *k1 = k0 + row_stride;
+    const float *k2 = k1 + row_stride, *k3 = k2 + row_stride;
+    float a0[QUERY_ROWS] = {0}, a1[QUERY_ROWS] = {0}, a2[QUERY_ROWS] = {0};
+    float a3[QUERY_ROWS] = {0};
+    for (int d = 0; d < head_dim; ++d) {
+      const float *qd = qt + d * QUERY_ROWS;
+      float x0 = k0[d], x1 = k1[d], x2 = k2[d], x3 = k3[d];
+#pragma omp simd
+      for (int r = 0; r < QUERY_ROWS; ++r) {
+        a0[r] += x0 * qd[r];
+        a1[r] += x1 * qd[r];
+        a2[r] += x2 * qd[r];
+        a3[r] += x3 * qd[r];
+      }
+    }
+    memcpy(s[i], a0, sizeof a0);
+    memcpy(s[i + 1], a1, sizeof a1);
+    memcpy(s[i + 2], a2, sizeof a2);
+    memcpy(s[i + 3], a3, sizeof a3);
+  }
+  for (; i < n; ++i) {
+    const float *key = keys + i * row_stride;
+    float a[QUERY_ROWS] = {0};
+    for (int d = 0; d < head_dim; ++d) {
+      const float *qd = qt + d * QUERY_ROWS;
+      float x = key[d];
+#pragma omp simd
+      for (int r = 0; r < QUERY_ROWS; ++r) a[r] += x * qd[r];
+    }
+    memcpy(s[i], a, sizeof a);
+  }
+}
+
+/* rows[r] += sum_i p[i][r] * value_i for the first num_rows rows, four rows and four values per
+ * pass (as accumulate_values_4heads; the rows of a tile are not equally spaced in out). */
+static void accumulate_tile(const float (*restrict p)[QUERY_ROWS], int num_rows,
+                            const float *restrict values, int64_t row_stride, int n,
+                            int head_dim, float *const *rows) {
+  int r = 0;
+  for (; r + 4 <= num_rows; r += 4) {
+    float *restrict o0 = rows[r], *restrict o1 = rows[r + 1];
+    float *restrict o2 = rows[r + 2], *restrict o3 = rows[r + 3];
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+      const float *v0 = values + i * row_stride, *v1 = v0 + row_stride;
+      const float *v2 = v1 + row_stride, *v3 = v2 + row_stride;
+      const float *p0 = p[i] + r, *p1 = p[i + 1] + r, *p2 = p[i + 2] + r, *p3 = p[i + 3] + r;
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) {
+        o0[d] += p0[0] * v0[d] + p1[0] * v1[d] + p2[0] * v2[d] + p3[0] * v3[d];
+        o1[d] += p0[1] * v0[d] + p1[1] * v1[d] + p2[1] * v2[d] + p3[1] * v3[d];
+        o2[d] += p0[2] * v0[d] + p1[2] * v1[d] + p2[2] * v2[d] + p3[2] * v3[d];
+        o3[d] += p0[3] * v0[d] + p1[3] * v1[d] + p2[3] * v2[d] + p3[3] * v3[d];
+      }
+    }
+    for (; i < n; ++i) {
+      const float *value = values + i * row_stride, *pi = p[i] + r;
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) {
+        o0[d] += pi[0] * value[d];
+        o1[d] += pi[1] * value[d];
+        o2[d] += pi[2] * value[d];
+        o3[d] += pi[3] * value[d];
+      }
+    }
+  }
+  for (; r < num_rows; ++r) {
+    float *restrict o = rows[r];
+    for (int i = 0; i < n; ++i) {
+      const float *value = values + i * row_stride;
+      float pi = p[i][r];
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) o[d] += pi * value[d];
+    }
+  }
+}
+
+/* num_queries consecutive tokens of one sequence (2 <= num_queries, num_queries * group <=
+ * QUERY_ROWS), one GQA group: attend_group for all of them at once, so that each K/V row read
+ * from the cache serves every query row of the tile. The first token sits at `position`; token i
+ * reads q + i * q_stride and writes out + i * out_stride (G*D floats each). Row r of the tile is
+ * token r / group, head r % group. Keys the union of the tokens' ranges holds but one token may
+ * not see (past its position, before its window) are masked to -inf per row. */
+static void attend_tile(const float *restrict q, int64_t q_stride, float *restrict out,
+                        int64_t out_stride, const float *restrict key_cache,
+                        const float *restrict value_cache, const int32_t *restrict block_table,
+                        int64_t row_stride, int block_size, int group, int head_dim,
+                        int num_queries, int position, int sliding_window, float scale,
+                        float softcap) {
+  int num_rows = num_queries * group;
+  float qt[head_dim * QUERY_ROWS]; /* queries transposed and pre-scaled, see score_tile */
+  float s[TILE][QUERY_ROWS], running_max[QUERY_ROWS], running_sum[QUERY_ROWS];
+  float tile_max[QUERY_ROWS], correction[QUERY_ROWS], tile_sum[QUERY_ROWS];
+  int row_first[QUERY_ROWS], row_last[QUERY_ROWS]; /* each row's visible positions */
+  float *rows[QUERY_ROWS];
+  memset(qt, 0, sizeof qt);
+  for (int r = 0; r < QUERY_ROWS; ++r) {
+    int token = r < num_rows ? r / group : num_queries - 1; /* spare rows: never written */
+    row_last[r] = position + token;
+    row_first[r] = sliding_window > 0 ? row_last[r] - sliding_window + 1 : 0;
+    running_max[r] = -INFINITY;
+    running_sum[r] = 0.0f;
+  }
+  for (int r = 0; r < num_rows; ++r) {
+    const float *qr = q + (r / group) * q_stride + (r % group) * head_dim;
+    for (int d = 0; d < head_dim; ++d) qt[d * QUERY_ROWS + r] = qr[d] * scale;
+    rows[r] = out + (r / group) * out_stride + (r % group) * head_dim;
+    memset(rows[r], 0, sizeof(float) * head_dim);
+  }
+
+  int last = position + num_queries - 1;
+  int first = row_first[0] > 0 ? row_first[0] : 0;
+  for (int j0 = first; j0 <= last;) {
+    int offset = j0 % block_size; /* as in attend_group: a tile never crosses a block */
+    int n = block_size - offset;
+    if (n > last - j0 + 1) n = last - j0 + 1;
+    if (n > TILE) n = TILE;
+    int64_t slot = (int64_t)block_table[j0 / block_size] * block_size + offset;
+    score_tile(qt, head_dim, key_cache + slot * row_stride, row_stride, n, s);
+    if (softcap > 0.0f) {
+      for (int i = 0; i < n; ++i) {
+        for (int r = 0; r < QUERY_ROWS; ++r) s[i][r] = softcap * tanhf(s[i][r] / softcap);
+      }
+    }
+    /* Only tiles that reach past the first token's position or before the last one's window
+     * hold keys some row must not see. */
+    if (j0 + n - 1 > position || j0 < row_first[QUERY_ROWS - 1]) {
+      for (int i = 0; i < n; ++i) {
+#pragma omp simd
+        for (int r = 0; r < QUERY_ROWS; ++r) {
+          int visible = j0 + i >= row_first[r] && j0 + i <= row_last[r];
+          s[i][r] = visible ? s[i][r] : -INFINITY;
+        }
+      }
+    }
+#pragma omp simd
+    for (int r = 0; r < QUERY_ROWS; ++r) {
+      tile_max[r] = running_max[r];
+      tile_sum[r] = 0.0f;
+    }
+    for (int i = 0; i < n; ++i) {
+#pragma omp simd
+      for (int r = 0; r < QUERY_ROWS; ++r) {
+        tile_max[r] = s[i][r] > tile_max[r] ? s[i][r] : tile_max[r];
+      }
+    }
+    /* A masked key weighs exactly 0, also in a row that has seen no key yet (max -inf, where
+     * the exp below is of NaN). weight and num_corrected let whole steps be skipped; why scalar
+     * sums also matter: GCC 12 vectorizes these loops with a reduction clause, not without. */
+    float weight = 0.0f;
+    for (int i = 0; i < n; ++i) {
+#pragma omp simd reduction(+ : weight)
+      for (int r = 0; r < QUERY_ROWS; ++r) {
+        float p = exp_nonpositive(s[i][r] - tile_max[r]);
+        p = s[i][r] == -INFINITY ? 0.0f : p;
+        s[i][r] = p;
+        tile_sum[r] += p;
+        weight += p;
+      }
+    }
+    /* -inf - -inf is NaN, which exp_nonpositive clamps to ~0: it scales a zero sum either way. */
+    int num_corrected = 0;
+#pragma omp simd reduction(+ : num_corrected)
+    for (int r = 0; r < QUERY_ROWS; ++r) {
+      correction[r] = exp_nonpositive(running_max[r] - tile_max[r]);
+      running_sum[r] = running_sum[r] * correction[r] + tile_sum[r];
+      running_max[r] = tile_max[r];
+      num_corrected += correction[r] != 1.0f;
+    }
+    for (int r = 0; r < num_rows && num_corrected > 0; ++r) {
+      if (correction[r] != 1.0f) {
+        float *o = rows[r];
+        float c = correction[r];
+#pragma omp simd
+        for (int d = 0; d < head_dim; ++d) o[d] *= c;
+      }
+    }
+    if (weight == 0.0f) { /* no row sees a key of this tile (windows) */
+      j0 += n;
+      continue;
+    }
+    accumulate_tile(s, num_rows, value_cache + slot * row_stride, row_stride, n, head_dim, rows);
+    j0 += n;
+  }
+  for (int r = 0; r < num_rows; ++r) {
+    float inv = 1.0f / running_sum[r], *o = rows[r];
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) o[d] *= inv;
+  }
+}
+
 /* Returns PA_OK, or a PA_BAD_* code before anything is written. Strides are in elements.
  * sliding_window <= 0 and softcap <= 0 mean off. */
 int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
@@ -291,32 +497,50 @@ int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, i
            sizeof(float) * row_stride);
   }
 
-  /* Why (token, KV head) work items rather than (sequence, head): a single prefill with MQA is
-   * one sequence and one KV head, which would leave every core but one idle; per token it is
-   * T items. Dynamic scheduling because items differ in cost (a prefill's later tokens see more
-   * context; decodes of long and short sequences mix). */
+  /* Work items: (tile of up to QUERY_ROWS / G consecutive new tokens of one sequence, KV head).
+   * Why tiles: each K/V row read from the cache then serves all the tile's tokens (attend_tile);
+   * a one-token tile (a decode) runs attend_group. Why KV heads and tiles rather than whole
+   * sequences: a single prefill with MQA is one sequence and one KV head, which would leave every
+   * core but one idle. Dynamic scheduling, last tiles first: a prefill's later tokens see more
+   * context, so the costliest items go out first and the cheap ones even out the end. */
   int group = num_heads / num_kv_heads;
-  int64_t num_items = (int64_t)num_tokens * num_kv_heads;
-  int64_t work = 0; /* multiply-adds of q.k, an upper bound (windows ignored) */
+  int tile_tokens = QUERY_ROWS / group > 1 ? QUERY_ROWS / group : 1;
+  int32_t tile_start[num_seqs + 1]; /* prefix sums of the sequences' tile counts */
+  int64_t work = 0;                 /* multiply-adds of q.k, an upper bound (windows ignored) */
+  tile_start[0] = 0;
   for (int b = 0; b < num_seqs; ++b) {
-    work += (int64_t)(query_start_loc[b + 1] - query_start_loc[b]) * seq_lens[b];
+    int num_new = query_start_loc[b + 1] - query_start_loc[b];
+    tile_start[b + 1] = tile_start[b] + (num_new + tile_tokens - 1) / tile_tokens;
+    work += (int64_t)num_new * seq_lens[b];
   }
   work *= (int64_t)num_heads * head_dim;
+  int64_t num_items = (int64_t)tile_start[num_seqs] * num_kv_heads;
 #pragma omp parallel for schedule(dynamic, 1) if (work >= PARALLEL_MIN_WORK)
-  for (int64_t item = 0; item < num_items; ++item) {
-    int t = (int)(item / num_kv_heads), kvh = (int)(item % num_kv_heads);
-    int b = seq_of_token(query_start_loc, num_seqs, t);
-    int num_new = query_start_loc[b + 1] - query_start_loc[b];
-    int position = seq_lens[b] - num_new + (t - query_start_loc[b]);
-    int first = 0;
-    if (sliding_window > 0 && position - sliding_window + 1 > 0) {
-      first = position - sliding_window + 1;
-    }
+  for (int64_t index = 0; index < num_items; ++index) {
+    int64_t item = num_items - 1 - index;
+    int tile = (int)(item / num_kv_heads), kvh = (int)(item % num_kv_heads);
+    int b = seq_of(tile_start, num_seqs, tile);
+    int t = query_start_loc[b] + (tile - tile_start[b]) * tile_tokens;
+    int num_queries = query_start_loc[b + 1] - t < tile_tokens ? query_start_loc[b + 1] - t
+                                                                : tile_tokens;
+    int position = seq_lens[b] - (query_start_loc[b + 1] - t);
     int64_t head_offset = (int64_t)kvh * group * head_dim;
+    const float *q_group = q + t * q_stride + head_offset;
     float *out_group = out + (int64_t)t * num_heads * head_dim + head_offset;
-    attend_group(q + t * q_stride + head_offset, out_group, key_cache + (int64_t)kvh * head_dim,
-                 value_cache + (int64_t)kvh * head_dim, block_tables + b * block_table_stride,
-                 row_stride, block_size, group, head_dim, first, position, scale, softcap);
+    const float *keys = key_cache + (int64_t)kvh * head_dim;
+    const float *values = value_cache + (int64_t)kvh * head_dim;
+    const int32_t *block_table = block_tables + b * block_table_stride;
+    if (num_queries > 1) {
+      attend_tile(q_group, q_stride, out_group, (int64_t)num_heads * head_dim, keys, values,
+                  block_table, row_stride, block_size, group, head_dim, num_queries, position,
+                  sliding_window, scale, softcap);
+    } else {
+      int first = sliding_window > 0 && position - sliding_window + 1 > 0
+                      ? position - sliding_window + 1
+                      : 0;
+      attend_group(q_group, out_group, keys, values, block_table, row_stride, block_size, group,
+                   head_dim, first, position, scale, softcap);
+    }
   }
   return PA_OK;
 }
