@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 
 SOURCE = "llmc/plugins/paged_attention/paged_attention.c"
 # Keep equal to COMPILE_FLAGS in cpu.py.
-COMPILE_FLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-math-errno"]
+COMPILE_FLAGS = ["-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno"]
 # Embedded so cpu.py can tell an extension built from an older source and rebuild instead.
 SOURCE_SHA256 = hashlib.sha256((Path(__file__).parent / SOURCE).read_bytes()).hexdigest()
 
@@ -24,7 +24,7 @@ setup(
             sources=[SOURCE],
             define_macros=[("LLMC_PA_SOURCE_SHA256", f'"{SOURCE_SHA256}"')],
             extra_compile_args=COMPILE_FLAGS,
-            extra_link_args=["-fopenmp"],
+            extra_link_args=["-pthread"],
         )
     ]
 )

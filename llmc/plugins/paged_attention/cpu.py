@@ -21,7 +21,7 @@ import numpy as np
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
 # Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
-COMPILE_FLAGS = ("-O3", "-fopenmp", "-march=native", "-fno-math-errno")
+COMPILE_FLAGS = ("-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno")
 
 # Status codes returned by the C function (its PA_* enum), as the input they blame.
 _BAD_INPUT = {
@@ -37,11 +37,6 @@ class _KernelLibrary:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # The kernel's OpenMP team and ONNX Runtime's pool take turns on the same cores, once
-        # per layer. OpenMP's default spin-wait after a parallel region keeps both cores busy
-        # while ORT runs the next segment (measured on 2 cores: a Gemma 3 270M decode step took
-        # 150 ms instead of 50 ms). libgomp reads this when it is loaded, i.e. right below.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         library = ctypes.CDLL(str(path))
         source_sha256 = library.llmc_pa_source_sha256
         source_sha256.restype = ctypes.c_char_p
@@ -156,11 +151,9 @@ def paged_attention_cpu(
     """Write the new tokens' keys and values into the paged cache in place, then attend causally.
 
     Same contract as :func:`llmc.plugins.paged_attention.reference.paged_attention_reference`
-    (DESIGN §3), on numpy arrays and float32 only. Threads: OpenMP, so ``OMP_NUM_THREADS``;
-    steps under ~2^18 multiply-adds run on the calling thread. Loading the kernel sets
-    ``OMP_WAIT_POLICY=PASSIVE`` unless the environment already sets it (see ``_KernelLibrary``;
-    also measured here with other processes on both cores: spin-waiting made a 1 ms decode step
-    take 4-8 ms, the woken thread waiting for a time slice).
+    (DESIGN §3), on numpy arrays and float32 only. Threads: the kernel's own pool of sleeping
+    workers (``LLMC_NUM_THREADS``, else ``OMP_NUM_THREADS``, else all online cores; see the C
+    file for why not OpenMP); steps under ~2^18 multiply-adds run on the calling thread.
 
     Args:
         q: [T, H*D] float32; rows contiguous (a column slice of a fused QKV output is fine).

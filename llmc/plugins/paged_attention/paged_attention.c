@@ -11,8 +11,11 @@
  * with ctypes by cpu.py), or by cpu.py itself with gcc when the extension is missing.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef LLMC_PA_SOURCE_SHA256
 #define LLMC_PA_SOURCE_SHA256 "unknown"
@@ -23,7 +26,7 @@
 #define TILE 32
 
 /* Below this many q.k multiply-adds (~10 us on one core) a step runs on the calling thread. Why:
- * waking the OpenMP team costs about as much, and far more when the cores are busy. */
+ * waking the worker threads costs about as much, and far more when the cores are busy. */
 #define PARALLEL_MIN_WORK (1 << 18)
 
 enum {
@@ -33,6 +36,89 @@ enum {
   PA_BAD_BLOCK_ID = 3,        /* a block id the context uses is outside the cache */
   PA_BAD_SLOT = 4,            /* a slot outside the cache */
 };
+
+
+/* ---- Worker threads ----------------------------------------------------------------------
+ * Why not OpenMP: the kernel runs between two ONNX Runtime segments, once per layer, and ORT's
+ * pool runs next on the same cores. An OpenMP team spin-waits after its region unless
+ * OMP_WAIT_POLICY=passive was set before the process loaded libgomp -- and torch, usually
+ * imported first, loads the same libgomp. Spinning workers starved ORT (measured on 2 cores: a
+ * 16-sequence Gemma 3 270M decode step took ~200 ms instead of ~110 ms). These workers sleep on a
+ * condition variable between calls, whatever the environment, and take items from an atomic
+ * counter (dynamic scheduling). One pool per process, started on first use. */
+typedef void (*item_fn)(const void *ctx, int64_t item);
+
+static struct {
+  pthread_once_t once;
+  pthread_mutex_t lock;
+  pthread_cond_t wake, done;
+  int num_workers;
+  int64_t generation; /* bumped per parallel call; workers run each generation once */
+  int pending;        /* workers not yet finished with the current generation */
+  item_fn fn;
+  const void *ctx;
+  int64_t num_items, next;
+} pool = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER};
+
+static void run_items(item_fn fn, const void *ctx, int64_t num_items) {
+  for (int64_t i; (i = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED)) < num_items;)
+    fn(ctx, i);
+}
+
+static void *worker(void *arg) {
+  (void)arg;
+  int64_t seen = 0;
+  pthread_mutex_lock(&pool.lock);
+  for (;;) {
+    while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+    seen = pool.generation;
+    item_fn fn = pool.fn;
+    const void *ctx = pool.ctx;
+    int64_t n = pool.num_items;
+    pthread_mutex_unlock(&pool.lock);
+    run_items(fn, ctx, n);
+    pthread_mutex_lock(&pool.lock);
+    if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+  }
+  return NULL;
+}
+
+/* Threads: LLMC_NUM_THREADS, else OMP_NUM_THREADS, else the online cores; the caller is one. */
+static void start_pool(void) {
+  const char *env = getenv("LLMC_NUM_THREADS");
+  if (env == NULL) env = getenv("OMP_NUM_THREADS");
+  long threads = env != NULL ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  if (threads < 1) threads = 1;
+  for (long i = 1; i < threads; ++i) {
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, worker, NULL) != 0) break;
+    pthread_detach(thread);
+    pool.num_workers++;
+  }
+}
+
+/* fn(ctx, i) for i in [0, num_items), on the caller and the workers; returns when all are done. */
+static void parallel_for(item_fn fn, const void *ctx, int64_t num_items, int parallel) {
+  pthread_once(&pool.once, start_pool);
+  if (!parallel || pool.num_workers == 0 || num_items < 2) {
+    for (int64_t i = 0; i < num_items; ++i) fn(ctx, i);
+    return;
+  }
+  pthread_mutex_lock(&pool.lock);
+  pool.fn = fn;
+  pool.ctx = ctx;
+  pool.num_items = num_items;
+  pool.next = 0;
+  pool.pending = pool.num_workers;
+  pool.generation++;
+  pthread_cond_broadcast(&pool.wake);
+  pthread_mutex_unlock(&pool.lock);
+  run_items(fn, ctx, num_items);
+  pthread_mutex_lock(&pool.lock);
+  while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
+  pthread_mutex_unlock(&pool.lock);
+}
 
 /* Lets cpu.py tell a stale built extension from one built from the current source. */
 const char *llmc_pa_source_sha256(void) { return LLMC_PA_SOURCE_SHA256; }
@@ -475,6 +561,53 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
   }
 }
 
+/* Everything one work item needs: the arguments of llmc_paged_attention_f32 plus the tiling. */
+struct step_ctx {
+  const float *q;
+  int64_t q_stride;
+  float *out;
+  const float *key_cache, *value_cache;
+  const int32_t *seq_lens, *query_start_loc, *block_tables;
+  int64_t block_table_stride;
+  const int32_t *tile_start;
+  int num_seqs, num_heads, num_kv_heads, head_dim, group, tile_tokens;
+  int64_t row_stride;
+  int block_size, sliding_window;
+  float scale, softcap;
+  int64_t num_items;
+};
+
+/* Work item `index` (issued last tile first, see the caller): one tile of one sequence's new
+ * tokens against one KV head. */
+static void attend_item(const void *context, int64_t index) {
+  const struct step_ctx *c = context;
+  int64_t item = c->num_items - 1 - index;
+  int tile = (int)(item / c->num_kv_heads), kvh = (int)(item % c->num_kv_heads);
+  int b = seq_of(c->tile_start, c->num_seqs, tile);
+  int t = c->query_start_loc[b] + (tile - c->tile_start[b]) * c->tile_tokens;
+  int left = c->query_start_loc[b + 1] - t;
+  int num_queries = left < c->tile_tokens ? left : c->tile_tokens;
+  int position = c->seq_lens[b] - left;
+  int group = c->group, head_dim = c->head_dim;
+  int64_t head_offset = (int64_t)kvh * group * head_dim;
+  const float *q_group = c->q + t * c->q_stride + head_offset;
+  float *out_group = c->out + (int64_t)t * c->num_heads * head_dim + head_offset;
+  const float *keys = c->key_cache + (int64_t)kvh * head_dim;
+  const float *values = c->value_cache + (int64_t)kvh * head_dim;
+  const int32_t *block_table = c->block_tables + b * c->block_table_stride;
+  if (num_queries > 1) {
+    attend_tile(q_group, c->q_stride, out_group, (int64_t)c->num_heads * head_dim, keys, values,
+                block_table, c->row_stride, c->block_size, group, head_dim, num_queries,
+                position, c->sliding_window, c->scale, c->softcap);
+  } else {
+    int first = c->sliding_window > 0 && position - c->sliding_window + 1 > 0
+                    ? position - c->sliding_window + 1
+                    : 0;
+    attend_group(q_group, out_group, keys, values, block_table, c->row_stride, c->block_size,
+                 group, head_dim, first, position, c->scale, c->softcap);
+  }
+}
+
 /* Returns PA_OK, or a PA_BAD_* code before anything is written. Strides are in elements.
  * sliding_window <= 0 and softcap <= 0 mean off. */
 int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
@@ -515,32 +648,10 @@ int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, i
   }
   work *= (int64_t)num_heads * head_dim;
   int64_t num_items = (int64_t)tile_start[num_seqs] * num_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) if (work >= PARALLEL_MIN_WORK)
-  for (int64_t index = 0; index < num_items; ++index) {
-    int64_t item = num_items - 1 - index;
-    int tile = (int)(item / num_kv_heads), kvh = (int)(item % num_kv_heads);
-    int b = seq_of(tile_start, num_seqs, tile);
-    int t = query_start_loc[b] + (tile - tile_start[b]) * tile_tokens;
-    int num_queries = query_start_loc[b + 1] - t < tile_tokens ? query_start_loc[b + 1] - t
-                                                                : tile_tokens;
-    int position = seq_lens[b] - (query_start_loc[b + 1] - t);
-    int64_t head_offset = (int64_t)kvh * group * head_dim;
-    const float *q_group = q + t * q_stride + head_offset;
-    float *out_group = out + (int64_t)t * num_heads * head_dim + head_offset;
-    const float *keys = key_cache + (int64_t)kvh * head_dim;
-    const float *values = value_cache + (int64_t)kvh * head_dim;
-    const int32_t *block_table = block_tables + b * block_table_stride;
-    if (num_queries > 1) {
-      attend_tile(q_group, q_stride, out_group, (int64_t)num_heads * head_dim, keys, values,
-                  block_table, row_stride, block_size, group, head_dim, num_queries, position,
-                  sliding_window, scale, softcap);
-    } else {
-      int first = sliding_window > 0 && position - sliding_window + 1 > 0
-                      ? position - sliding_window + 1
-                      : 0;
-      attend_group(q_group, out_group, keys, values, block_table, row_stride, block_size, group,
-                   head_dim, first, position, scale, softcap);
-    }
-  }
+  struct step_ctx ctx = {q, q_stride, out, key_cache, value_cache, seq_lens, query_start_loc,
+                         block_tables, block_table_stride, tile_start, num_seqs, num_heads,
+                         num_kv_heads, head_dim, group, tile_tokens, row_stride, block_size,
+                         sliding_window, scale, softcap, num_items};
+  parallel_for(attend_item, &ctx, num_items, work >= PARALLEL_MIN_WORK);
   return PA_OK;
 }
