@@ -123,17 +123,30 @@ def _add_serve(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model name clients send")
     p.add_argument("--api-key", default=None, help="require this bearer token on /v1/*")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences per step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output")
+    p.add_argument(
+        "--kv-cache-memory", type=float, default=None, help="KV-cache budget in GiB (default 2)"
+    )
+    p.add_argument("--max-waiting", type=int, default=64, help="queued requests before 503")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from llmc.runtime.server.api_server import serve
 
+    kv_bytes = int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None
     serve(
         args.engine,
         host=args.host,
         port=args.port,
         model_name=args.served_model_name,
         api_key=args.api_key,
+        max_waiting=args.max_waiting,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        kv_cache_memory=kv_bytes,
     )
     return 0
 
@@ -149,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     run = {"build": _run_build, "generate": _run_generate, "serve": _run_serve}[args.command]
     try:
         return run(args)
-    except LlmcError as e:
+    except (LlmcError, ValueError) as e:  # ValueError: a bad prompt or sampling parameter
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -240,35 +240,33 @@ def test_llm_generate_keeps_input_order_and_accepts_token_prompts(tokenizer):
     assert not llm.engine.has_unfinished_requests()  # the valid first prompt was withdrawn
 
 
-def test_from_engine_dir_uses_the_loaded_engine_and_checks_overrides(tokenizer, monkeypatch):
-    from types import SimpleNamespace
+def test_from_engine_dir_defaults_and_overrides(llama_dir, tmp_path):
+    """A real built engine: its build limits are the defaults, overrides win, bad ones fail."""
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
 
-    import llmc.runtime.engine_loader
-
-    calls = []
-
-    def fake_load_engine(path, **kw):
-        calls.append((path, kw))
-        return SimpleNamespace(
-            runner=PagedFakeRunner(kw["num_blocks"] or 32, 4),
-            tokenizer=tokenizer,
-            manifest=SimpleNamespace(max_seq_len=48),
-            eos_token_ids={EOS},
-            block_size=4,
+    out = tmp_path / "engine"
+    build(
+        BuildConfig(
+            model=str(llama_dir), block_size=4, max_seq_len=48, max_batch=5,
+            max_num_tokens=64, output=str(out),
         )
-
-    monkeypatch.setattr(llmc.runtime.engine_loader, "load_engine", fake_load_engine)
-    engine = LLMEngine.from_engine_dir("some/dir", max_num_seqs=3)
-    assert calls[-1] == ("some/dir", dict(num_blocks=None, kv_cache_memory=None, threads=None))
+    )  # fmt: skip
+    engine = LLMEngine.from_engine_dir(out, num_blocks=30)
     cfg = engine.config
-    assert (cfg.block_size, cfg.num_blocks, cfg.max_model_len, cfg.max_num_seqs) == (4, 32, 48, 3)
-    engine = LLMEngine.from_engine_dir("d", num_blocks=20, max_model_len=40)
-    assert (engine.config.num_blocks, engine.max_model_len) == (20, 40)
+    assert (cfg.block_size, cfg.num_blocks, cfg.max_model_len) == (4, 30, 48)
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (5, 64)
+    engine = LLMEngine.from_engine_dir(out, num_blocks=20, max_model_len=40, max_num_seqs=3)
+    assert (engine.config.num_blocks, engine.max_model_len, engine.config.max_num_seqs) == (
+        20,
+        40,
+        3,
+    )
     with pytest.raises(ValueError, match="max_model_len 49 exceeds the engine's max_seq_len 48"):
-        LLMEngine.from_engine_dir("d", max_model_len=49)
+        LLMEngine.from_engine_dir(out, max_model_len=49)
     with pytest.raises(TypeError, match="unknown engine options"):
-        LLMEngine.from_engine_dir("d", max_num_seq=3)
-    llm = LLM("d", seed=3)
+        LLMEngine.from_engine_dir(out, max_num_seq=3)
+    llm = LLM(out, seed=3, num_blocks=20)
     assert llm.engine.config.seed == 3
 
 

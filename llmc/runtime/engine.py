@@ -128,10 +128,15 @@ class LLMEngine:
                 f"max_model_len {overrides['max_model_len']} exceeds the engine's max_seq_len "
                 f"{max_seq_len}; rebuild the engine with a larger max_seq_len"
             )
+        manifest = loaded.manifest
         defaults = {
             "block_size": loaded.block_size,
             "num_blocks": loaded.runner.num_blocks,
             "max_model_len": max_seq_len,
+            # The engine's build limits are the serving defaults (a TensorRT plan's profiles
+            # cannot run past them).
+            "max_num_seqs": manifest.max_batch,
+            "max_num_batched_tokens": manifest.max_num_tokens,
         }
         config = EngineConfig(**{**defaults, **overrides})
         return cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids)

@@ -20,6 +20,10 @@ def serve(
     max_waiting: int = 64,
     drain_timeout_s: float | None = 30.0,
     log_level: str = "info",
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_model_len: int | None = None,
+    kv_cache_memory: int | None = None,
 ) -> None:
     """Serve an engine directory with the OpenAI-compatible API until SIGINT or SIGTERM.
 
@@ -35,6 +39,9 @@ def serve(
         max_waiting: requests that may wait for their first token before new ones get 503.
         drain_timeout_s: how long shutdown waits for in-flight requests, seconds; None: forever.
         log_level: uvicorn's log level.
+        max_num_seqs, max_num_batched_tokens, max_model_len: engine limits (default: the
+            engine's build limits).
+        kv_cache_memory: KV-cache budget in bytes (default: the loader's).
 
     Raises:
         Whatever ``LLMEngine.from_engine_dir`` raises for a missing or mismatched engine.
@@ -44,7 +51,17 @@ def serve(
     from llmc.runtime.engine import LLMEngine
 
     name = model_name or Path(engine_dir).resolve().name
-    engine = AsyncLLMEngine(LLMEngine.from_engine_dir(engine_dir), max_waiting=max_waiting)
+    limits = {
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_model_len": max_model_len,
+    }
+    llm_engine = LLMEngine.from_engine_dir(
+        engine_dir,
+        kv_cache_memory=kv_cache_memory,
+        **{k: v for k, v in limits.items() if v is not None},
+    )
+    engine = AsyncLLMEngine(llm_engine, max_waiting=max_waiting)
     try:
         app = build_app(engine, name, api_key=api_key, owns_engine=True)
         config = uvicorn.Config(
