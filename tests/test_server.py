@@ -72,21 +72,26 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dir: Path) -> Iterator[Served]:
-    """The real server over a real tiny engine: built for cpu, run by ONNX Runtime."""
+def tiny_engine(tiny_dir: Path) -> Path:
+    """The tiny Llama built into a cpu engine directory."""
     from llmc.compiler.build import build
     from llmc.compiler.build_config import BuildConfig
+
+    config = BuildConfig(
+        model=str(tiny_dir),
+        block_size=16,
+        max_seq_len=MAX_MODEL_LEN,
+        output=str(tiny_dir.parent / "engine"),
+    )
+    return build(config).engine_dir
+
+
+@pytest.fixture(scope="module")
+def served(tiny_engine: Path) -> Iterator[Served]:
+    """The real server over a real tiny engine: built for cpu, run by ONNX Runtime."""
     from llmc.runtime.engine import LLMEngine
 
-    built = build(
-        BuildConfig(
-            model=str(tiny_dir),
-            block_size=16,
-            max_seq_len=MAX_MODEL_LEN,
-            output=str(tiny_dir.parent / "engine"),
-        )
-    )
-    engine = LLMEngine.from_engine_dir(built.engine_dir, num_blocks=32)
+    engine = LLMEngine.from_engine_dir(tiny_engine, num_blocks=32)
     aborted: list[str] = []
     steps = threading.Event()
     steps.set()
@@ -309,30 +314,24 @@ def test_api_key(served: Served) -> None:
     assert asyncio.run(run()) == (401, 200, 200)
 
 
-SERVE_SCRIPT = """
-import sys
-from transformers import AutoTokenizer
-from llmc.runtime.engine import EngineConfig, LLMEngine
-from llmc.runtime.server import serve
-from llmc.runtime.torch_runner import TorchRunner
-
-def from_engine_dir(path):  # the tiny checkpoint stands in for a built engine directory
-    config = EngineConfig(block_size=16, num_blocks=32, max_model_len=128)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return LLMEngine(TorchRunner(path, 32, 16), tokenizer, config, eos_token_ids={1})
-
-LLMEngine.from_engine_dir = staticmethod(from_engine_dir)
-serve(sys.argv[1], port=int(sys.argv[2]), model_name="tiny-llama")
-"""
-
-
-def test_serve_drains_in_flight_requests_on_sigterm(tiny_dir: Path) -> None:
+def test_serve_drains_in_flight_requests_on_sigterm(tiny_engine: Path) -> None:
+    """`llmc serve` in its own process: SIGTERM mid-stream lets the stream finish."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_SCRIPT, str(tiny_dir), str(port)],
+        [
+            sys.executable,
+            "-m",
+            "llmc.cli",
+            "serve",
+            str(tiny_engine),
+            "--port",
+            str(port),
+            "--served-model-name",
+            MODEL,
+        ],
         cwd=root,
         env=os.environ | {"PYTHONPATH": str(root)},
         stderr=subprocess.PIPE,
