@@ -63,7 +63,12 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     )
     from llmc.compiler.passes import run_passes
     from llmc.plugins import schema
-    from llmc.runtime.execution_provider import provider_for_dtype, provider_version
+    from llmc.runtime.execution_provider import (
+        OPENVINO_EP,
+        OPENVINO_PACKAGE,
+        provider_for_dtype,
+        provider_version,
+    )
     from llmc.version import __version__
 
     config.validate()
@@ -78,6 +83,11 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         tokenizer = load_tokenizer(src)
         checkpoint_digest = sha256_files(src.weight_files)
     choice = provider_for_dtype(config.dtype)
+    if choice.name == OPENVINO_EP and provider_version(choice) is None:
+        raise BuildConfigError(
+            f"--dtype {config.dtype} engines run on ONNX Runtime's OpenVINO execution provider; "
+            f"pip install {OPENVINO_PACKAGE} (or build with --dtype float32)"
+        )
     host = detect_host_isa()
     required_isa = engine_isa(host.features, choice)
     missing = [f for f in required_isa if f not in host.features]

@@ -7,6 +7,7 @@ rows S, blocks per sequence M, and the cache's block count.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import onnx
@@ -141,7 +142,10 @@ def export_onnx(model: torch.nn.Module, block_size: int) -> onnx.ModelProto:
         # *kv_caches is one varargs entry in torch.export's input structure.
         tuple({0: n} for _ in caches),
     )
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # Each dynamic dim is named once per input it appears in; the exporter warns for every
+        # repeat ("The axis name: num_tokens will not be used ..."): noise, not a problem.
+        warnings.filterwarnings("ignore", message=".*axis name.*will not be used")
         program = torch.onnx.export(
             packed,
             example + caches,

@@ -86,16 +86,17 @@ def load_engine(
     import onnxruntime as ort
 
     check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
+    from llmc.runtime.execution_provider import ProviderChoice, provider_version
+
+    provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
+    _check_provider_version(manifest, provider_version(provider))
     if verify_digests:
         verify_files(manifest, engine_dir)
     from transformers import AutoTokenizer
 
-    from llmc.runtime.execution_provider import ProviderChoice, provider_version
     from llmc.runtime.ort_runner import OrtRunner
 
     blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory)
-    provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
-    _check_provider_version(manifest, provider_version_or_none(provider, provider_version))
     runner = OrtRunner(engine_dir, num_blocks=blocks, threads=threads, provider=provider)
     tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "tokenizer"))
     gen = json.loads((engine_dir / "generation_config.json").read_text())
@@ -106,16 +107,6 @@ def load_engine(
         eos_token_ids=set(gen.get("eos_token_id") or []),
         block_size=manifest.block_size,
     )
-
-
-def provider_version_or_none(provider, version_of) -> str | None:
-    """Installed version of the provider's plugin package, or None if it is not installed."""
-    from importlib.metadata import PackageNotFoundError
-
-    try:
-        return version_of(provider)
-    except PackageNotFoundError:
-        return None
 
 
 def _check_provider_version(manifest, installed: str | None) -> None:

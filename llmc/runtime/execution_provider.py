@@ -71,9 +71,13 @@ def bind_provider(opts, choice: ProviderChoice) -> list[str] | None:
 
 
 def provider_version(choice: ProviderChoice) -> str | None:
-    """Version of the plugin package behind ``choice`` (None for the built-in CPU EP)."""
+    """Installed version of the plugin package behind ``choice``; None for the built-in CPU EP
+    or when the package is not installed."""
     if choice.name == CPU_EP:
         return None
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return version(OPENVINO_PACKAGE)
+    try:
+        return version(OPENVINO_PACKAGE)
+    except PackageNotFoundError:
+        return None
