@@ -10,12 +10,6 @@ workload of bench_e2e.py); one 512-token prefill.
 from __future__ import annotations
 
 import os
-
-# Why before torch: the kernel's loader defaults OMP_WAIT_POLICY to PASSIVE, but libgomp reads it
-# once, when loaded, and `import torch` loads torch's libgomp.so.1, which the kernel then shares
-# (same soname). Set here, both runtimes see the policy the kernel runs with in the engine.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import statistics
 import time
 from collections.abc import Callable
@@ -73,7 +67,7 @@ def main() -> None:
     kwargs = dict(num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
                   scale=HEAD_DIM**-0.5, sliding_window=None, logit_softcap=None)  # fmt: skip
     print(f"kernel: {load_library().path}")
-    env = {name: os.environ.get(name, "unset") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    env = {name: os.environ.get(name, "unset") for name in ("LLMC_NUM_THREADS", "OMP_NUM_THREADS")}
     print(f"{env}, torch threads={torch.get_num_threads()}, load average={os.getloadavg()}")
     steps = {
         "decode 16 x 256 ctx": make_step([256] * 16, [1] * 16),

@@ -33,10 +33,9 @@ def _save_tokenizer_and_generation_config(src, model, tokenizer, engine_dir: Pat
     tokenizer.save_pretrained(engine_dir / "tokenizer")
     gen = model.generation_config.to_dict() if model.generation_config is not None else {}
     eos = gen.get("eos_token_id", model.config.eos_token_id)
-    eos_ids = sorted({int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None})
-    if tokenizer.eos_token_id is not None:
-        eos_ids = sorted({*eos_ids, int(tokenizer.eos_token_id)})
-    eos_ids = sorted({*eos_ids, *extra_eos_token_ids(src, tokenizer)})
+    eos = [*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id]
+    eos += extra_eos_token_ids(src, tokenizer)
+    eos_ids = sorted({int(e) for e in eos if e is not None})
     gen["eos_token_id"] = eos_ids
     (engine_dir / "generation_config.json").write_text(json.dumps(gen, indent=1, default=str))
     return eos_ids

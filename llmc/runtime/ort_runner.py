@@ -24,7 +24,7 @@ class OrtRunner:
         engine_dir: the engine directory (``plan.json``, ``segments/``).
         num_blocks: KV blocks per layer; the cache takes
             ``2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim * 4`` bytes.
-        threads: ORT intra-op threads (the attention kernel uses OpenMP's default).
+        threads: ORT intra-op threads (the attention kernel has its own pool, see its C file).
         provider: the execution provider (default: the CPU EP).
     """
 
