@@ -94,13 +94,17 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
 
 
 def split_at_plugins(
-    model: onnx.ModelProto, file_pattern: str = "segment_{:03d}.onnx"
+    model: onnx.ModelProto,
+    file_pattern: str = "segment_{:03d}.onnx",
+    extra_outputs: tuple[str, ...] = (),
 ) -> tuple[list[onnx.ModelProto], ExecutionPlan]:
     """Cut ``model`` at its PagedAttention nodes.
 
     Returns the segment models (each with the initializers it uses; an initializer used by two
     segments, e.g. a tied embedding, is copied into both) and the plan a runner follows.
-    Raises ValueError if the graph has no plugin node or uses control-flow subgraphs.
+    ``extra_outputs`` are node outputs that must leave the segment computing them (calibration
+    reads activations this way). Raises ValueError if the graph has no plugin node, uses
+    control-flow subgraphs, or an extra output is no node's output.
     """
     g = model.graph
     if any(
@@ -125,6 +129,11 @@ def split_at_plugins(
 
     # Which later consumer (segment index or plugin index) needs each tensor.
     needed_after: dict[str, int] = {o.name: len(groups) for o in g.output}
+    node_outputs = {o for n in g.node for o in n.output}
+    unknown = [n for n in extra_outputs if n not in node_outputs]
+    if unknown:
+        raise ValueError(f"extra outputs are not node outputs of the graph: {unknown[:5]}")
+    needed_after.update({n: len(groups) for n in extra_outputs})
     for i, group in enumerate(groups):
         own = {o for n in group for o in n.output}
         for node in group:

@@ -38,17 +38,50 @@ class OrtRunner:
         import onnxruntime as ort
 
         engine_dir = Path(engine_dir)
-        self.plan: ExecutionPlan = load_plan(engine_dir)
+        plan: ExecutionPlan = load_plan(engine_dir)
         provider = provider or provider_for_dtype("float32")
         opts = session_options(threads or 2)
         if provider.optimize_at_build:
             # The saved segments are already optimized for this host at build time.
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = bind_provider(opts, provider)
-        self._sessions = [
+        sessions = [
             ort.InferenceSession(str(engine_dir / s.file), opts, providers=providers)
-            for s in self.plan.segments
+            for s in plan.segments
         ]
+        self._setup(plan, sessions, num_blocks)
+
+    @classmethod
+    def from_model(
+        cls,
+        model,
+        num_blocks: int,
+        threads: int | None = None,
+        extra_outputs: tuple[str, ...] = (),
+    ) -> OrtRunner:
+        """A runner over an in-memory engine graph (``onnx.ModelProto`` with plugin nodes) on the
+        CPU EP, optimized at load (ORT_ENABLE_BASIC). Used by calibration and the accuracy report
+        to run the unquantized graph; ``extra_outputs`` names tensors that ``run_step`` must
+        return besides the logits. Raises ValueError if a name is not in the graph."""
+        import onnxruntime as ort
+
+        from llmc.compiler.segment import split_at_plugins
+
+        segments, plan = split_at_plugins(model, extra_outputs=extra_outputs)
+        opts = session_options(threads or 2)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        opts.log_severity_level = 3
+        sessions = [
+            ort.InferenceSession(seg.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            for seg in segments
+        ]
+        runner = cls.__new__(cls)
+        runner._setup(plan, sessions, num_blocks)
+        return runner
+
+    def _setup(self, plan: ExecutionPlan, sessions: list, num_blocks: int) -> None:
+        self.plan = plan
+        self._sessions = sessions
         first = self.plan.plugins[0]
         self.num_blocks = num_blocks
         self.block_size = first.block_size
@@ -66,6 +99,11 @@ class OrtRunner:
 
     def execute(self, step: StepInputs) -> np.ndarray:
         """Run one step; returns logits [len(step.logits_indices), vocab] float32."""
+        return self.run_step(step)[self.plan.logits]
+
+    def run_step(self, step: StepInputs) -> dict[str, np.ndarray]:
+        """Run one step; returns every tensor the segments output (the logits under
+        ``self.plan.logits``, plus the ``extra_outputs`` of ``from_model``)."""
         env: dict[str, np.ndarray] = {
             "input_ids": step.input_ids,
             "positions": step.positions,
@@ -99,4 +137,4 @@ class OrtRunner:
                     sliding_window=p.sliding_window or None,
                     logit_softcap=p.logit_softcap or None,
                 )
-        return env[self.plan.logits]
+        return env

@@ -44,3 +44,26 @@ class StepInputs:
     def num_seqs(self) -> int:
         """B, the number of sequences in the step."""
         return int(self.seq_lens.shape[0])
+
+
+def single_prefill(token_ids: np.ndarray, block_size: int, all_logits: bool = True) -> StepInputs:
+    """A step that prefills one sequence from position 0 in blocks ``0..ceil(T/block_size)-1``.
+
+    ``token_ids``: [T] integer array. With ``all_logits`` every position's logits are asked for
+    (perplexity, KL, calibration), else only the last one's. The runner needs at least
+    ``ceil(T / block_size)`` KV blocks. Raises ValueError for an empty sequence.
+    """
+    ids = np.ascontiguousarray(token_ids, dtype=np.int64).reshape(-1)
+    t = int(ids.shape[0])
+    if t == 0:
+        raise ValueError("a prefill step needs at least one token")
+    num_blocks = -(-t // block_size)
+    return StepInputs(
+        input_ids=ids,
+        positions=np.arange(t, dtype=np.int64),
+        seq_lens=np.array([t], np.int32),
+        query_start_loc=np.array([0, t], np.int32),
+        block_tables=np.arange(num_blocks, dtype=np.int32)[None, :],
+        slot_mapping=np.arange(t, dtype=np.int64),
+        logits_indices=np.arange(t, dtype=np.int64) if all_logits else np.array([t - 1]),
+    )
