@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import onnx
+
 from llmc.compiler.build_config import CPU_TARGET, BuildConfig
 from llmc.errors import BuildConfigError
 
@@ -48,10 +50,8 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     Raises BuildConfigError for a target this host cannot build, ModelSourceError for a bad
     model path, and whatever export/ORT raise for a model they cannot handle.
     """
-    import onnx_ir as ir
-
     from llmc.compiler import manifest as mf
-    from llmc.compiler.export import cache_spec, export_onnx
+    from llmc.compiler.export import cache_spec
     from llmc.compiler.isa import detect_host_isa
     from llmc.compiler.lower_cpu import lower_to_cpu
     from llmc.compiler.model_source import (
@@ -60,7 +60,6 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         resolve_model,
         sha256_files,
     )
-    from llmc.compiler.passes import run_passes
     from llmc.plugins import schema
     from llmc.runtime.execution_provider import (
         OPENVINO_EP,
@@ -99,14 +98,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         # CPU engines keep float32 weights; bfloat16 is the provider's compute precision.
         model = load_model(src, "float32")
     spec = cache_spec(model)
-    with stage("export to ONNX"):
-        proto = export_onnx(model, block_size=config.block_size)
-    with stage("graph passes"):
-        graph = ir.from_proto(proto)
-        del proto
-        pass_report = run_passes(graph)
-        proto = ir.to_proto(graph)
-        del graph
+    proto, pass_report = float_graph(model, config.block_size, stage)
 
     out = config.output_dir(src.model_id)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -163,6 +155,27 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return BuildResult(out, pass_report, optimized_ops)
+
+
+def float_graph(model, block_size: int, stage=None) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """The unquantized engine graph of a loaded HF model: export with plugin nodes, then the
+    graph passes. Returns the graph and the pass report (rewrites per pass). This is also the
+    reference the accuracy report and ``llmc verify`` compare an engine with."""
+    import onnx_ir as ir
+
+    from llmc.compiler.export import export_onnx
+    from llmc.compiler.passes import run_passes
+
+    stage = stage or _no_stage
+    with stage("export to ONNX"):
+        proto = export_onnx(model, block_size=block_size)
+    with stage("graph passes"):
+        graph = ir.from_proto(proto)
+        del proto
+        pass_report = run_passes(graph)
+        proto = ir.to_proto(graph)
+        del graph
+    return proto, pass_report
 
 
 def engine_isa(host_features: tuple[str, ...], choice) -> list[str]:
