@@ -19,14 +19,14 @@ def _add_build(sub) -> None:
         if f.name == "model":
             continue
         flags = [f"--{f.name.replace('_', '-')}"] + (["-o"] if f.name == "output" else [])
-        kind = int if f.type in ("int", int) else str
+        kind = {"int": int, "float": float}.get(str(f.type), str)
         p.add_argument(
             *flags,
             dest=f.name,
             type=kind,
             choices=f.metadata.get("choices"),
             default=argparse.SUPPRESS,
-            help=f"{f.metadata['help']} (default: {f.default})",
+            help=f"{f.metadata['help']} (default: {f.default})".replace("%", "%%"),
         )
     p.add_argument("--config", help="YAML file setting any build option; flags win")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
@@ -151,6 +151,44 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_verify(sub) -> None:
+    from llmc.compiler.verify import VerifyConfig
+
+    p = sub.add_parser(
+        "verify",
+        help="compare an engine with the unquantized model it was built from",
+        description="Re-run the accuracy report of ENGINE against the unquantized graph of its "
+        "checkpoint, and compare every engine segment with the unquantized one through "
+        "Polygraphy. Exit code 0 when the logits segment passes at --rtol/--atol, 1 when not. "
+        "Quantized and bfloat16 engines differ by design: give them looser tolerances.",
+    )
+    p.add_argument("engine", help="engine directory")
+    for f in fields(VerifyConfig):
+        kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            type=kind,
+            default=f.default,
+            help=f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})"),
+        )
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from llmc.compiler.progress import BuildProgress
+    from llmc.compiler.verify import VerifyConfig, result_tables, verify_engine
+
+    config = VerifyConfig(**{f.name: getattr(args, f.name) for f in fields(VerifyConfig)})
+    with BuildProgress() as progress:
+        result = verify_engine(args.engine, config, progress)
+    console = Console()
+    for part in result_tables(result):
+        console.print(part)
+    return 0 if result.passed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``llmc`` command; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="llmc", description=__doc__)
@@ -158,8 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     _add_build(sub)
     _add_generate(sub)
     _add_serve(sub)
+    _add_verify(sub)
     args = parser.parse_args(argv)
-    run = {"build": _run_build, "generate": _run_generate, "serve": _run_serve}[args.command]
+    run = {
+        "build": _run_build,
+        "generate": _run_generate,
+        "serve": _run_serve,
+        "verify": _run_verify,
+    }[args.command]
     try:
         return run(args)
     except (LlmcError, ValueError) as e:  # ValueError: a bad prompt or sampling parameter

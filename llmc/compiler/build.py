@@ -27,6 +27,8 @@ class BuildResult:
     engine_dir: Path
     pass_report: dict[str, int]
     optimized_ops: dict[str, int]
+    quantization: dict | None = None
+    accuracy_report: object | None = None  # llmc.calibration.accuracy.AccuracyReport
 
 
 def _save_tokenizer_and_generation_config(src, model, tokenizer, engine_dir: Path) -> list[int]:
@@ -60,6 +62,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         resolve_model,
         sha256_files,
     )
+    from llmc.compiler.quantize import pipeline as qp
     from llmc.plugins import schema
     from llmc.runtime.execution_provider import (
         OPENVINO_EP,
@@ -86,6 +89,8 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
             f"--dtype {config.dtype} engines run on ONNX Runtime's OpenVINO execution provider; "
             f"pip install {OPENVINO_PACKAGE} (or build with --dtype float32)"
         )
+    if config.quant != "none":
+        calib_source, heldout_source = qp.text_sources(config)  # bad files fail before work
     host = detect_host_isa()
     required_isa = engine_isa(host.features, choice)
     missing = [f for f in required_isa if f not in host.features]
@@ -99,6 +104,12 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         model = load_model(src, "float32")
     spec = cache_spec(model)
     proto, pass_report = float_graph(model, config.block_size, stage)
+    reference = quant_report = None
+    if config.quant != "none":
+        reference = proto
+        proto, quant_report = qp.quantize(
+            config, reference, model, tokenizer, checkpoint_digest, calib_source, stage
+        )
 
     out = config.output_dir(src.model_id)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -106,8 +117,24 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     try:
         with stage("lower to ONNX Runtime (cpu)") as tick:
             _, optimized_ops = lower_to_cpu(
-                proto, tmp, threads=config.threads, progress=tick, choice=choice
+                proto,
+                tmp,
+                threads=config.threads,
+                progress=tick,
+                choice=choice,
+                session_config=qp.session_config(config.quant),
+                disabled_optimizers=qp.disabled_optimizers(config.quant),
             )
+        quantization = accuracy = None
+        if quant_report is not None:
+            quantization = quant_report.to_dict()
+            quantization["fast_path"] = qp.check_fast_path(
+                config.quant, quant_report.counts, optimized_ops
+            )
+            with stage("accuracy report") as tick:
+                accuracy = qp.accuracy_report(
+                    config, reference, tmp, model, tokenizer, heldout_source, tick
+                )
         with stage("tokenizer and manifest"):
             _save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
             tok_digest = sha256_files(sorted((tmp / "tokenizer").iterdir()))
@@ -125,7 +152,9 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 arch=host.arch,
                 dtype=config.dtype,
                 quant=config.quant,
-                kv_cache_dtype="float32",
+                kv_cache_dtype="float32"
+                if config.kv_cache_dtype == "auto"
+                else config.kv_cache_dtype,
                 max_seq_len=config.max_seq_len,
                 max_num_tokens=config.max_num_tokens,
                 max_batch=config.max_batch,
@@ -143,7 +172,8 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 build_config=config.to_dict(),
                 build_config_hash=config.hash(),
                 pass_report=pass_report,
-                accuracy_report=None,
+                accuracy_report=accuracy.to_dict() if accuracy is not None else None,
+                quantization=quantization,
                 files=mf.file_digests(tmp),
                 created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             )
@@ -154,7 +184,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BuildResult(out, pass_report, optimized_ops)
+    return BuildResult(out, pass_report, optimized_ops, quantization, accuracy)
 
 
 def float_graph(model, block_size: int, stage=None) -> tuple[onnx.ModelProto, dict[str, int]]:

@@ -18,6 +18,12 @@ GPU_TARGETS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 TARGETS = (CPU_TARGET, *GPU_TARGETS)
 DTYPES = ("float32", "bfloat16")
 QUANTS = ("none", "fp8", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+INT4_METHODS = ("awq", "rtn")
+INT4_BLOCK_SIZES = (32, 64, 128)
+CALIB_METHODS = ("max", "percentile", "mse")
+# FP8 tensor cores arrive with Ada (sm89); the CPU target runs FP8 Q/DQ as emulation.
+FP8_TARGETS = ("cpu", "sm89", "sm90", "sm100", "sm120")
 
 
 def _opt(default, help: str, choices: tuple | None = None):
@@ -31,7 +37,39 @@ class BuildConfig:
     model: str = _opt("gemma-3-270m", "HF checkpoint dir (safetensors), .gguf file, or alias")
     arch: str = _opt(CPU_TARGET, "target: cpu (this host's ISA) or a GPU arch", TARGETS)
     dtype: str = _opt("float32", "compute and weight dtype of the engine", DTYPES)
-    quant: str = _opt("none", "weight/activation quantization", QUANTS)
+    quant: str = _opt(
+        "none",
+        "quantization as Q/DQ nodes: fp8 (W8A8 E4M3), int8 (W8A8, SmoothQuant), "
+        "int4 (weight-only, block-wise, AWQ)",
+        QUANTS,
+    )
+    kv_cache_dtype: str = _opt(
+        "auto", "KV cache storage: auto (compute dtype), fp8, int8", KV_CACHE_DTYPES
+    )
+    int4_block_size: int = _opt(128, "int4: input channels per weight scale", INT4_BLOCK_SIZES)
+    int4_method: str = _opt("awq", "int4: AWQ activation-aware scales or plain RTN", INT4_METHODS)
+    int4_lm_head_bits: int = _opt(
+        8, "int4: weight bits of the vocabulary projection (block-wise)", (4, 8)
+    )
+    smoothquant_alpha: float = _opt(0.5, "int8: SmoothQuant migration strength in [0, 1]")
+    exclude: str = _opt(
+        "",
+        "comma-separated module patterns kept unquantized (fnmatch on checkpoint names, e.g. "
+        "'lm_head,*.down_proj'); default: none, every linear layer is quantized",
+    )
+    calib_data: str | None = _opt(
+        None, ".txt or .jsonl ('text' field); its first 80% calibrates (default: model samples)"
+    )
+    calib_samples: int = _opt(64, "calibration windows")
+    calib_seq_len: int = _opt(256, "tokens per calibration window")
+    calib_method: str = _opt("max", "activation range observer", CALIB_METHODS)
+    eval_data: str | None = _opt(
+        None,
+        "held-out text for the accuracy report, its last 20% (default: --calib-data's last "
+        "20%, else model samples of another seed)",
+    )
+    eval_samples: int = _opt(16, "accuracy report windows (of --calib-seq-len tokens)")
+    cache_dir: str = _opt("~/.cache/llmc", "where calibration statistics are cached")
     max_seq_len: int = _opt(4096, "longest sequence (prompt + output tokens) the engine serves")
     max_num_tokens: int = _opt(2048, "most tokens in one step (the scheduler's token budget)")
     max_batch: int = _opt(16, "most sequences in one step")
@@ -50,13 +88,41 @@ class BuildConfig:
                 raise BuildConfigError(
                     f"--{f.name.replace('_', '-')} {value!r} is not one of {', '.join(choices)}"
                 )
-        for name in ("max_seq_len", "max_num_tokens", "max_batch", "block_size", "threads"):
+        for name in (
+            "max_seq_len",
+            "max_num_tokens",
+            "max_batch",
+            "block_size",
+            "threads",
+            "calib_samples",
+            "calib_seq_len",
+            "eval_samples",
+        ):
             if getattr(self, name) < 1:
                 raise BuildConfigError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.quant != "none":
+        if self.calib_seq_len < 2:
+            raise BuildConfigError("--calib-seq-len must be >= 2")
+        if not 0.0 <= self.smoothquant_alpha <= 1.0:
             raise BuildConfigError(
-                f"--quant {self.quant} is not implemented yet; build with --quant none"
+                f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}"
             )
+        for name in ("quant", "kv_cache_dtype"):
+            value = getattr(self, name)
+            if "fp8" == value and self.arch not in FP8_TARGETS:
+                raise BuildConfigError(
+                    f"--{name.replace('_', '-')} fp8 needs FP8 tensor cores (sm89 or newer); "
+                    f"{self.arch} has none: use int8 or int4, or a newer --arch"
+                )
+        if self.quant != "none" and self.dtype != "float32":
+            raise BuildConfigError(
+                f"--quant {self.quant} builds run their unquantized parts in float32 on cpu; "
+                "use --dtype float32"
+            )
+
+    @property
+    def exclude_patterns(self) -> tuple[str, ...]:
+        """``--exclude`` split into fnmatch patterns."""
+        return tuple(p.strip() for p in self.exclude.split(",") if p.strip())
 
     def output_dir(self, model_id: str) -> Path:
         """The engine directory this build writes."""

@@ -18,7 +18,13 @@ from llmc.compiler.segment import ExecutionPlan, save_plan, split_at_plugins
 SEGMENT_DIR = "segments"
 
 
-def _optimize_segment(model: onnx.ModelProto, out_path: Path, threads: int) -> Counter:
+def _optimize_segment(
+    model: onnx.ModelProto,
+    out_path: Path,
+    threads: int,
+    config: dict[str, str],
+    disabled_optimizers: list[str],
+) -> Counter:
     import onnxruntime as ort
 
     from llmc.runtime.ort_env import session_options
@@ -33,7 +39,14 @@ def _optimize_segment(model: onnx.ModelProto, out_path: Path, threads: int) -> C
     opts.add_session_config_entry(
         "session.optimized_model_external_initializers_min_size_in_bytes", "4096"
     )
-    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    for key, value in config.items():
+        opts.add_session_config_entry(key, value)
+    ort.InferenceSession(
+        model.SerializeToString(),
+        opts,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=disabled_optimizers or None,
+    )
     optimized = onnx.load(str(out_path), load_external_data=False)
     return Counter(n.op_type for n in optimized.graph.node)
 
@@ -59,15 +72,23 @@ def _save_portable_segment(model: onnx.ModelProto, out_path: Path, choice, threa
 
 
 def lower_to_cpu(
-    model: onnx.ModelProto, engine_dir: Path, threads: int = 2, progress=None, choice=None
+    model: onnx.ModelProto,
+    engine_dir: Path,
+    threads: int = 2,
+    progress=None,
+    choice=None,
+    session_config: dict[str, str] | None = None,
+    disabled_optimizers: list[str] | None = None,
 ) -> tuple[ExecutionPlan, dict[str, int]]:
     """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``.
 
     ``choice`` (``execution_provider.ProviderChoice``, default: the CPU EP) decides whether the
     segments are optimized by ORT now (CPU EP) or saved portable for the provider to compile at
-    load (OpenVINO). Returns the plan and the op counts of the saved segments (recorded in the
-    manifest). ``progress(done, total)`` is called after each segment. Raises onnxruntime
-    errors if a segment does not load.
+    load (OpenVINO); ``session_config`` holds ORT session config entries for the optimization
+    (e.g. MatMulNBits' accuracy level) and ``disabled_optimizers`` ORT transformers to skip.
+    Returns the plan and the op counts of the saved
+    segments (recorded in the manifest). ``progress(done, total)`` is called after each
+    segment. Raises onnxruntime errors if a segment does not load.
     """
     from llmc.runtime.execution_provider import provider_for_dtype
 
@@ -78,7 +99,13 @@ def lower_to_cpu(
     ops: Counter = Counter()
     for i, (seg, spec) in enumerate(zip(segments, plan.segments, strict=True)):
         if choice.optimize_at_build:
-            ops += _optimize_segment(seg, engine_dir / spec.file, threads)
+            ops += _optimize_segment(
+                seg,
+                engine_dir / spec.file,
+                threads,
+                session_config or {},
+                disabled_optimizers or [],
+            )
         else:
             ops += _save_portable_segment(seg, engine_dir / spec.file, choice, threads)
         if progress is not None:

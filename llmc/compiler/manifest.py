@@ -71,6 +71,7 @@ class EngineManifest:
     build_config_hash: str
     pass_report: dict[str, int] = field(default_factory=dict)  # pass name -> rewrites made
     accuracy_report: dict | None = None  # quantized builds: against the unquantized model
+    quantization: dict | None = None  # quantized builds: what was quantized how, fast-path counts
     files: dict[str, str] = field(default_factory=dict)
     created_at: str = field(default_factory=_utc_now)  # ISO 8601, UTC
 

@@ -14,6 +14,12 @@ from collections import defaultdict
 import numpy as np
 import onnx_ir as ir
 
+from llmc.compiler.module_names import (
+    NAME_SCOPES_KEY,
+    fused_module_name,
+    module_name_from_scopes,
+)
+
 
 def _fusable(node: ir.Node) -> bool:
     if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
@@ -47,7 +53,13 @@ def fuse_parallel_matmuls(model: ir.Model) -> int:
             name=f"{fused_w.name}_split", const_value=ir.tensor(np.array(widths, np.int64))
         )
         graph.register_initializer(sizes)
+        members = [module_name_from_scopes(n.metadata_props.get(NAME_SCOPES_KEY)) for n in nodes]
         matmul = ir.node("MatMul", [x, fused_w])
+        if all(members):
+            # Keep the checkpoint's module names: quantization's --exclude matches them.
+            name = fused_module_name(members)
+            matmul.name = name
+            matmul.metadata_props[NAME_SCOPES_KEY] = repr(["", "model." + name])
         split = ir.node("Split", [matmul.outputs[0], sizes], {"axis": -1}, num_outputs=len(nodes))
         graph.insert_before(nodes[0], [matmul, split])
         for old, new in zip(nodes, split.outputs, strict=True):

@@ -1,0 +1,1 @@
+"""Quantization of engine graphs into explicit, symmetric Q/DQ nodes (DESIGN §5)."""

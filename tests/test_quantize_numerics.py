@@ -1,0 +1,104 @@
+"""Quantization numerics: formats, observers, SmoothQuant, AWQ (no graphs, no models)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from llmc.calibration.awq import awq_search
+from llmc.calibration.observers import TensorStats, observe_amax
+from llmc.calibration.smoothquant import smoothquant_scales
+from llmc.compiler.quantize import formats
+
+
+def _stats(x: np.ndarray, sample_rows: int = 512, chunk: int = 100) -> TensorStats:
+    rng = np.random.default_rng(0)
+    s = TensorStats.empty(x.shape[1], sample_rows)
+    for i in range(0, len(x), chunk):
+        s.update(x[i : i + chunk], rng, sample_rows)
+    return s
+
+
+def test_per_channel_int8_roundtrip_error_is_half_a_step():
+    w = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    q = formats.quantize_weight_per_channel(w, "int8")
+    assert q.data.dtype == np.int8 and q.axis == 1 and q.scale.shape == (8,)
+    assert np.abs(q.data).max() == 127  # each channel's amax maps to the top code
+    step = np.abs(w).max(axis=0) / 127
+    assert np.all(np.abs(formats.dequantize(q) - w) <= step / 2 + 1e-7)
+
+
+def test_fp8_weights_use_e4m3_range():
+    w = np.random.default_rng(1).standard_normal((32, 4)).astype(np.float32)
+    q = formats.quantize_weight_per_channel(w, "fp8")
+    assert q.data.dtype == ml_dtypes.float8_e4m3fn
+    assert np.allclose(np.abs(q.data.astype(np.float32)).max(axis=0), 448.0)
+    rel = np.abs(formats.dequantize(q) - w) / np.maximum(np.abs(w), 1e-3)
+    assert np.median(rel) < 2**-4  # 3 mantissa bits
+
+
+def test_blockwise_int4_scales_per_block_and_partial_last_block():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((80, 3)).astype(np.float32)
+    w[0:32] *= 10  # one block much larger: its scale must not leak into the others
+    q = formats.quantize_weight_blockwise(w, 4, 32)
+    assert q.scale.shape == (3, 3) and q.data.dtype == ml_dtypes.int4
+    d = formats.dequantize(q)
+    for b in range(3):
+        rows = slice(32 * b, min(32 * (b + 1), 80))
+        step = np.abs(w[rows]).max(axis=0) / 7
+        assert np.all(np.abs(d[rows] - w[rows]) <= step / 2 + 1e-6)
+
+
+def test_reservoir_keeps_every_row_until_full_then_a_uniform_sample():
+    x = np.arange(5000, dtype=np.float32)[:, None].repeat(2, axis=1)
+    s = _stats(x, sample_rows=1000)
+    assert s.rows == 5000 and s.sample.shape == (1000, 2)
+    assert s.absmax == 4999 and np.allclose(s.channel_meanabs, 2499.5)
+    # a uniform sample of 0..4999 has mean ~2500; keeping the first rows would give ~500
+    assert abs(s.sample[:, 0].mean() - 2500) < 250
+    assert len(np.unique(s.sample[:, 0])) == 1000
+
+
+def test_observers_clip_an_outlier_but_max_does_not():
+    # 512 sampled rows x 256 channels: the 99.99th percentile is about the 13th largest |x|
+    x = np.random.default_rng(3).standard_normal((4000, 256)).astype(np.float32)
+    x[:, 3] = np.clip(x[:, 3], -1, 1)
+    x[7, 3] = 60.0
+    s = _stats(x)
+    assert observe_amax(s, "max", "int8") == pytest.approx(60.0)
+    # the outlier may or may not be in the sample; both observers must ignore a lone one
+    assert observe_amax(s, "percentile", "int8") < 10
+    assert observe_amax(s, "mse", "int8") < 0.9 * float(np.abs(s.sample).max()) + 1e-6
+    smooth = np.ones(256, np.float32)
+    smooth[3] = 10.0
+    others = np.abs(np.delete(x, 3, axis=1)).max()
+    assert observe_amax(s, "max", "int8", smoothing=smooth) == pytest.approx(max(6.0, others))
+    with pytest.raises(ValueError, match="calib-method"):
+        observe_amax(s, "entropy", "int8")
+
+
+def test_smoothquant_balances_activation_and_weight_ranges():
+    rng = np.random.default_rng(4)
+    act = np.array([100.0, 1.0, 0.01], np.float32)
+    w = rng.standard_normal((3, 5)).astype(np.float32)
+    s = smoothquant_scales(act, w, alpha=0.5)
+    w_max = np.abs(w).max(axis=1)
+    # alpha 0.5: after smoothing, max|X_j / s_j| == max|W_j * s_j| for every channel
+    assert np.allclose(act / s, w_max * s, rtol=1e-5)
+    with pytest.raises(ValueError):
+        smoothquant_scales(act, w, alpha=1.5)
+
+
+def test_awq_beats_rtn_when_few_input_channels_carry_the_signal():
+    rng = np.random.default_rng(5)
+    k, n = 256, 64
+    x = rng.standard_normal((512, k)).astype(np.float32) * 0.1
+    x[:, :4] *= 50  # salient channels, as AWQ observes in LLM activations
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    res = awq_search(x, np.abs(x).mean(axis=0), w, block_size=128)
+    assert res.alpha > 0
+    assert res.error < 0.8 * res.error_rtn
+    with pytest.raises(ValueError, match="multiple"):
+        awq_search(x[:, :100], np.abs(x[:, :100]).mean(axis=0), w[:100], block_size=128)
