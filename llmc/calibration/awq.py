@@ -41,8 +41,8 @@ def awq_search(
     k = weight.shape[0]
     if k % block_size:
         raise ValueError(f"AWQ needs K ({k}) to be a multiple of the int4 block size {block_size}")
-    x = torch.from_numpy(np.ascontiguousarray(sample, np.float32))
-    w = torch.from_numpy(np.ascontiguousarray(weight, np.float32))
+    x = torch.from_numpy(np.array(sample, np.float32))
+    w = torch.from_numpy(np.array(weight, np.float32))
     mean = torch.from_numpy(act_meanabs.astype(np.float32)).clamp_min(1e-6)
     reference = x @ w
     best = None

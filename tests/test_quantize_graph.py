@@ -1,0 +1,167 @@
+"""Q/DQ graphs of tiny models: ONNX-valid, symmetric, int4 weight-only, fused by ONNX Runtime
+into its integer kernels, and close to the unquantized graph (real ORT, real kernel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import numpy_helper
+
+from llmc.calibration.collect import collect_stats, load_stats, save_stats
+from llmc.compiler.build import float_graph
+from llmc.compiler.lower_cpu import lower_to_cpu
+from llmc.compiler.model_source import load_model, resolve_model
+from llmc.compiler.quantize import pipeline
+from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_graph
+from llmc.compiler.quantize.targets import find_targets
+from llmc.plugins import schema
+from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.step_inputs import single_prefill
+from tests.tiny_models import make_tiny_gemma3
+
+BLOCK = 16
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_float(tmp_path_factory):
+    """(float engine graph, calibration windows, held-out window) of a tiny Gemma 3."""
+    ckpt = make_tiny_gemma3(tmp_path_factory.mktemp("gemma") / "ckpt", seed=3)
+    proto, _ = float_graph(load_model(resolve_model(str(ckpt)), "float32"), BLOCK)
+    rng = np.random.default_rng(0)
+    windows = [rng.integers(3, 512, SEQ) for _ in range(6)]
+    return proto, windows, rng.integers(3, 512, SEQ)
+
+
+def _quantize(proto, windows, spec: QuantSpec):
+    graph = ir.from_proto(proto)
+    tensors = calibration_tensors(graph, spec)
+    runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors))
+    report = quantize_graph(graph, collect_stats(runner, tensors, windows), spec)
+    return ir.to_proto(graph), report
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize("quant", ["int8", "fp8", "int4"])
+def test_qdq_graph_is_valid_symmetric_and_fused(tiny_float, tmp_path, quant):
+    proto, windows, heldout = tiny_float
+    spec = QuantSpec(quant=quant, int4_block_size=32)
+    qproto, report = _quantize(proto, windows, spec)
+    onnx.checker.check_model(qproto)
+    inits = _initializers(qproto)
+    nodes = list(qproto.graph.node)
+    dq = [n for n in nodes if n.op_type == "DequantizeLinear"]
+    q = [n for n in nodes if n.op_type == "QuantizeLinear"]
+    targets = len(find_targets(ir.from_proto(proto)))
+    assert sum(report.counts.values()) == targets  # the vocabulary projection included
+    for n in q + dq:  # zero points, where present, are 0
+        if len(n.input) > 2 and n.input[2]:
+            assert not np.any(inits[n.input[2]].astype(np.float32)), n.name
+    if quant == "int4":
+        assert not q  # weight-only: no activation is quantized
+        assert report.counts == {"int4_weight_only": targets - 1, "int8_weight_only": 1}
+        for n in dq:
+            assert n.input[0] in inits  # every DQ dequantizes a constant weight
+            attrs = {a.name: a.i for a in n.attribute}
+            assert attrs["axis"] == 0 and attrs["block_size"] == 32
+    else:
+        assert len(q) == targets and len(dq) == 2 * targets
+        wanted = onnx.TensorProto.INT8 if quant == "int8" else onnx.TensorProto.FLOAT8E4M3FN
+        for n in dq:
+            assert inits[n.input[2]].dtype == onnx.helper.tensor_dtype_to_np_dtype(wanted)
+
+    engine = tmp_path / "engine"
+    _, ops = lower_to_cpu(
+        qproto,
+        engine,
+        session_config=pipeline.session_config(quant),
+        disabled_optimizers=pipeline.disabled_optimizers(quant),
+    )
+    record = pipeline.check_fast_path(quant, report.counts, ops)
+    assert record["found"] >= record["expected"] == targets
+    if quant != "fp8":
+        assert ops.get("MatMul", 0) == 0  # every projection runs on an integer kernel
+
+    ref = OrtRunner.from_model(proto, SEQ // BLOCK).execute(single_prefill(heldout, BLOCK))
+    out = OrtRunner(engine, SEQ // BLOCK).execute(single_prefill(heldout, BLOCK))
+    agree = float((ref.argmax(-1) == out.argmax(-1)).mean())
+    rel = float(np.abs(out - ref).max() / np.abs(ref).max())
+    assert agree >= {"int8": 0.9, "fp8": 0.75, "int4": 0.5}[quant], (agree, rel)
+    assert rel < 0.5
+
+
+def test_fast_path_check_fails_loudly_when_ort_did_not_fuse():
+    with pytest.raises(pipeline.FastPathError, match="MatMulIntegerToFloat"):
+        pipeline.check_fast_path("int8", {"int8_w8a8": 9}, {"MatMul": 9, "DequantizeLinear": 18})
+
+
+def test_smoothing_is_folded_into_the_norm_and_exact_without_quantization(tiny_float):
+    """SmoothQuant with Q/DQ removed must give the float graph back: the 1/s folded into the
+    RMSNorm scale (or an inserted Mul) cancels the s multiplied into the weight rows."""
+    proto, windows, heldout = tiny_float
+    qproto, report = _quantize(proto, windows, QuantSpec(quant="int8", smoothquant_alpha=0.8))
+    inits = _initializers(qproto)
+    g = qproto.graph
+    produced = {o: n for n in g.node for o in n.output}
+    # Undo only the quantization: W = DQ(Wq), X passes through Q/DQ unchanged.
+    for n in list(g.node):
+        if n.op_type == "DequantizeLinear" and n.input[0] in inits:
+            w = inits[n.input[0]].astype(np.float32) * inits[n.input[1]][None, :]
+            g.initializer.append(numpy_helper.from_array(w, n.output[0]))
+            g.node.remove(n)
+    for n in list(g.node):
+        if n.op_type == "DequantizeLinear":
+            q = produced[n.input[0]]
+            for m in g.node:
+                for i, name in enumerate(m.input):
+                    if name == n.output[0]:
+                        m.input[i] = q.input[0]
+            g.node.remove(n)
+            g.node.remove(q)
+    folded = [n for n in g.node if n.op_type == "RMSNormalization" and "smoothed" in n.input[1]]
+    assert len(folded) == 4  # QKV and gate/up of both layers take X from a norm
+    ref = OrtRunner.from_model(proto, SEQ // BLOCK).execute(single_prefill(heldout, BLOCK))
+    # Per-channel int8 weights alone stay close; the smoothing itself is exact.
+    out = OrtRunner.from_model(qproto, SEQ // BLOCK).execute(single_prefill(heldout, BLOCK))
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 0.05
+
+
+def test_exclude_keeps_the_vocabulary_projection_float(tiny_float):
+    proto, windows, _ = tiny_float
+    qproto, report = _quantize(proto, windows, QuantSpec(quant="int8", exclude=("lm_head",)))
+    assert report.excluded == ["lm_head"]
+    head = [n for n in qproto.graph.node if n.op_type == "MatMul" and "lm_head" in n.name]
+    assert not head or all(not i.endswith("DQ") for i in head[0].input)
+    assert sum(report.counts.values()) == len(find_targets(ir.from_proto(proto))) - 1
+
+
+def test_kv_cache_scales_come_from_calibration(tiny_float):
+    proto, windows, _ = tiny_float
+    qproto, report = _quantize(proto, windows, QuantSpec(quant="int8", kv_cache_dtype="fp8"))
+    plugins = [n for n in qproto.graph.node if n.op_type == schema.OP_TYPE]
+    assert len(report.kv_cache) == len(plugins) == 2
+    for n in plugins:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs["kv_cache_dtype"] == b"fp8"
+        assert attrs["k_scale"] > 0 and attrs["v_scale"] > 0
+
+
+def test_statistics_cache_roundtrip(tiny_float, tmp_path):
+    proto, windows, _ = tiny_float
+    graph = ir.from_proto(proto)
+    tensors = calibration_tensors(graph, QuantSpec(quant="int8"))
+    runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors))
+    stats = collect_stats(runner, tensors, windows)
+    assert all(s.rows == len(windows) * SEQ for s in stats.values())
+    save_stats(stats, tmp_path / "s.npz")
+    back = load_stats(tmp_path / "s.npz")
+    assert list(back) == list(stats)
+    for name in stats:
+        assert np.array_equal(back[name].sample, stats[name].sample)
+        assert np.array_equal(back[name].channel_absmax, stats[name].channel_absmax)
+    assert load_stats(tmp_path / "missing.npz") is None
