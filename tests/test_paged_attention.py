@@ -239,7 +239,7 @@ def test_strided_rows_and_out_are_used_without_copies() -> None:
 # name: (index into Batch.arrays(), how to spoil it, the error, its message)
 BAD_INPUTS = {
     "q-float64": (0, lambda q: q.astype(np.float64), TypeError, "q must be float32"),
-    "cache-float16": (3, lambda c: c.astype(np.float16), TypeError, "key_cache must be float32"),
+    "cache-float16": (3, lambda c: c.astype(np.float16), ValueError, "key_cache must be one of"),
     "cache-torch": (4, torch.from_numpy, TypeError, "value_cache must be a numpy array"),
     "cache-fortran": (3, np.asfortranarray, ValueError, "key_cache must be C-contiguous"),
     "q-strided": (0, lambda q: q[:, ::2], ValueError, "q must have contiguous rows"),

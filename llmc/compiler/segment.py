@@ -21,7 +21,12 @@ from llmc.plugins import schema
 
 @dataclass(frozen=True)
 class PluginCall:
-    """One PagedAttention node: its 9 input names (DESIGN §3 order), output name, attributes."""
+    """One PagedAttention node: its 9 input names (DESIGN §3 order), output name, attributes.
+
+    ``kv_cache_dtype`` ("auto", "fp8" or "int8") and ``k_scale``/``v_scale`` are the optional
+    quantized-cache attributes (``llmc.plugins.schema``); their defaults let a plan.json written
+    before them load unchanged.
+    """
 
     layer_idx: int
     inputs: list[str]
@@ -33,6 +38,9 @@ class PluginCall:
     sliding_window: int
     logit_softcap: float
     block_size: int
+    kv_cache_dtype: str = "auto"
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class ExecutionPlan:
 
 def _plugin_call(node: onnx.NodeProto) -> PluginCall:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    defaults = schema.OPTIONAL_ATTRIBUTES  # for the attributes a node may leave out
     return PluginCall(
         layer_idx=int(attrs["layer_idx"]),
         inputs=list(node.input),
@@ -78,6 +87,9 @@ def _plugin_call(node: onnx.NodeProto) -> PluginCall:
         sliding_window=int(attrs["sliding_window"]),
         logit_softcap=float(attrs["logit_softcap"]),
         block_size=int(attrs["block_size"]),
+        kv_cache_dtype=attrs.get("kv_cache_dtype", defaults["kv_cache_dtype"].encode()).decode(),
+        k_scale=float(attrs.get("k_scale", defaults["k_scale"])),
+        v_scale=float(attrs.get("v_scale", defaults["v_scale"])),
     )
 
 

@@ -7,7 +7,7 @@ finds the plugin by op type plus the ``plugin_namespace``/``plugin_version`` att
 from __future__ import annotations
 
 import onnx
-from onnx import defs
+from onnx import defs, helper
 
 DOMAIN = "llmc"
 OP_TYPE = "PagedAttention"
@@ -27,6 +27,16 @@ REQUIRED_ATTRIBUTES = (
     "block_size",
     "layer_idx",
 )
+
+#: Values of the optional ``kv_cache_dtype`` attribute (``--kv-cache-dtype``): "auto" keeps the
+#: cache in the compute dtype (float32 on the CPU); "fp8" is FP8 E4M3FN (OCP 8-bit floating point
+#: spec, max 448); "int8" is symmetric int8 (zero point 0, [-127, 127]). A quantized cache holds
+#: ``saturate(round_half_even(x / scale))`` and is read as ``float(q) * scale``, with the
+#: per-layer, per-tensor float scales ``k_scale`` and ``v_scale`` (vLLM's; default 1.0).
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+
+#: The optional attributes and their defaults (a node without them has an "auto" cache).
+OPTIONAL_ATTRIBUTES = {"kv_cache_dtype": "auto", "k_scale": 1.0, "v_scale": 1.0}
 
 #: Input names in order (DESIGN §3).
 INPUTS = (
@@ -79,6 +89,14 @@ def _schema() -> defs.OpSchema:
             attr("logit_softcap", t.FLOAT, "c in c*tanh(s/c); 0 = none"),
             attr("block_size", t.INT, "tokens per KV block"),
             attr("layer_idx", t.INT, "decoder layer index"),
+            *(
+                attr(name, helper.make_attribute(name, OPTIONAL_ATTRIBUTES[name]), doc)
+                for name, doc in (
+                    ("kv_cache_dtype", "KV cache dtype: 'auto' (compute dtype), 'fp8', 'int8'"),
+                    ("k_scale", "key cache scale: key = float(code) * k_scale"),
+                    ("v_scale", "value cache scale: value = float(code) * v_scale"),
+                )
+            ),
         ],
     )
 

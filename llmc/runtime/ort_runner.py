@@ -22,8 +22,9 @@ class OrtRunner:
 
     Args:
         engine_dir: the engine directory (``plan.json``, ``segments/``).
-        num_blocks: KV blocks per layer; the cache takes
-            ``2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim * 4`` bytes.
+        num_blocks: KV blocks per layer; the cache takes ``2 * num_layers * num_blocks *
+            block_size * num_kv_heads * head_dim`` elements of 4 bytes (``kv_cache_dtype``
+            "auto": float32) or 1 ("fp8": float8_e4m3fn, "int8").
         threads: ORT intra-op threads (the attention kernel has its own pool, see its C file).
         provider: the execution provider (default: the CPU EP).
     """
@@ -85,16 +86,20 @@ class OrtRunner:
         first = self.plan.plugins[0]
         self.num_blocks = num_blocks
         self.block_size = first.block_size
-        # One key and one value cache per layer: [num_blocks, block_size, KVH, D] float32.
+        from llmc.plugins.paged_attention.cpu import kv_cache_numpy_dtype, paged_attention_cpu
+
+        # One key and one value cache per layer: [num_blocks, block_size, KVH, D] in the layer's
+        # kv_cache_dtype (ValueError for an unknown one); the kernel reads the dtype from them.
         self.kv_caches = {
-            name: np.zeros((num_blocks, p.block_size, p.num_kv_heads, p.head_dim), np.float32)
+            name: np.zeros(
+                (num_blocks, p.block_size, p.num_kv_heads, p.head_dim),
+                kv_cache_numpy_dtype(p.kv_cache_dtype),
+            )
             for p in self.plan.plugins
             for name in p.inputs[3:5]
         }
         logits_info = self._sessions[-1].get_outputs()[0]
         self.vocab_size = int(logits_info.shape[-1])
-        from llmc.plugins.paged_attention.cpu import paged_attention_cpu
-
         self._attention = paged_attention_cpu
 
     def execute(self, step: StepInputs) -> np.ndarray:
@@ -136,5 +141,7 @@ class OrtRunner:
                     scale=p.scale,
                     sliding_window=p.sliding_window or None,
                     logit_softcap=p.logit_softcap or None,
+                    k_scale=p.k_scale,
+                    v_scale=p.v_scale,
                 )
         return env

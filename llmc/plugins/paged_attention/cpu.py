@@ -1,4 +1,7 @@
-"""The CPU kernel of ``llmc::PagedAttention`` (float32): ctypes binding of ``paged_attention.c``.
+"""The CPU kernel of ``llmc::PagedAttention``: ctypes binding of ``paged_attention.c``.
+
+Activations are float32; the KV cache is float32, FP8 E4M3FN or int8 (``--kv-cache-dtype``
+``auto``, ``fp8``, ``int8``; see :func:`paged_attention_cpu`).
 
 The library is the extension ``setup.py`` builds next to this file (``pip install -e .``). A
 checkout without it, or with one built from an older ``paged_attention.c``, compiles the source
@@ -17,6 +20,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
@@ -29,7 +33,27 @@ _BAD_INPUT = {
     2: "every seq_lens[b] must be at least its sequence's new-token count and fit its block table",
     3: "block_tables holds a block id outside [0, num_blocks) within a sequence's context",
     4: "slot_mapping holds a slot outside [0, num_blocks * block_size)",
+    5: "the cache dtype code is not one the kernel knows",
 }
+
+#: numpy dtype of the KV cache for each ``kv_cache_dtype`` attribute value (DESIGN §3).
+KV_CACHE_DTYPES: dict[str, np.dtype] = {
+    "auto": np.dtype(np.float32),  # the compute dtype, float32 on the CPU
+    "fp8": np.dtype(ml_dtypes.float8_e4m3fn),
+    "int8": np.dtype(np.int8),
+}
+
+
+def kv_cache_numpy_dtype(kv_cache_dtype: str) -> np.dtype:
+    """The numpy dtype of a ``kv_cache_dtype`` attribute value; ValueError for an unknown one."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        known = ", ".join(KV_CACHE_DTYPES)
+        raise ValueError(f"kv_cache_dtype must be one of {known}, got {kv_cache_dtype!r}")
+    return KV_CACHE_DTYPES[kv_cache_dtype]
+
+
+# The C kernel's PA_CACHE_* codes.
+_CACHE_DTYPE_CODES = {dtype: code for code, dtype in enumerate(KV_CACHE_DTYPES.values())}
 
 
 class _KernelLibrary:
@@ -42,16 +66,23 @@ class _KernelLibrary:
         source_sha256.restype = ctypes.c_char_p
         self.source_sha256: str = source_sha256().decode()
         ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-        self.paged_attention_f32 = library.llmc_paged_attention_f32
-        self.paged_attention_f32.restype = ctypes.c_int
-        self.paged_attention_f32.argtypes = [
+        self.paged_attention = library.llmc_paged_attention
+        self.paged_attention.restype = ctypes.c_int
+        self.paged_attention.argtypes = [
             ptr, i64, ptr, i64, ptr, i64,  # q, k, v and their row strides
             ptr, ptr, i64, i32,  # key_cache, value_cache, num_blocks, block_size
             ptr, ptr, ptr, i64, i32,  # seq_lens, query_start_loc, block_tables, stride, max_blocks
             ptr, ptr,  # slot_mapping, out
             i32, i32, i32, i32, i32,  # num_tokens, num_seqs, num_heads, num_kv_heads, head_dim
             f32, i32, f32,  # scale, sliding_window, softcap
+            i32, f32, f32,  # cache dtype code, k_scale, v_scale
         ]  # fmt: skip
+        # (values, codes or out, n, cache dtype code, scale): the kernel's cache write and read.
+        self.quantize = library.llmc_pa_quantize
+        self.dequantize = library.llmc_pa_dequantize
+        for function in (self.quantize, self.dequantize):
+            function.restype = None
+            function.argtypes = [ptr, ptr, i64, i32, f32]
 
 
 @functools.cache
@@ -102,7 +133,9 @@ def _compile(source_sha256: str) -> Path:
     return target
 
 
-def _check(name: str, array: object, dtype: type, ndim: int, *, rows_strided: bool = False) -> None:
+def _check(
+    name: str, array: object, dtype: np.dtype | type, ndim: int, *, rows_strided: bool = False
+) -> None:
     """Raise unless ``array`` is an ndarray of ``dtype`` and ``ndim`` laid out as the kernel reads.
 
     ``rows_strided``: rows may be spaced freely (a column slice, such as q out of a fused QKV)
@@ -129,6 +162,54 @@ def _check_shape(name: str, array: np.ndarray, expected: tuple[int, ...]) -> Non
         raise ValueError(f"{name} must have shape {expected}, got {array.shape}")
 
 
+def _cache_dtype_code(dtype: np.dtype, name: str = "the KV cache") -> int:
+    """The kernel's code of a KV cache dtype; ValueError unless float32, float8_e4m3fn or int8."""
+    code = _CACHE_DTYPE_CODES.get(dtype)
+    if code is None:
+        known = ", ".join(str(d) for d in _CACHE_DTYPE_CODES)
+        raise ValueError(f"{name} must be one of {known} (the kernel's cache dtypes), got {dtype}")
+    return code
+
+
+# Why a normal float32 scale: the kernel divides by it in float32, where a smaller one is 0.
+_SCALE_RANGE = (float(np.finfo(np.float32).smallest_normal), float(np.finfo(np.float32).max))
+
+
+def _check_scale(name: str, value: float) -> None:
+    if not _SCALE_RANGE[0] <= value <= _SCALE_RANGE[1]:  # NaN fails too
+        raise ValueError(f"{name} must be a finite positive float32 (a normal one), got {value}")
+
+
+def quantize_cpu(x: np.ndarray, dtype: np.dtype | type, scale: float = 1.0) -> np.ndarray:
+    """The kernel's cache write alone: ``saturate(round_half_even(x / scale))`` in ``dtype``.
+
+    ``x``: a float32 ndarray, any shape; ``dtype``: a ``KV_CACHE_DTYPES`` value (float32 is a
+    copy; FP8 E4M3FN saturates to +-448, int8 to [-127, 127]); ``scale`` as ``k_scale``. Returns
+    a new array of ``x``'s shape. Raises ValueError for a bad ``dtype``, ``scale`` or ``x``.
+    """
+    code = _cache_dtype_code(np.dtype(dtype))
+    _check_scale("scale", scale)
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise ValueError(f"x must be a float32 numpy array, got {getattr(x, 'dtype', x)!r}")
+    x, out = np.ascontiguousarray(x), np.empty(x.shape, dtype)
+    load_library().quantize(x.ctypes.data, out.ctypes.data, x.size, code, scale)
+    return out
+
+
+def dequantize_cpu(codes: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """The kernel's cache read alone: ``float(codes) * scale`` as float32 (FP8 through a table).
+
+    ``codes``: an ndarray of a ``KV_CACHE_DTYPES`` value (float32 is copied, ``scale`` unused).
+    Raises ValueError for a bad dtype or ``scale``.
+    """
+    code = _cache_dtype_code(np.asarray(codes).dtype)
+    _check_scale("scale", scale)
+    codes = np.ascontiguousarray(codes)
+    out = np.empty(codes.shape, np.float32)
+    load_library().dequantize(codes.ctypes.data, out.ctypes.data, codes.size, code, scale)
+    return out
+
+
 def paged_attention_cpu(
     q: np.ndarray,
     k: np.ndarray,
@@ -146,34 +227,45 @@ def paged_attention_cpu(
     scale: float,
     sliding_window: int | None,
     logit_softcap: float | None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Write the new tokens' keys and values into the paged cache in place, then attend causally.
 
     Same contract as :func:`llmc.plugins.paged_attention.reference.paged_attention_reference`
-    (DESIGN §3), on numpy arrays and float32 only. Threads: the kernel's own pool of sleeping
-    workers (``LLMC_NUM_THREADS``, else ``OMP_NUM_THREADS``, else all online cores; see the C
-    file for why not OpenMP); steps under ~2^18 multiply-adds run on the calling thread.
+    (DESIGN §3), on numpy arrays with float32 activations. Threads: the kernel's own pool of
+    sleeping workers (``LLMC_NUM_THREADS``, else ``OMP_NUM_THREADS``, else all online cores; see
+    the C file for why not OpenMP); steps under ~2^18 multiply-adds run on the calling thread.
+
+    The cache dtype is the caches' own (``KV_CACHE_DTYPES``): float32 is written and read as is;
+    ``ml_dtypes.float8_e4m3fn`` (FP8 E4M3FN of the OCP 8-bit floating point spec, Micikevicius
+    et al. 2022, max 448) and int8 (symmetric, [-127, 127]) hold
+    ``saturate(round_half_even(x / scale))`` and are read as ``float(q) * scale``, with one
+    float32 scale for the keys and one for the values of the layer (vLLM's per-tensor
+    ``k_scale``/``v_scale``).
 
     Args:
         q: [T, H*D] float32; rows contiguous (a column slice of a fused QKV output is fine).
         k, v: [T, KVH*D] float32; rows contiguous.
-        key_cache, value_cache: [num_blocks, block_size, KVH, D] float32, C-contiguous; written
-            in place, never copied.
+        key_cache, value_cache: [num_blocks, block_size, KVH, D], both float32, both
+            float8_e4m3fn or both int8, C-contiguous; written in place, never copied.
         seq_lens: [B] int32, context length after this step. query_start_loc: [B+1] int32.
         block_tables: [B, max_blocks] int32; rows contiguous. slot_mapping: [T] int64.
         num_heads, num_kv_heads, head_dim, scale, sliding_window, logit_softcap: as in the
             reference (None = off).
+        k_scale, v_scale: the quantized cache's scales (normal positive float32; unused by a
+            float32 cache), in units of key (value) per quantization step.
         out: optional [T, H*D] float32 C-contiguous array to write into (must not overlap q).
 
     Returns:
         ``out`` (or a new array), [T, H*D] float32.
 
     Raises:
-        TypeError: an argument is not a numpy array of the dtype above (bfloat16 caches
-            included: float32 only for now).
-        ValueError: a shape, layout or parameter is wrong, or the metadata points outside the
-            cache (checked by the kernel before it writes anything).
+        TypeError: an argument is not a numpy array, or (but the caches) not of the dtype above.
+        ValueError: a cache dtype other than the three above (bfloat16 included) or two
+            different ones, a bad scale, a wrong shape, layout or parameter, or metadata that
+            points outside the cache (checked by the kernel before it writes anything).
         RuntimeError: the kernel cannot be loaded or compiled (see :func:`load_library`).
     """
     if num_kv_heads <= 0 or head_dim <= 0 or num_heads % num_kv_heads != 0 or num_heads <= 0:
@@ -185,10 +277,21 @@ def paged_attention_cpu(
         raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
     if logit_softcap is not None and not logit_softcap > 0:
         raise ValueError(f"logit_softcap must be None or > 0, got {logit_softcap}")
+    _check_scale("k_scale", k_scale)
+    _check_scale("v_scale", v_scale)
     for name, array in (("q", q), ("k", k), ("v", v)):
         _check(name, array, np.float32, 2, rows_strided=True)
-    _check("key_cache", key_cache, np.float32, 4)
-    _check("value_cache", value_cache, np.float32, 4)
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if not isinstance(cache, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array, got {type(cache).__name__}")
+    cache_dtype = _cache_dtype_code(key_cache.dtype, "key_cache")
+    if value_cache.dtype != key_cache.dtype:
+        raise ValueError(
+            f"key_cache and value_cache must have one dtype, got {key_cache.dtype} and "
+            f"{value_cache.dtype}"
+        )
+    _check("key_cache", key_cache, key_cache.dtype, 4)
+    _check("value_cache", value_cache, key_cache.dtype, 4)
     _check("seq_lens", seq_lens, np.int32, 1)
     _check("query_start_loc", query_start_loc, np.int32, 1)
     _check("block_tables", block_tables, np.int32, 2, rows_strided=True)
@@ -211,7 +314,7 @@ def paged_attention_cpu(
     if num_tokens == 0:
         return out
 
-    status = load_library().paged_attention_f32(
+    status = load_library().paged_attention(
         q.ctypes.data, q.strides[0] // 4, k.ctypes.data, k.strides[0] // 4,
         v.ctypes.data, v.strides[0] // 4, key_cache.ctypes.data, value_cache.ctypes.data,
         num_blocks, block_size, seq_lens.ctypes.data, query_start_loc.ctypes.data,
@@ -220,6 +323,7 @@ def paged_attention_cpu(
         num_tokens, num_seqs, num_heads, num_kv_heads, head_dim,
         # Why min(): a window longer than any context is no window, and must fit a C int.
         scale, min(sliding_window or 0, 2**31 - 1), logit_softcap or 0.0,
+        cache_dtype, k_scale, v_scale,
     )  # fmt: skip
     if status != 0:
         raise ValueError(f"bad attention metadata: {_BAD_INPUT.get(status, f'status {status}')}")

@@ -1,4 +1,5 @@
-/* llmc::PagedAttention on the CPU, float32 (DESIGN §3; the ground truth is reference.py).
+/* llmc::PagedAttention on the CPU: float32 activations, a float32, FP8 E4M3FN or int8 KV cache
+ * (DESIGN §3; the ground truth is reference.py).
  *
  * One call = one layer of one step: write the T new tokens' keys and values into the paged cache
  * in place, then let every new token attend causally over its sequence's context by walking the
@@ -6,6 +7,12 @@
  * lives. Scores use the online softmax of Milakov & Gimelshein 2018 ("Online normalizer
  * calculation for softmax") as tiled in FlashAttention (Dao et al. 2022): a running max and sum
  * per query head, the accumulator rescaled when the max grows, one tile of keys at a time.
+ *
+ * Activations are float32; the cache is float32, FP8 E4M3FN or int8 (--kv-cache-dtype). A
+ * quantized cache holds q = saturate(round_half_even(x / scale)) with one scale per layer for
+ * keys and one for values (vLLM's per-tensor k_scale / v_scale); a tile of it is decoded to
+ * float32 rows, x = float(q) * scale, when it is read, and every computation after that is the
+ * float32 path's. A float32 cache is read in place, as before.
  *
  * Built by setup.py as llmc/plugins/paged_attention/_paged_attention_cpu*.so (no PyInit: loaded
  * with ctypes by cpu.py), or by cpu.py itself with gcc when the extension is missing.
@@ -35,6 +42,16 @@ enum {
   PA_BAD_SEQ_LEN = 2,         /* shorter than its new tokens, or longer than its block table */
   PA_BAD_BLOCK_ID = 3,        /* a block id the context uses is outside the cache */
   PA_BAD_SLOT = 4,            /* a slot outside the cache */
+  PA_BAD_CACHE_DTYPE = 5,     /* not one of the PA_CACHE_* below */
+};
+
+/* Element types of the KV cache (cpu.py's _CACHE_DTYPE_CODES). */
+enum {
+  PA_CACHE_F32 = 0,
+  PA_CACHE_FP8_E4M3FN = 1, /* the OCP 8-bit floating point spec's E4M3: bias 7, no infinities,
+                              NaN = S.1111.111, max normal 448 (Micikevicius et al. 2022, "FP8
+                              Formats for Deep Learning") */
+  PA_CACHE_INT8 = 2,       /* symmetric: zero point 0, range [-127, 127] */
 };
 
 
@@ -118,6 +135,131 @@ static void parallel_for(item_fn fn, const void *ctx, int64_t num_items, int par
   pthread_mutex_lock(&pool.lock);
   while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
   pthread_mutex_unlock(&pool.lock);
+}
+
+/* ---- KV cache quantization --------------------------------------------------------------- */
+
+/* float32 -> E4M3FN code: round to nearest even, saturating to +-448 (so no finite input, nor
+ * an infinity, becomes NaN; NaN stays NaN). Branch-free selects, so that a row vectorizes. */
+static inline uint8_t fp8_e4m3fn_from_float(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  uint32_t sign = (bits >> 24) & 0x80, magnitude = bits & 0x7FFFFFFF;
+  /* Below 2^-6 (the smallest normal) the codes 0..8 are the multiples of 2^-9, code 8 being
+   * 2^-6 itself: scaling by 2^9 is exact, and nearbyintf rounds half to even. */
+  float small = magnitude < 0x3C800000u ? fabsf(x) * 0x1p9f : 0.0f;
+  uint32_t subnormal = (uint32_t)nearbyintf(small);
+  /* Normal: keep 3 of float32's 23 mantissa bits, adding just under half of the dropped unit
+   * plus the kept lowest bit (ties to even); a carry moves into the exponent, as it should.
+   * Rebias the exponent from 127 to 7: subtract 120 << 3 from the code. */
+  uint32_t rounded = magnitude + 0x7FFFFu + ((magnitude >> 20) & 1u);
+  uint32_t normal = (rounded >> 20) - (120u << 3);
+  uint32_t code = magnitude < 0x3C800000u ? subnormal : normal;
+  code = magnitude >= 0x43E00000u ? 0x7Eu : code; /* >= 448 (and +-inf): saturate to 448 */
+  code = magnitude > 0x7F800000u ? 0x7Fu : code;  /* NaN */
+  return (uint8_t)(sign | code);
+}
+
+/* E4M3FN code -> float32, exactly; for the table below. */
+static float fp8_e4m3fn_value(int code) {
+  int exponent = (code >> 3) & 15, mantissa = code & 7;
+  float magnitude = exponent == 0 ? ldexpf((float)mantissa, -9)
+                                  : ldexpf((float)(8 + mantissa), exponent - 10);
+  if (exponent == 15 && mantissa == 7) magnitude = NAN;
+  return code & 0x80 ? -magnitude : magnitude;
+}
+
+/* All 256 E4M3FN values. Why a table: decoding is then one load (a gather, vectorized); building
+ * the float32 bits with shifts and selects (subnormals apart) measured far slower with GCC 12. */
+static float fp8_e4m3fn_table[256];
+static pthread_once_t fp8_table_once = PTHREAD_ONCE_INIT;
+
+static void fill_fp8_table(void) {
+  for (int code = 0; code < 256; ++code) fp8_e4m3fn_table[code] = fp8_e4m3fn_value(code);
+}
+
+/* float32 -> int8: round half to even, saturate to [-127, 127]; NaN becomes 127 (never produced
+ * from finite input). Why comparisons, not fminf/fmaxf: GCC 12 vectorizes only these. */
+static inline int8_t int8_from_float(float x) {
+  x = !(x < 127.0f) ? 127.0f : x;
+  x = x < -127.0f ? -127.0f : x;
+  return (int8_t)(int32_t)nearbyintf(x);
+}
+
+/* dst[i] = quantize(x[i] / scale) for n elements (a float32 cache: a copy, scale unused). */
+static void encode_row(const float *restrict x, void *restrict dst, int64_t n, int dtype,
+                       float scale) {
+  if (dtype == PA_CACHE_FP8_E4M3FN) {
+    uint8_t *restrict codes = dst;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) codes[i] = fp8_e4m3fn_from_float(x[i] / scale);
+  } else if (dtype == PA_CACHE_INT8) {
+    int8_t *restrict codes = dst;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) codes[i] = int8_from_float(x[i] / scale);
+  } else {
+    memcpy(dst, x, sizeof(float) * n);
+  }
+}
+
+/* dst[i][d] = float(src[i * row_stride + d]) * scale for n rows of head_dim elements of a
+ * quantized cache; dst is packed ([n][head_dim]). */
+static void decode_rows(const void *restrict src, int dtype, float scale, int64_t row_stride,
+                        int n, int head_dim, float *restrict dst) {
+  for (int i = 0; i < n; ++i) {
+    float *restrict row = dst + (int64_t)i * head_dim;
+    if (dtype == PA_CACHE_INT8) {
+      const int8_t *restrict codes = (const int8_t *)src + i * row_stride;
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) row[d] = (float)codes[d] * scale;
+    } else {
+      const uint8_t *restrict codes = (const uint8_t *)src + i * row_stride;
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) row[d] = fp8_e4m3fn_table[codes[d]] * scale;
+    }
+  }
+}
+
+/* One layer's cache as one work item reads it: KV head kvh of slot 0 in `keys` / `values`. */
+struct kv_view {
+  const void *keys, *values;
+  int64_t row_stride; /* elements from one slot's row to the next: KVH * D */
+  int dtype;
+  float k_scale, v_scale;
+};
+
+static inline size_t cache_itemsize(int dtype) { return dtype == PA_CACHE_F32 ? 4 : 1; }
+
+/* Rows slot .. slot + n - 1 of one KV head as float32 rows *stride elements apart: where they
+ * live for a float32 cache; else decoded into buf ([n][head_dim], see decode_rows). */
+static inline const float *tile_rows(const void *cache, int dtype, float scale, int64_t slot,
+                                     int64_t row_stride, int n, int head_dim,
+                                     float *restrict buf, int64_t *stride) {
+  if (dtype == PA_CACHE_F32) {
+    *stride = row_stride;
+    return (const float *)cache + slot * row_stride;
+  }
+  decode_rows((const uint8_t *)cache + slot * row_stride, dtype, scale, row_stride, n, head_dim,
+              buf);
+  *stride = head_dim;
+  return buf;
+}
+
+/* The write and read of the kernel, on their own for the tests (cpu.py's quantize_cpu). */
+void llmc_pa_quantize(const float *x, void *out, int64_t n, int dtype, float scale) {
+  encode_row(x, out, n, dtype, scale);
+}
+
+void llmc_pa_dequantize(const void *codes, float *out, int64_t n, int dtype, float scale) {
+  pthread_once(&fp8_table_once, fill_fp8_table);
+  if (dtype == PA_CACHE_F32) {
+    memcpy(out, codes, sizeof(float) * n);
+    return;
+  }
+  for (int64_t i = 0; i < n; i += 1 << 20) { /* one row per chunk: a row's length is an int */
+    int chunk = n - i < (1 << 20) ? (int)(n - i) : 1 << 20;
+    decode_rows((const uint8_t *)codes + i, dtype, scale, 0, 1, chunk, out + i);
+  }
 }
 
 /* Lets cpu.py tell a stale built extension from one built from the current source. */
@@ -285,13 +427,14 @@ static void accumulate_values_4heads(float (*restrict p)[TILE], const float *res
 
 /* One token, one GQA group: the G query heads that share KV head kvh, over context positions
  * first..last. q and out point at the group's G*D contiguous floats; out is the accumulator.
- * key_cache/value_cache point at KV head kvh of slot 0; a slot's row is row_stride floats. */
+ * kv views KV head kvh of the cache. */
 static void attend_group(const float *restrict q, float *restrict out,
-                         const float *restrict key_cache, const float *restrict value_cache,
-                         const int32_t *restrict block_table, int64_t row_stride, int block_size,
-                         int group, int head_dim, int first, int last, float scale,
-                         float softcap) {
+                         const struct kv_view *kv, const int32_t *restrict block_table,
+                         int block_size, int group, int head_dim, int first, int last,
+                         float scale, float softcap) {
   float running_max[group], running_sum[group], scores[group][TILE];
+  int buffer_len = kv->dtype == PA_CACHE_F32 ? 1 : TILE * head_dim; /* decoded tile rows */
+  float key_buffer[buffer_len], value_buffer[buffer_len];
   for (int g = 0; g < group; ++g) {
     running_max[g] = -INFINITY;
     running_sum[g] = 0.0f;
@@ -305,16 +448,19 @@ static void attend_group(const float *restrict q, float *restrict out,
     if (n > last - j0 + 1) n = last - j0 + 1;
     if (n > TILE) n = TILE;
     int64_t slot = (int64_t)block_table[j0 / block_size] * block_size + offset;
-    const float *keys = key_cache + slot * row_stride;
-    const float *values = value_cache + slot * row_stride;
+    int64_t key_stride, value_stride;
+    const float *keys = tile_rows(kv->keys, kv->dtype, kv->k_scale, slot, kv->row_stride, n,
+                                  head_dim, key_buffer, &key_stride);
+    const float *values = tile_rows(kv->values, kv->dtype, kv->v_scale, slot, kv->row_stride,
+                                    n, head_dim, value_buffer, &value_stride);
 
     /* Why all G heads over one tile, four at a time where G allows: the tile's K and V rows
      * come from memory once and stay in L1 while the group's heads reuse them. */
     int g = 0;
     for (; g + 4 <= group; g += 4) {
-      score_keys_4heads(q + g * head_dim, head_dim, keys, row_stride, n, scores + g);
+      score_keys_4heads(q + g * head_dim, head_dim, keys, key_stride, n, scores + g);
     }
-    for (; g < group; ++g) score_keys(q + g * head_dim, keys, row_stride, n, head_dim, scores[g]);
+    for (; g < group; ++g) score_keys(q + g * head_dim, keys, key_stride, n, head_dim, scores[g]);
     for (g = 0; g < group; ++g) {
       for (int i = 0; i < n; ++i) {
         float s = scores[g][i] * scale;
@@ -341,10 +487,11 @@ static void attend_group(const float *restrict q, float *restrict out,
       running_max[g] = tile_max;
     }
     for (g = 0; g + 4 <= group; g += 4) {
-      accumulate_values_4heads(scores + g, values, row_stride, n, head_dim, out + g * head_dim);
+      accumulate_values_4heads(scores + g, values, value_stride, n, head_dim,
+                               out + g * head_dim);
     }
     for (; g < group; ++g) {
-      accumulate_values(scores[g], values, row_stride, n, head_dim, out + g * head_dim);
+      accumulate_values(scores[g], values, value_stride, n, head_dim, out + g * head_dim);
     }
     j0 += n;
   }
@@ -454,12 +601,13 @@ static void accumulate_tile(const float (*restrict p)[QUERY_ROWS], int num_rows,
  * token r / group, head r % group. Keys the union of the tokens' ranges holds but one token may
  * not see (past its position, before its window) are masked to -inf per row. */
 static void attend_tile(const float *restrict q, int64_t q_stride, float *restrict out,
-                        int64_t out_stride, const float *restrict key_cache,
-                        const float *restrict value_cache, const int32_t *restrict block_table,
-                        int64_t row_stride, int block_size, int group, int head_dim,
-                        int num_queries, int position, int sliding_window, float scale,
-                        float softcap) {
+                        int64_t out_stride, const struct kv_view *kv,
+                        const int32_t *restrict block_table, int block_size, int group,
+                        int head_dim, int num_queries, int position, int sliding_window,
+                        float scale, float softcap) {
   int num_rows = num_queries * group;
+  int buffer_len = kv->dtype == PA_CACHE_F32 ? 1 : TILE * head_dim; /* decoded tile rows */
+  float row_buffer[buffer_len]; /* a tile's keys, then its values */
   float qt[head_dim * QUERY_ROWS]; /* queries transposed and pre-scaled, see score_tile */
   float s[TILE][QUERY_ROWS], running_max[QUERY_ROWS], running_sum[QUERY_ROWS];
   float tile_max[QUERY_ROWS], correction[QUERY_ROWS], tile_sum[QUERY_ROWS];
@@ -488,7 +636,10 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
     if (n > last - j0 + 1) n = last - j0 + 1;
     if (n > TILE) n = TILE;
     int64_t slot = (int64_t)block_table[j0 / block_size] * block_size + offset;
-    score_tile(qt, head_dim, key_cache + slot * row_stride, row_stride, n, s);
+    int64_t stride;
+    const float *rows_read = tile_rows(kv->keys, kv->dtype, kv->k_scale, slot, kv->row_stride,
+                                       n, head_dim, row_buffer, &stride);
+    score_tile(qt, head_dim, rows_read, stride, n, s);
     if (softcap > 0.0f) {
       for (int i = 0; i < n; ++i) {
         for (int r = 0; r < QUERY_ROWS; ++r) s[i][r] = softcap * tanhf(s[i][r] / softcap);
@@ -551,7 +702,9 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
       j0 += n;
       continue;
     }
-    accumulate_tile(s, num_rows, value_cache + slot * row_stride, row_stride, n, head_dim, rows);
+    rows_read = tile_rows(kv->values, kv->dtype, kv->v_scale, slot, kv->row_stride, n, head_dim,
+                          row_buffer, &stride);
+    accumulate_tile(s, num_rows, rows_read, stride, n, head_dim, rows);
     j0 += n;
   }
   for (int r = 0; r < num_rows; ++r) {
@@ -561,12 +714,14 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
   }
 }
 
-/* Everything one work item needs: the arguments of llmc_paged_attention_f32 plus the tiling. */
+/* Everything one work item needs: the arguments of llmc_paged_attention plus the tiling. */
 struct step_ctx {
   const float *q;
   int64_t q_stride;
   float *out;
-  const float *key_cache, *value_cache;
+  const void *key_cache, *value_cache;
+  int cache_dtype;
+  float k_scale, v_scale;
   const int32_t *seq_lens, *query_start_loc, *block_tables;
   int64_t block_table_stride;
   const int32_t *tile_start;
@@ -592,42 +747,53 @@ static void attend_item(const void *context, int64_t index) {
   int64_t head_offset = (int64_t)kvh * group * head_dim;
   const float *q_group = c->q + t * c->q_stride + head_offset;
   float *out_group = c->out + (int64_t)t * c->num_heads * head_dim + head_offset;
-  const float *keys = c->key_cache + (int64_t)kvh * head_dim;
-  const float *values = c->value_cache + (int64_t)kvh * head_dim;
+  size_t head_bytes = (size_t)kvh * head_dim * cache_itemsize(c->cache_dtype);
+  struct kv_view kv = {(const char *)c->key_cache + head_bytes,
+                       (const char *)c->value_cache + head_bytes, c->row_stride, c->cache_dtype,
+                       c->k_scale, c->v_scale};
   const int32_t *block_table = c->block_tables + b * c->block_table_stride;
   if (num_queries > 1) {
-    attend_tile(q_group, c->q_stride, out_group, (int64_t)c->num_heads * head_dim, keys, values,
-                block_table, c->row_stride, c->block_size, group, head_dim, num_queries,
-                position, c->sliding_window, c->scale, c->softcap);
+    attend_tile(q_group, c->q_stride, out_group, (int64_t)c->num_heads * head_dim, &kv,
+                block_table, c->block_size, group, head_dim, num_queries, position,
+                c->sliding_window, c->scale, c->softcap);
   } else {
     int first = c->sliding_window > 0 && position - c->sliding_window + 1 > 0
                     ? position - c->sliding_window + 1
                     : 0;
-    attend_group(q_group, out_group, keys, values, block_table, c->row_stride, c->block_size,
-                 group, head_dim, first, position, c->scale, c->softcap);
+    attend_group(q_group, out_group, &kv, block_table, c->block_size, group, head_dim, first,
+                 position, c->scale, c->softcap);
   }
 }
 
 /* Returns PA_OK, or a PA_BAD_* code before anything is written. Strides are in elements.
- * sliding_window <= 0 and softcap <= 0 mean off. */
-int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
-                             const float *v, int64_t v_stride, float *key_cache,
-                             float *value_cache, int64_t num_blocks, int block_size,
-                             const int32_t *seq_lens, const int32_t *query_start_loc,
-                             const int32_t *block_tables, int64_t block_table_stride,
-                             int max_blocks, const int64_t *slot_mapping, float *out,
-                             int num_tokens, int num_seqs, int num_heads, int num_kv_heads,
-                             int head_dim, float scale, int sliding_window, float softcap) {
+ * sliding_window <= 0 and softcap <= 0 mean off. The caches hold cache_dtype (PA_CACHE_*)
+ * elements; k_scale and v_scale (> 0) are used by the quantized ones only. */
+int llmc_paged_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
+                         const float *v, int64_t v_stride, void *key_cache, void *value_cache,
+                         int64_t num_blocks, int block_size, const int32_t *seq_lens,
+                         const int32_t *query_start_loc, const int32_t *block_tables,
+                         int64_t block_table_stride, int max_blocks,
+                         const int64_t *slot_mapping, float *out, int num_tokens, int num_seqs,
+                         int num_heads, int num_kv_heads, int head_dim, float scale,
+                         int sliding_window, float softcap, int cache_dtype, float k_scale,
+                         float v_scale) {
+  if (cache_dtype != PA_CACHE_F32 && cache_dtype != PA_CACHE_FP8_E4M3FN &&
+      cache_dtype != PA_CACHE_INT8) {
+    return PA_BAD_CACHE_DTYPE;
+  }
   int status = check_metadata(seq_lens, query_start_loc, block_tables, block_table_stride,
                               max_blocks, slot_mapping, num_tokens, num_seqs, num_blocks,
                               block_size);
   if (status != PA_OK) return status;
+  if (cache_dtype == PA_CACHE_FP8_E4M3FN) pthread_once(&fp8_table_once, fill_fp8_table);
 
   int64_t row_stride = (int64_t)num_kv_heads * head_dim;
+  size_t row_bytes = row_stride * cache_itemsize(cache_dtype);
   for (int t = 0; t < num_tokens; ++t) {
-    memcpy(key_cache + slot_mapping[t] * row_stride, k + t * k_stride, sizeof(float) * row_stride);
-    memcpy(value_cache + slot_mapping[t] * row_stride, v + t * v_stride,
-           sizeof(float) * row_stride);
+    encode_row(k + t * k_stride, (char *)key_cache + slot_mapping[t] * row_bytes, row_stride,
+               cache_dtype, k_scale);
+    encode_row(v + t * v_stride, (char *)value_cache + slot_mapping[t] * row_bytes, row_stride,
+               cache_dtype, v_scale);
   }
 
   /* Work items: (tile of up to QUERY_ROWS / G consecutive new tokens of one sequence, KV head).
@@ -648,10 +814,11 @@ int llmc_paged_attention_f32(const float *q, int64_t q_stride, const float *k, i
   }
   work *= (int64_t)num_heads * head_dim;
   int64_t num_items = (int64_t)tile_start[num_seqs] * num_kv_heads;
-  struct step_ctx ctx = {q, q_stride, out, key_cache, value_cache, seq_lens, query_start_loc,
-                         block_tables, block_table_stride, tile_start, num_seqs, num_heads,
-                         num_kv_heads, head_dim, group, tile_tokens, row_stride, block_size,
-                         sliding_window, scale, softcap, num_items};
+  struct step_ctx ctx = {q, q_stride, out, key_cache, value_cache, cache_dtype, k_scale,
+                         v_scale, seq_lens, query_start_loc, block_tables, block_table_stride,
+                         tile_start, num_seqs, num_heads, num_kv_heads, head_dim, group,
+                         tile_tokens, row_stride, block_size, sliding_window, scale, softcap,
+                         num_items};
   parallel_for(attend_item, &ctx, num_items, work >= PARALLEL_MIN_WORK);
   return PA_OK;
 }

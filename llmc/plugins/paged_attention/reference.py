@@ -2,11 +2,42 @@
 
 Written for obviousness, not speed: one loop over sequences, the context gathered from the block
 table, a dense mask, a float32 softmax. DESIGN §3 states the contract.
+
+A quantized KV cache (``--kv-cache-dtype fp8|int8``) is quantized as it is written and
+dequantized as it is read, with one scale per layer for keys and one for values (vLLM's
+per-tensor ``k_scale``/``v_scale``): ``q = saturate(round_half_even(x / scale))`` and
+``x = float(q) * scale``, in float32. FP8 is E4M3FN of the OCP 8-bit floating point spec
+(Micikevicius et al. 2022, "FP8 Formats for Deep Learning"): 4 exponent bits with bias 7, 3
+mantissa bits, no infinities, largest finite value 448. int8 is symmetric: zero point 0, codes
+[-127, 127] (-128 unused, so that the range is symmetric).
 """
 
 from __future__ import annotations
 
 import torch
+
+#: Saturation bound of each quantized cache dtype, in quantization steps (units of the scale).
+QUANTIZED_CACHE_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+
+
+def quantize_kv(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """``saturate(round_half_even(x / scale))`` in ``dtype`` (float32 division); an unquantized
+    ``dtype`` is a plain cast and ignores ``scale``. ``x``: any shape, a float dtype."""
+    if dtype not in QUANTIZED_CACHE_MAX:
+        return x.to(dtype)
+    bound = QUANTIZED_CACHE_MAX[dtype]
+    scaled = x.float() / torch.tensor(scale, dtype=torch.float32)
+    if dtype == torch.int8:
+        scaled = torch.round(scaled)  # half to even; fp8's cast rounds to nearest even itself
+    # Why clamp before the cast: a cast need not saturate (ml_dtypes' gives NaN past 448).
+    return scaled.clamp(-bound, bound).to(dtype)
+
+
+def dequantize_kv(codes: torch.Tensor, scale: float) -> torch.Tensor:
+    """``float(codes) * scale`` in float32 for a quantized ``codes``; else ``codes.float()``."""
+    if codes.dtype not in QUANTIZED_CACHE_MAX:
+        return codes.float()
+    return codes.float() * torch.tensor(scale, dtype=torch.float32)
 
 
 def paged_attention_reference(
@@ -26,15 +57,18 @@ def paged_attention_reference(
     scale: float,
     sliding_window: int | None,
     logit_softcap: float | None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Write the new tokens' keys and values into the paged cache, then attend causally.
 
     Args:
         q: [T, H*D] float32 or bfloat16, the queries of T packed new tokens.
         k, v: [T, KVH*D], same dtype as ``q``, the new tokens' keys and values.
-        key_cache, value_cache: [num_blocks, block_size, KVH, D], same dtype, contiguous. Written
-            in place: row ``slot_mapping[t]`` of the flattened ``[num_blocks*block_size, KVH, D]``
-            view receives token t's key (value).
+        key_cache, value_cache: [num_blocks, block_size, KVH, D], contiguous, both in ``q``'s
+            dtype or both quantized (``torch.float8_e4m3fn`` or ``torch.int8``). Written in
+            place: row ``slot_mapping[t]`` of the flattened ``[num_blocks*block_size, KVH, D]``
+            view receives token t's key (value), quantized with ``k_scale`` (``v_scale``).
         seq_lens: [B] int32, each sequence's context length after this step (cached + new).
         query_start_loc: [B+1] int32, prefix sums of new tokens; sequence b owns tokens
             ``query_start_loc[b]:query_start_loc[b+1]``.
@@ -48,6 +82,8 @@ def paged_attention_reference(
             j with ``p - W < j <= p`` (the window holds W tokens including itself, as in HF
             transformers).
         logit_softcap: c, or None. Scores become ``c * tanh(score / c)`` (Gemma 2).
+        k_scale, v_scale: a quantized cache's per-tensor scales (key or value units per
+            quantization step; see the module docstring); unused by an unquantized cache.
 
     The n new tokens of sequence b are the last n positions of its context: new token i sits at
     position ``seq_lens[b] - n + i``. Scores and softmax are computed in float32.
@@ -56,10 +92,13 @@ def paged_attention_reference(
         [T, H*D] in ``q``'s dtype.
 
     Raises:
-        ValueError: ``num_heads`` is not a multiple of ``num_kv_heads``.
+        ValueError: ``num_heads`` is not a multiple of ``num_kv_heads``, or the caches' dtypes
+            differ.
     """
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if key_cache.dtype != value_cache.dtype:
+        raise ValueError(f"cache dtypes differ: {key_cache.dtype} and {value_cache.dtype}")
     num_tokens = q.shape[0]
     block_size = key_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -68,8 +107,9 @@ def paged_attention_reference(
     # the same step, which it can only see once they are in the cache.
     slots = slot_mapping.long()
     rows = (-1, num_kv_heads, head_dim)
-    key_cache.view(rows)[slots] = k.view(rows)  # .view, not .reshape: it must write in place
-    value_cache.view(rows)[slots] = v.view(rows)
+    # .view, not .reshape: it must write in place.
+    key_cache.view(rows)[slots] = quantize_kv(k.view(rows), key_cache.dtype, k_scale)
+    value_cache.view(rows)[slots] = quantize_kv(v.view(rows), value_cache.dtype, v_scale)
 
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype)
     for b in range(seq_lens.shape[0]):
@@ -82,8 +122,8 @@ def paged_attention_reference(
         # keys, values: [L, KVH, D] -> [L, H, D], each KV head repeated for its query heads.
         keys = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:context_len]
         values = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:context_len]
-        keys = keys.float().repeat_interleave(group, dim=1)
-        values = values.float().repeat_interleave(group, dim=1)
+        keys = dequantize_kv(keys, k_scale).repeat_interleave(group, dim=1)
+        values = dequantize_kv(values, v_scale).repeat_interleave(group, dim=1)
         queries = q[start:end].float().view(num_new, num_heads, head_dim)
 
         scores = torch.einsum("nhd,lhd->hnl", queries, keys) * scale  # [H, n, L]
