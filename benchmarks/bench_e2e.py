@@ -1,6 +1,10 @@
 """End-to-end serving benchmark: an llmc engine against HF transformers eager, in one run.
 
     python benchmarks/bench_e2e.py --engine /tmp/eng_real --json e2e.json
+    python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/int8 --engine engines/int4
+
+Several engines run one after another in the same process (the first is the baseline the
+others are compared with, e.g. float32 against its quantized builds), then HF eager.
 
 Workload (DESIGN.md §10): prompts of exactly --prompt-len tokens cut from tinyshakespeare (a
 different offset per request, BOS included), --new-tokens greedy tokens with EOS ignored, no
@@ -162,15 +166,18 @@ def run_all(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(2)
     sizes = {"s1": 1, "s16": args.concurrency}
-    engine = LLMEngine.from_engine_dir(args.engine)
-    prompts = make_prompts(engine.tokenizer, max(sizes.values()) + 1, args.prompt_len)
-    warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
-    results: dict = {"llmc": {}, "hf": {}}
-    run_llmc(engine, warmup, 4)
-    for s in args.scenarios:
-        results["llmc"][s] = run_llmc(engine, prompts[: sizes[s]], args.new_tokens)
-    del engine
-    gc.collect()
+    results: dict = {"engines": {}, "hf": {}}
+    for path in args.engine:
+        engine = LLMEngine.from_engine_dir(path)
+        prompts = make_prompts(engine.tokenizer, max(sizes.values()) + 1, args.prompt_len)
+        warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
+        run_llmc(engine, warmup, 4)
+        label = Path(path).name
+        results["engines"][label] = {
+            s: run_llmc(engine, prompts[: sizes[s]], args.new_tokens) for s in args.scenarios
+        }
+        del engine
+        gc.collect()
     if not args.skip_hf:
         model = load_hf()
         run_hf(model, warmup, 4)
@@ -179,23 +186,49 @@ def run_all(args: argparse.Namespace) -> dict:
     return results
 
 
+def ratios(results: dict) -> dict:
+    """Each engine's metric over HF eager's (``/hf``) and over the first engine's (``/base``)."""
+    out: dict = {}
+    engines = results["engines"]
+    base = next(iter(engines.values()))
+    for name, res in engines.items():
+        for s, key, _ in METRICS:
+            a = res.get(s, {}).get(key)
+            if a is None:
+                continue
+            hf = results["hf"].get(s, {}).get(key)
+            if hf:
+                out[f"{name}/hf.{s}.{key}"] = a / hf
+            if res is not base and base.get(s, {}).get(key):
+                out[f"{name}/base.{s}.{key}"] = a / base[s][key]
+    return out
+
+
 def print_table(results: dict) -> None:
-    """Both systems side by side with the llmc/HF ratio of each metric."""
-    print(f"{'metric':<18} {'llmc':>10} {'HF eager':>10} {'llmc/HF':>8}")
+    """Every engine and HF eager side by side; then the ratios."""
+    names = list(results["engines"])
+    print(f"{'metric':<18} " + " ".join(f"{n[-22:]:>22}" for n in names) + f" {'HF eager':>10}")
     for s, key, label in METRICS:
-        a = results["llmc"].get(s, {}).get(key)
-        b = results["hf"].get(s, {}).get(key)
-        if a is None:
+        vals = [results["engines"][n].get(s, {}).get(key) for n in names]
+        if all(v is None for v in vals):
             continue
+        b = results["hf"].get(s, {}).get(key)
         hf = f"{b:10.1f}" if b is not None else f"{'-':>10}"
-        ratio = f"{a / b:8.2f}" if b else f"{'-':>8}"
-        print(f"{label:<18} {a:10.1f} {hf} {ratio}")
+        cells = " ".join(f"{v:22.1f}" if v is not None else f"{'-':>22}" for v in vals)
+        print(f"{label:<18} {cells} {hf}")
+    for k, v in ratios(results).items():
+        print(f"  {k:<60} {v:6.2f}")
 
 
 def main() -> None:
     """Parse the command line, run the scenarios on llmc then HF, print and save."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--engine", required=True, help="engine directory (llmc build -o DIR)")
+    p.add_argument(
+        "--engine",
+        required=True,
+        action="append",
+        help="engine directory (llmc build -o DIR); repeat to compare engines, first = baseline",
+    )
     p.add_argument("--scenarios", default="s1,s16", help="comma-separated: s1, s16")
     p.add_argument("--skip-hf", action="store_true", help="run llmc only")
     p.add_argument("--json", type=Path, help="write all numbers and machine info here")
@@ -212,20 +245,15 @@ def main() -> None:
     print(f"load average at start: {load_at_start:.2f} (anything near 1 or more skews the numbers)")
     results = run_all(args)
     print_table(results)
-    ratios = {
-        f"{s}.{key}": results["llmc"][s][key] / results["hf"][s][key]
-        for s, key, _ in METRICS
-        if s in results["hf"] and results["hf"][s][key]
-    }
     report = {
         "workload": {
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
             "concurrency": args.concurrency,
-            "engine": str(Path(args.engine).resolve()),
+            "engines": [str(Path(e).resolve()) for e in args.engine],
         },
         "results": results,
-        "ratios_llmc_over_hf": ratios,
+        "ratios": ratios(results),
         "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start},
     }
     if args.json:
