@@ -110,6 +110,8 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         proto, quant_report = qp.quantize(
             config, reference, model, tokenizer, checkpoint_digest, calib_source, stage
         )
+        if config.quant == "fp8":
+            qp.emulate_fp8_weights(proto)
 
     out = config.output_dir(src.model_id)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +125,6 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 progress=tick,
                 choice=choice,
                 session_config=qp.session_config(config.quant),
-                disabled_optimizers=qp.disabled_optimizers(config.quant),
             )
         quantization = accuracy = None
         if quant_report is not None:

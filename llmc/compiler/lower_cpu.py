@@ -23,7 +23,6 @@ def _optimize_segment(
     out_path: Path,
     threads: int,
     config: dict[str, str],
-    disabled_optimizers: list[str],
 ) -> Counter:
     import onnxruntime as ort
 
@@ -45,7 +44,6 @@ def _optimize_segment(
         model.SerializeToString(),
         opts,
         providers=["CPUExecutionProvider"],
-        disabled_optimizers=disabled_optimizers or None,
     )
     optimized = onnx.load(str(out_path), load_external_data=False)
     return Counter(n.op_type for n in optimized.graph.node)
@@ -78,15 +76,13 @@ def lower_to_cpu(
     progress=None,
     choice=None,
     session_config: dict[str, str] | None = None,
-    disabled_optimizers: list[str] | None = None,
 ) -> tuple[ExecutionPlan, dict[str, int]]:
     """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``.
 
     ``choice`` (``execution_provider.ProviderChoice``, default: the CPU EP) decides whether the
     segments are optimized by ORT now (CPU EP) or saved portable for the provider to compile at
     load (OpenVINO); ``session_config`` holds ORT session config entries for the optimization
-    (e.g. MatMulNBits' accuracy level) and ``disabled_optimizers`` ORT transformers to skip.
-    Returns the plan and the op counts of the saved
+    (e.g. MatMulNBits' accuracy level). Returns the plan and the op counts of the saved
     segments (recorded in the manifest). ``progress(done, total)`` is called after each
     segment. Raises onnxruntime errors if a segment does not load.
     """
@@ -104,7 +100,6 @@ def lower_to_cpu(
                 engine_dir / spec.file,
                 threads,
                 session_config or {},
-                disabled_optimizers or [],
             )
         else:
             ops += _save_portable_segment(seg, engine_dir / spec.file, choice, threads)

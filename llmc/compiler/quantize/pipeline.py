@@ -57,7 +57,7 @@ def spec_of(config: BuildConfig) -> QuantSpec:
         smoothquant_alpha=config.smoothquant_alpha,
         int4_block_size=config.int4_block_size,
         int4_method=config.int4_method,
-        int4_lm_head_bits=config.int4_lm_head_bits,
+        weight_only8=config.weight_only8_patterns,
         exclude=config.exclude_patterns,
         kv_cache_dtype=config.kv_cache_dtype,
     )
@@ -149,30 +149,66 @@ def session_config(quant: str) -> dict[str, str]:
     return {}
 
 
-def disabled_optimizers(quant: str) -> list[str]:
-    """ORT transformers a ``quant`` engine must be lowered without. ORT 1.31's QDQ fusion turns
-    FP8 DQ + MatMul into MatMulIntegerToFloat, which rejects float8 inputs at load (measured);
-    FP8 engines keep their Q/DQ nodes and run as emulation."""
-    return ["QDQSelectorActionTransformer"] if quant == "fp8" else []
+def emulate_fp8_weights(model: onnx.ModelProto) -> int:
+    """CPU lowering of FP8 engines: replace each FP8 weight DequantizeLinear by the float32
+    weight it produces (the same values, computed once at build time); returns how many.
+
+    ONNX Runtime's CPU EP has no FP8 GEMM, and its QDQ fusion turns an FP8 DQ + MatMul into
+    MatMulIntegerToFloat, which then rejects float8 inputs at load (measured, ORT 1.31). With
+    float weights the activation Q/DQ pairs stay and run as emulation, while the int8
+    weight-only layers of the same engine still fuse into MatMulNBits. The portable graph (for
+    TensorRT) keeps the FP8 weight DQ nodes.
+    """
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    fp8 = onnx.TensorProto.FLOAT8E4M3FN
+    done = 0
+    for node in list(g.node):
+        if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
+            continue
+        data = inits[node.input[0]]
+        if data.data_type != fp8:
+            continue
+        q = numpy_helper.to_array(data).astype(np.float32)
+        scale = numpy_helper.to_array(inits[node.input[1]])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        w = q * (scale[None, :] if axis == 1 else scale[:, None])
+        g.initializer.append(numpy_helper.from_array(w.astype(np.float32), node.output[0]))
+        g.node.remove(node)
+        done += 1
+    used = {i for n in g.node for i in n.input}
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    return done
 
 
 def check_fast_path(quant: str, counts: dict[str, int], optimized_ops: dict[str, int]) -> dict:
-    """Compare the fused kernels in the optimized graph with what was quantized; returns the
-    record stored in the manifest. Raises FastPathError when ORT did not fuse them all."""
-    if quant == "int8":
-        op, expected = "MatMulIntegerToFloat", counts.get("int8_w8a8", 0)
-    elif quant == "int4":
-        op = "MatMulNBits"
-        expected = counts.get("int4_weight_only", 0) + counts.get("int8_weight_only", 0)
-    else:  # fp8 runs as Q/DQ emulation on the CPU EP: the activation Q nodes must remain
-        op, expected = "QuantizeLinear", counts.get("fp8_w8a8", 0)
-    found = int(optimized_ops.get(op, 0))
-    record = {"op": op, "expected": expected, "found": found}
-    if found < expected:
+    """Compare the fused kernels in the optimized graph with what was quantized: W8A8 int8 as
+    MatMulIntegerToFloat, weight-only int4/int8 as MatMulNBits, FP8 as Q/DQ emulation (its
+    activation QuantizeLinear nodes remain). Returns {op: {"expected", "found"}}, stored in the
+    manifest. Raises FastPathError when ORT did not fuse them all."""
+    expected = {
+        "MatMulIntegerToFloat": counts.get("int8_w8a8", 0),
+        "MatMulNBits": counts.get("int4_weight_only", 0) + counts.get("int8_weight_only", 0),
+        "QuantizeLinear": counts.get("fp8_w8a8", 0),
+    }
+    record = {
+        op: {"expected": n, "found": int(optimized_ops.get(op, 0))}
+        for op, n in expected.items()
+        if n
+    }
+    short = {op: r for op, r in record.items() if r["found"] < r["expected"]}
+    if short:
+        detail = ", ".join(
+            f"{r['found']} {op} (expected {r['expected']})" for op, r in short.items()
+        )
         raise FastPathError(
-            f"--quant {quant}: the optimized engine has {found} {op} nodes, expected {expected}; "
-            "ONNX Runtime did not fuse every Q/DQ MatMul, so the engine would run dequantized "
-            f"float32 weights. Optimized op counts: {optimized_ops}"
+            f"--quant {quant}: the optimized engine has {detail}; ONNX Runtime did not fuse "
+            "every Q/DQ MatMul, so the engine would run dequantized float32 weights. Optimized "
+            f"op counts: {optimized_ops}"
         )
     return record
 

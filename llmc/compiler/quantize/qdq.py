@@ -4,8 +4,11 @@ Per target MatMul ``Y = X W`` (see ``targets.py``):
 - ``int8`` (W8A8, SmoothQuant): ``X -> Q/DQ(int8, per-tensor) -> MatMul <- DQ(int8 W, per-channel)``
 - ``fp8``: the same with FP8 E4M3FN for activations and weights.
 - ``int4`` (weight-only): ``X -> MatMul <- DQ(int4 W, block-wise along K)`` with AWQ (or RTN)
-  scales; the vocabulary projection gets 8-bit block-wise weights by default (llama.cpp's
-  Q4_K_M likewise keeps its output tensor at ~6 bits).
+  scales.
+- ``int8_weight_only`` modules (``QuantSpec.weight_only8``, default per format in
+  ``build_config.DEFAULT_WEIGHT_ONLY8``): ``X -> MatMul <- DQ(int8 W, block-wise along K)``; for
+  the layers whose activations or weights lose too much in the build's format (llama.cpp's Q4_K_M
+  likewise keeps its output tensor at ~6 bits).
 Zero points are 0 everywhere. A smoothing factor s (SmoothQuant or AWQ) multiplies W's rows;
 X is divided by s in the preceding RMSNormalization's scale when X is that norm's only use, else
 by an inserted Mul. With ``kv_cache_dtype`` fp8/int8, every PagedAttention node gets per-layer
@@ -38,7 +41,7 @@ class QuantSpec:
     smoothquant_alpha: float = 0.5
     int4_block_size: int = 128
     int4_method: str = "awq"  # "awq" | "rtn"
-    int4_lm_head_bits: int = 8
+    weight_only8: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     kv_cache_dtype: str = "auto"
 
@@ -65,7 +68,11 @@ class QuantReport:
 
 def calibration_tensors(model: ir.Model, spec: QuantSpec) -> list[str]:
     """Names of the tensors whose statistics ``quantize_graph`` needs for ``spec``."""
-    names = [t.activation for t in find_targets(model) if not is_excluded(t.module, spec.exclude)]
+    names = [
+        t.activation
+        for t in find_targets(model)
+        if not is_excluded(t.module, spec.exclude + spec.weight_only8)
+    ]
     if spec.kv_cache_dtype in ("fp8", "int8"):
         for node in model.graph:
             if node.domain == schema.DOMAIN and node.op_type == schema.OP_TYPE:
@@ -86,9 +93,10 @@ def quantize_graph(model: ir.Model, stats: dict[str, TensorStats], spec: QuantSp
         if is_excluded(target.module, spec.exclude):
             report.excluded.append(target.module)
             continue
-        if target.activation not in stats:
+        weight_only = is_excluded(target.module, spec.weight_only8)
+        if not weight_only and target.activation not in stats:
             raise ValueError(f"no calibration statistics for {target.activation!r}")
-        entry = _quantize_target(model.graph, target, stats[target.activation], spec, names)
+        entry = _quantize_target(model.graph, target, stats.get(target.activation), spec, names)
         report.modules[target.module] = entry
         counts[entry["format"]] += 1
     if spec.kv_cache_dtype in ("fp8", "int8"):
@@ -99,12 +107,17 @@ def quantize_graph(model: ir.Model, stats: dict[str, TensorStats], spec: QuantSp
 
 
 def _quantize_target(
-    graph: ir.Graph, t: QuantTarget, stats: TensorStats, spec: QuantSpec, names: _Names
+    graph: ir.Graph, t: QuantTarget, stats: TensorStats | None, spec: QuantSpec, names: _Names
 ) -> dict:
     w = t.weight
     prefix = t.module
     entry: dict = {"shape": list(w.shape)}
-    if spec.quant == "int4" and not (t.is_lm_head and spec.int4_lm_head_bits == 8):
+    if is_excluded(t.module, spec.weight_only8):
+        qw = formats.quantize_weight_blockwise(w, 8, spec.int4_block_size)
+        entry["format"] = "int8_weight_only"
+        _replace_weight(graph, t, t.node.inputs[0], qw, names)
+        return entry
+    if spec.quant == "int4":
         s = None
         if spec.int4_method == "awq" and w.shape[0] % spec.int4_block_size == 0:
             res = awq_search(stats.sample, stats.channel_meanabs, w, spec.int4_block_size)
@@ -114,11 +127,6 @@ def _quantize_target(
         qw = formats.quantize_weight_blockwise(_scaled(w, s), 4, spec.int4_block_size)
         entry["format"] = "int4_weight_only"
         _replace_weight(graph, t, x, qw, names)
-        return entry
-    if spec.quant == "int4":  # the vocabulary projection of an int4 build
-        qw = formats.quantize_weight_blockwise(w, 8, spec.int4_block_size)
-        entry["format"] = "int8_weight_only"
-        _replace_weight(graph, t, t.node.inputs[0], qw, names)
         return entry
     fmt = spec.quant
     s = None
