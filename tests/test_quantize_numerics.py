@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from llmc.calibration.awq import awq_search
+from llmc.calibration.awq import awq_clip, awq_search
 from llmc.calibration.observers import TensorStats, observe_amax
 from llmc.calibration.smoothquant import smoothquant_scales
 from llmc.compiler.quantize import formats
@@ -102,3 +102,21 @@ def test_awq_beats_rtn_when_few_input_channels_carry_the_signal():
     assert res.error < 0.8 * res.error_rtn
     with pytest.raises(ValueError, match="multiple"):
         awq_search(x[:, :100], np.abs(x[:, :100]).mean(axis=0), w[:100], block_size=128)
+
+
+def test_awq_clip_shrinks_blocks_with_an_outlier_weight():
+    rng = np.random.default_rng(6)
+    k, n = 128, 16
+    x = rng.standard_normal((256, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    w[5, :8] = 12.0  # one huge weight in half the columns' first block
+    clip = awq_clip(x, w, block_size=64)
+    full = np.abs(w.reshape(2, 64, n)).max(axis=1)
+    assert clip.shape == (2, n) and np.all(clip <= full + 1e-6)
+    assert np.all(clip >= 0.5 * full - 1e-6)
+
+    def block_error(amax):
+        q = formats.dequantize(formats.quantize_weight_blockwise(w, 4, 64, amax))
+        return float(((x @ (w - q)) ** 2).mean())
+
+    assert block_error(clip) <= block_error(None)

@@ -54,14 +54,17 @@ def quantize_weight_per_channel(w: np.ndarray, fmt: str) -> QuantizedWeight:
     return QuantizedWeight(q, scale.astype(np.float32), axis=1, block_size=0)
 
 
-def quantize_weight_blockwise(w: np.ndarray, bits: int, block_size: int) -> QuantizedWeight:
+def quantize_weight_blockwise(
+    w: np.ndarray, bits: int, block_size: int, amax: np.ndarray | None = None
+) -> QuantizedWeight:
     """Block-wise symmetric quantization of ``w`` [K, N] along K: ``bits`` 4 (int4, [-8, 7]) or
     8 (int8, [-127, 127]). K need not be a multiple of ``block_size`` (the last block is
-    shorter). Raises ValueError for other bit widths."""
+    shorter). ``amax`` [ceil(K / block_size), N] overrides each block's clip value (default:
+    its max |w|). Raises ValueError for other bit widths."""
     if bits not in (4, 8):
         raise ValueError(f"block-wise weights are 4 or 8 bit, not {bits}")
     qmax = INT4_MAX if bits == 4 else INT8_MAX
-    scale = _block_amax(w, block_size) / qmax
+    scale = (_block_amax(w, block_size) if amax is None else amax) / qmax
     full = np.repeat(scale, block_size, axis=0)[: w.shape[0]]
     q = np.clip(np.rint(w / full), -qmax - 1 if bits == 4 else -qmax, qmax)
     dtype = ml_dtypes.int4 if bits == 4 else np.int8

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from llmc.calibration.awq import awq_search
+from llmc.calibration.awq import awq_clip, awq_search
 from llmc.calibration.observers import TensorStats, observe_amax
 from llmc.calibration.smoothquant import smoothquant_scales
 from llmc.compiler.quantize import formats
@@ -118,13 +118,15 @@ def _quantize_target(
         _replace_weight(graph, t, t.node.inputs[0], qw, names)
         return entry
     if spec.quant == "int4":
-        s = None
+        s = clip = None
         if spec.int4_method == "awq" and w.shape[0] % spec.int4_block_size == 0:
             res = awq_search(stats.sample, stats.channel_meanabs, w, spec.int4_block_size)
             s = res.scales if res.alpha > 0 else None
+            sample = stats.sample if s is None else stats.sample / s[None, :]
+            clip = awq_clip(sample, _scaled(w, s), spec.int4_block_size)
             entry.update(awq_alpha=res.alpha, mse=res.error, mse_rtn=res.error_rtn)
         x = _smooth_input(graph, t, s, names)
-        qw = formats.quantize_weight_blockwise(_scaled(w, s), 4, spec.int4_block_size)
+        qw = formats.quantize_weight_blockwise(_scaled(w, s), 4, spec.int4_block_size, clip)
         entry["format"] = "int4_weight_only"
         _replace_weight(graph, t, x, qw, names)
         return entry
