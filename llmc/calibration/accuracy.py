@@ -1,0 +1,171 @@
+"""The accuracy report of an engine against the unquantized model (DESIGN §5).
+
+Both models score the same held-out token windows, one prefill step per window. Three numbers
+say how far the engine drifted: perplexity (and its relative change), the mean KL divergence of
+the next-token distributions, and how often the most likely next token agrees. KL and top-1
+agreement compare the two models with each other and need no good text; perplexity says how well
+each predicts the text itself. These are the measures llama.cpp's ``llama-perplexity
+--kl-divergence`` and NVIDIA ModelOpt report for quantized models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from llmc.runtime.step_inputs import single_prefill
+
+# Rows of the logits converted to float64 at a time: [16, 262144] float64 is 32 MiB, so memory
+# stays bounded for Gemma's vocabulary whatever the window length.
+_ROWS_PER_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    """How an engine's next-token predictions compare with the reference (unquantized) model's.
+
+    Attributes:
+        data: where the scored text came from (a file path, or "sampled from the model ...").
+        num_windows: token windows scored (one prefill step each).
+        num_tokens: scored positions: each window of T tokens scores positions 0..T-2, each
+            predicting the token after it.
+        perplexity_reference: exp(mean next-token negative log-likelihood) of the reference.
+        perplexity: the same for the engine.
+        perplexity_change: (perplexity - perplexity_reference) / perplexity_reference.
+        mean_kl: KL(reference || engine) of the next-token distributions in nats, averaged over
+            the scored positions.
+        top1_agreement: fraction of scored positions where both models' argmax token agree.
+    """
+
+    data: str
+    num_windows: int
+    num_tokens: int
+    perplexity_reference: float
+    perplexity: float
+    perplexity_change: float
+    mean_kl: float
+    top1_agreement: float
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (the manifest's ``accuracy_report``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AccuracyReport:
+        """Inverse of ``to_dict``; unknown keys are ignored. Raises ValueError if a field is
+        missing or has the wrong type."""
+        values = {}
+        for f in fields(cls):
+            if f.name not in d:
+                raise ValueError(f"accuracy report has no {f.name!r}")
+            kind = {"str": str, "int": int, "float": float}[str(f.type)]
+            value = d[f.name]
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"accuracy report field {f.name!r} is {value!r}")
+            try:
+                values[f.name] = kind(value)
+            except ValueError as e:
+                raise ValueError(f"accuracy report field {f.name!r} is {value!r}") from e
+        return cls(**values)
+
+    def format(self) -> str:
+        """A short human-readable table."""
+        return "\n".join(
+            [
+                f"accuracy against the unquantized model ({self.num_tokens} tokens in "
+                f"{self.num_windows} windows)",
+                f"  text             {self.data}",
+                f"  perplexity       {self.perplexity_reference:.4f} -> {self.perplexity:.4f} "
+                f"({self.perplexity_change:+.3%})",
+                f"  mean KL          {self.mean_kl:.3g} nats",
+                f"  top-1 agreement  {self.top1_agreement:.2%}",
+            ]
+        )
+
+
+def evaluate_accuracy(
+    reference,
+    candidate,
+    windows: list[np.ndarray],
+    block_size: int,
+    data: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> AccuracyReport:
+    """Score ``candidate`` against ``reference`` on ``windows``.
+
+    ``reference`` and ``candidate`` are runners (``llmc.runtime.runner.Runner``, e.g.
+    ``OrtRunner``) whose ``execute(step)`` returns logits [S, V] float32; each needs
+    ``ceil(max window length / block_size)`` KV blocks. Each window ([T] token ids, T >= 2) runs
+    as one prefill step asking for all T positions' logits; positions 0..T-2 are scored against
+    the token that follows. Log-softmax is taken in float64, ``_ROWS_PER_CHUNK`` rows at a time.
+    ``data`` is recorded in the report as the text's origin. ``progress(done, total)`` is called
+    after each window.
+
+    Raises ValueError for no windows, a window shorter than 2 tokens, a runner with too few KV
+    blocks, or runners whose vocabularies differ.
+    """
+    if not windows:
+        raise ValueError("no windows to score")
+    totals = np.zeros(4)  # reference NLL, candidate NLL, KL, top-1 agreements (sums over rows)
+    num_tokens = 0
+    for i, window in enumerate(windows):
+        t = int(window.shape[0])
+        if t < 2:
+            raise ValueError(f"window {i} has {t} tokens; scoring needs at least 2")
+        blocks = -(-t // block_size)
+        for runner in (reference, candidate):
+            if runner.num_blocks < blocks:
+                raise ValueError(
+                    f"a window of {t} tokens needs {blocks} KV blocks of {block_size}; the runner "
+                    f"has {runner.num_blocks}"
+                )
+        step = single_prefill(window, block_size, all_logits=True)
+        ref = reference.execute(step)  # [T, V] float32
+        cand = candidate.execute(step)
+        if ref.shape != cand.shape:
+            raise ValueError(f"logits shapes differ: reference {ref.shape}, engine {cand.shape}")
+        targets = np.asarray(window[1:], dtype=np.int64)  # [T-1]
+        totals += _window_sums(ref[: t - 1], cand[: t - 1], targets)
+        num_tokens += t - 1
+        if progress is not None:
+            progress(i + 1, len(windows))
+    nll_ref, nll, kl, agree = totals / num_tokens
+    ppl_ref, ppl = math.exp(nll_ref), math.exp(nll)
+    return AccuracyReport(
+        data=data,
+        num_windows=len(windows),
+        num_tokens=num_tokens,
+        perplexity_reference=ppl_ref,
+        perplexity=ppl,
+        perplexity_change=(ppl - ppl_ref) / ppl_ref,
+        mean_kl=float(kl),
+        top1_agreement=float(agree),
+    )
+
+
+def _window_sums(ref: np.ndarray, cand: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Sums over rows of: reference NLL, engine NLL, KL(ref || engine), argmax agreement.
+
+    ref, cand: [N, V] float32 logits; targets: [N] int64, the token each row predicts.
+    """
+    import torch
+
+    sums = np.zeros(4)
+    for start in range(0, ref.shape[0], _ROWS_PER_CHUNK):
+        rows = slice(start, start + _ROWS_PER_CHUNK)
+        lp_ref = torch.log_softmax(torch.from_numpy(ref[rows]).double(), dim=-1)  # [n, V]
+        lp = torch.log_softmax(torch.from_numpy(cand[rows]).double(), dim=-1)
+        tgt = torch.from_numpy(targets[rows])[:, None]  # [n, 1]
+        # KL(p || q) = sum_v p (log p - log q); p log p is 0 where p underflows to 0.
+        p = lp_ref.exp()
+        kl = torch.where(p > 0, p * (lp_ref - lp), 0.0).sum()
+        sums += [
+            -lp_ref.gather(1, tgt).sum().item(),
+            -lp.gather(1, tgt).sum().item(),
+            kl.item(),
+            (ref[rows].argmax(-1) == cand[rows].argmax(-1)).sum(),
+        ]
+    return sums

@@ -1,0 +1,409 @@
+"""``llmc verify``: check a built engine against the unquantized model it was built from.
+
+The reference is rebuilt from the engine manifest's source checkpoint (its digest must match the
+manifest) as the unquantized engine graph (``build.float_graph``). Two checks run on it:
+
+1. The accuracy report (``llmc.calibration.accuracy``) on held-out text: ``--data`` (its held-out
+   part), else the file the build's report names if it still exists, else text sampled from the
+   model with the held-out seed.
+2. Per segment, Polygraphy's comparator (``OnnxrtRunner`` + ``Comparator.compare_accuracy``, as
+   TensorRT users run it): the reference runs one window and every tensor crossing a segment
+   boundary is captured; then each engine segment and the matching unquantized segment run on
+   the same captured inputs, so an error shows up in the segment that makes it instead of
+   piling up through the layers. Engine segments and the unquantized graph's segments share
+   their boundary tensor names because both are cut by ``split_at_plugins`` from the same
+   export, except where the exporter names tensors differently from run to run
+   (``match_names`` re-matches those by value and the result lists them).
+
+The verdict is Polygraphy's on the logits segment at the given tolerances. Its elementwise check
+fails an element only when it exceeds both ``atol`` and ``rtol`` (relative to the reference). The
+defaults (1e-3) leave a float32 engine a wide margin (measured on Gemma 3 270M: every segment's
+outputs equal the unquantized graph's exactly); quantized and bfloat16 engines differ by design
+and need looser tolerances, chosen from the max errors this check reports and judged together
+with the accuracy report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmc.calibration.accuracy import AccuracyReport
+from llmc.errors import LlmcError, ModelSourceError
+
+DEFAULT_RTOL = 1e-3
+DEFAULT_ATOL = 1e-3
+DEFAULT_SEQ_LEN = 128
+# How much closer another tensor must be for an engine tensor to be re-matched (match_names).
+_MATCH_MARGIN = 100.0
+
+
+class VerifyError(LlmcError):
+    """``llmc verify`` cannot run: a bad option, or the checkpoint differs from the engine's."""
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Options of ``llmc verify`` (see each field's help)."""
+
+    data: str | None = _opt(
+        None,
+        "held-out text file, .txt or .jsonl (its last fifth is scored); default: the file the "
+        "build's report used if it still exists, else text sampled from the model",
+    )
+    model: str | None = _opt(
+        None, "the checkpoint the engine was built from, if it moved (default: the manifest's)"
+    )
+    windows: int = _opt(8, "token windows to score (one prefill each)")
+    seq_len: int | None = _opt(
+        None, f"tokens per window (default: {DEFAULT_SEQ_LEN}, or the engine's max_seq_len if less)"
+    )
+    rtol: float = _opt(DEFAULT_RTOL, "Polygraphy relative tolerance; quantized engines need more")
+    atol: float = _opt(DEFAULT_ATOL, "Polygraphy absolute tolerance; quantized engines need more")
+    threads: int = _opt(2, "ONNX Runtime intra-op threads")
+
+    def window_len(self, max_seq_len: int) -> int:
+        """Tokens per window for an engine serving ``max_seq_len``; raises VerifyError naming a
+        bad option."""
+        for name in ("windows", "threads"):
+            if getattr(self, name) < 1:
+                raise VerifyError(f"--{name} must be >= 1")
+        if not (self.rtol >= 0 and self.atol >= 0):
+            raise VerifyError("--rtol and --atol must be >= 0")
+        seq_len = self.seq_len if self.seq_len is not None else min(DEFAULT_SEQ_LEN, max_seq_len)
+        if not 2 <= seq_len <= max_seq_len:
+            raise VerifyError(f"--seq-len must be in [2, {max_seq_len}] (the engine's max_seq_len)")
+        return seq_len
+
+
+@dataclass(frozen=True)
+class SegmentComparison:
+    """Polygraphy's comparison of one engine segment with the unquantized segment.
+
+    ``max_abs_error`` / ``max_rel_error`` are the largest over the compared outputs (relative to
+    the reference); ``note`` says why a segment could not be compared (then ``passed`` is False).
+    """
+
+    index: int
+    file: str
+    outputs: tuple[str, ...]
+    passed: bool
+    max_abs_error: float
+    max_rel_error: float
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What ``verify_engine`` found; ``passed`` is the verdict on the logits segment."""
+
+    engine_dir: Path
+    accuracy: AccuracyReport
+    stored_accuracy: AccuracyReport | None  # the build's report, from the manifest
+    segments: tuple[SegmentComparison, ...]
+    logits_segment: int
+    rtol: float
+    atol: float
+    renamed: dict[str, str] = field(default_factory=dict)  # see ``match_names``
+
+    @property
+    def passed(self) -> bool:
+        return self.segments[self.logits_segment].passed
+
+
+def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -> VerifyResult:
+    """Verify the engine at ``engine_dir`` against its unquantized source model (module doc).
+
+    ``progress`` is a ``BuildProgress`` (or None). Raises EngineError subclasses (no engine,
+    built for another host, damaged files), VerifyError (bad option, checkpoint digest differs),
+    ModelSourceError (checkpoint not found) and CalibrationDataError (bad ``--data``) before the
+    model is loaded.
+    """
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    from llmc.calibration.accuracy import evaluate_accuracy
+    from llmc.calibration.data import HELDOUT, load_windows
+    from llmc.compiler.build import float_graph
+    from llmc.compiler.isa import detect_host_isa
+    from llmc.compiler.manifest import check_host, read_manifest, verify_files
+    from llmc.compiler.model_source import load_model
+    from llmc.compiler.segment import load_plan, split_at_plugins
+    from llmc.runtime.execution_provider import ProviderChoice
+    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.step_inputs import single_prefill
+
+    engine_dir = Path(engine_dir)
+    stage = progress.stage if progress is not None else _no_stage
+    with stage("check engine"):
+        manifest = read_manifest(engine_dir)
+        check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
+        verify_files(manifest, engine_dir)
+        seq_len = config.window_len(manifest.max_seq_len)
+        stored = _stored_report(manifest.accuracy_report)
+        tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "tokenizer"))
+        data = config.data or (_data_file(stored.data) if stored is not None else None)
+        windows = None
+        if data is not None:  # a bad file fails here, before the model is loaded
+            windows, label = load_windows(HELDOUT, data, None, tokenizer, config.windows, seq_len)
+    with stage("resolve model"):
+        src = _checkpoint(manifest, config.model)
+    with stage("load weights"):
+        model = load_model(src, "float32")
+    proto, _ = float_graph(model, manifest.block_size, stage)
+    if windows is None:
+        with stage("sample held-out text"):
+            windows, label = load_windows(HELDOUT, None, model, tokenizer, config.windows, seq_len)
+    del model
+    plan = load_plan(engine_dir)
+    node_outputs = {o for n in proto.graph.node for o in n.output}
+    # Every engine boundary tensor the unquantized graph computes leaves its segment there too.
+    boundaries = tuple(
+        sorted({n for s in plan.segments for n in (*s.inputs, *s.outputs)} & node_outputs)
+    )
+    num_blocks = math.ceil(seq_len / manifest.block_size)
+    with stage("accuracy report") as tick:
+        reference = OrtRunner.from_model(proto, num_blocks, config.threads, boundaries)
+        provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
+        engine = OrtRunner(engine_dir, num_blocks, config.threads, provider)
+        report = evaluate_accuracy(reference, engine, windows, manifest.block_size, label, tick)
+        # Every boundary tensor of both, for one window.
+        step = single_prefill(windows[0], manifest.block_size)
+        env, engine_env = reference.run_step(step), engine.run_step(step)
+        del engine, reference
+        renamed = match_names(engine_env, env, boundaries)
+        del engine_env
+    with stage("compare segments (Polygraphy)") as tick:
+        # Split again rather than keep the runner's segments: one copy of the weights at a time.
+        ref_segments, ref_plan = split_at_plugins(proto, extra_outputs=boundaries)
+        del proto
+        if len(ref_plan.segments) != len(plan.segments):
+            raise VerifyError(
+                f"the engine has {len(plan.segments)} segments, the unquantized graph of its "
+                f"checkpoint {len(ref_plan.segments)}: it was not built from this graph"
+            )
+        segments = []
+        for i, (spec, ref_spec) in enumerate(zip(plan.segments, ref_plan.segments, strict=True)):
+            ref_model, ref_segments[i] = ref_segments[i], None  # free each segment once compared
+            segments.append(
+                _compare_segment(
+                    i, engine_dir, spec, ref_model, ref_spec, env, renamed, provider, config
+                )
+            )
+            del ref_model
+            tick(i + 1, len(plan.segments))
+    logits = next(i for i, s in enumerate(plan.segments) if plan.logits in s.outputs)
+    return VerifyResult(
+        engine_dir, report, stored, tuple(segments), logits, config.rtol, config.atol, renamed
+    )
+
+
+def _checkpoint(manifest, model: str | None):
+    """The engine's source checkpoint (``model`` if given), its digest checked."""
+    from llmc.compiler.model_source import resolve_model, sha256_files
+
+    try:
+        src = resolve_model(model or manifest.source)
+    except ModelSourceError as e:
+        if model is not None:
+            raise
+        raise ModelSourceError(
+            f"{e} (the engine's manifest names {manifest.source!r} as its checkpoint; "
+            "give the checkpoint's current location with --model)"
+        ) from e
+    digest = sha256_files(src.weight_files)
+    if digest != manifest.checkpoint_digest:
+        raise VerifyError(
+            f"checkpoint {src.source} has sha256 {digest[:16]}..., but the engine was built "
+            f"from {manifest.checkpoint_digest[:16]}...; give the engine's checkpoint with "
+            "--model, or rebuild the engine from this one"
+        )
+    return src
+
+
+def match_names(engine_env: dict, env: dict, names: tuple[str, ...]) -> dict[str, str]:
+    """Engine tensor names whose value is another unquantized tensor's: {engine: reference}.
+
+    The exporter does not always give a tensor the same name: Gemma 3 computes its two RoPE
+    tables in ``set(layer_types)`` order, which follows Python's hash seed, so an engine built
+    in another process can have the tables' names swapped. A name is re-matched when a tensor of
+    the same shape and dtype is at least ``_MATCH_MARGIN`` times closer to the engine's values
+    than the reference tensor of that name: quantization error cannot do that, a swap does (the
+    swapped tensor is exact). ``engine_env`` / ``env``: every tensor at a segment boundary of
+    the engine / the unquantized graph for one step, by name; ``names``: the engine's boundary
+    tensors that the unquantized graph also computes.
+    """
+    mapping = {}
+    for name in names:
+        e, r = engine_env.get(name), env.get(name)
+        if e is None or r is None:
+            continue
+        error = _relative_error(e, r)
+        if error == 0.0:
+            continue
+        candidates = [
+            c for c, v in env.items() if c != name and v.shape == e.shape and v.dtype == e.dtype
+        ]
+        best = min(candidates, key=lambda c: _relative_error(e, env[c]), default=None)
+        if best is not None and _relative_error(e, env[best]) * _MATCH_MARGIN < error:
+            mapping[name] = best
+    return mapping
+
+
+def _relative_error(a, b) -> float:
+    """mean |a - b| / mean |b| (inf for different shapes)."""
+    import numpy as np
+
+    if a.shape != b.shape:
+        return math.inf
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(np.abs(a - b).mean() / max(np.abs(b).mean(), 1e-30)) if a.size else 0.0
+
+
+def _compare_segment(
+    index: int,
+    engine_dir: Path,
+    spec,
+    ref_model,
+    ref_spec,
+    env: dict,
+    renamed: dict[str, str],
+    provider,
+    config: VerifyConfig,
+) -> SegmentComparison:
+    """Run engine segment ``spec`` and the unquantized ``ref_model`` on the captured inputs
+    through Polygraphy and compare the engine segment's outputs with their reference tensors."""
+    import onnxruntime as ort
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
+    from polygraphy.exception import PolygraphyException
+    from polygraphy.logger import G_LOGGER
+
+    from llmc.runtime.execution_provider import bind_provider
+    from llmc.runtime.ort_env import session_options
+
+    ref_of = {n: renamed.get(n, n) for n in [*spec.inputs, *spec.outputs]}
+    outputs = tuple(o for o in spec.outputs if ref_of[o] in ref_spec.outputs)
+    missing = [n for n in spec.inputs if ref_of[n] not in env]
+    missing += [n for n in ref_spec.inputs if n not in env]
+    note = None
+    if missing:
+        note = f"inputs not in the unquantized graph: {', '.join(missing[:3])}"
+    elif len(outputs) < len(spec.outputs):
+        lost = [o for o in spec.outputs if o not in outputs]
+        note = f"outputs not in the unquantized graph: {', '.join(lost[:3])}"
+    if note is not None:
+        return SegmentComparison(index, spec.file, outputs, False, math.nan, math.nan, note)
+
+    opts = session_options(config.threads)
+    if provider.optimize_at_build:  # as OrtRunner loads it: optimized at build time
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    engine_sess = ort.InferenceSession(
+        str(engine_dir / spec.file), opts, providers=bind_provider(opts, provider)
+    )
+    ref_opts = session_options(config.threads)
+    ref_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    ref_opts.log_severity_level = 3
+    ref_sess = ort.InferenceSession(
+        ref_model.SerializeToString(), ref_opts, providers=["CPUExecutionProvider"]
+    )
+    engine_name, ref_name = f"engine-segment-{index}", f"unquantized-segment-{index}"
+    compare = SimpleCompareFunc(
+        rtol=config.rtol,
+        atol=config.atol,
+        find_output_func=lambda name, _i, _result: [ref_of.get(name, name)],
+    )
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+            # One run per runner: a renamed tensor feeds the engine under its engine name.
+            results = RunResults()
+            for runner, feed in (
+                (
+                    OnnxrtRunner(lambda: engine_sess, name=engine_name),
+                    {n: env[ref_of[n]] for n in spec.inputs},
+                ),
+                (
+                    OnnxrtRunner(lambda: ref_sess, name=ref_name),
+                    {n: env[n] for n in ref_spec.inputs},
+                ),
+            ):
+                results.extend(Comparator.run([runner], data_loader=[feed]))
+            accuracy = Comparator.compare_accuracy(results, compare_func=compare)
+    except PolygraphyException as e:
+        return SegmentComparison(index, spec.file, outputs, False, math.nan, math.nan, str(e))
+    per_output = accuracy[0][(engine_name, ref_name)][0]  # {output name: OutputCompareResult}
+    return SegmentComparison(
+        index,
+        spec.file,
+        outputs,
+        bool(accuracy),
+        max(r.max_absdiff for r in per_output.values()),
+        max(r.max_reldiff for r in per_output.values()),
+    )
+
+
+def result_tables(result: VerifyResult) -> list:
+    """Rich renderables for the terminal: the accuracy report (with the build's, if any), the
+    per-segment comparison, and the verdict."""
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list = [Text(result.accuracy.format())]
+    if result.stored_accuracy is not None:
+        parts.append(Text("as recorded at build time:\n" + result.stored_accuracy.format()))
+    else:
+        parts.append(Text("no accuracy report in the manifest (an unquantized build)"))
+    table = Table(title=f"Polygraphy, per segment (rtol {result.rtol:g}, atol {result.atol:g})")
+    for column in ("segment", "outputs", "result", "max abs err", "max rel err"):
+        table.add_column(column, justify="right" if "err" in column else "left")
+    for s in result.segments:
+        name = f"{s.index}" + (" (logits)" if s.index == result.logits_segment else "")
+        verdict = "[green]pass[/]" if s.passed else "[red]FAIL[/]"
+        if s.note:
+            verdict += f" ({s.note})"
+        table.add_row(
+            name, str(len(s.outputs)), verdict, f"{s.max_abs_error:.3g}", f"{s.max_rel_error:.3g}"
+        )
+    parts.append(table)
+    if result.renamed:
+        pairs = ", ".join(f"{e} = {r}" for e, r in sorted(result.renamed.items()))
+        parts.append(Text(f"engine tensors matched by value to another name: {pairs}"))
+    if result.passed:
+        parts.append(Text("PASSED: the logits match the unquantized graph", style="green"))
+    else:
+        parts.append(
+            Text(
+                "FAILED: the logits differ from the unquantized graph beyond the tolerances",
+                style="red",
+            )
+        )
+    return parts
+
+
+def _stored_report(d: dict | None) -> AccuracyReport | None:
+    """The build's accuracy report from the manifest (None if absent or unreadable)."""
+    if d is None:
+        return None
+    try:
+        return AccuracyReport.from_dict(d)
+    except ValueError:
+        return None
+
+
+def _data_file(label: str) -> str | None:
+    """The data file a stored report's label names, if it still exists. A label may carry a
+    note after the path, e.g. ``"held.txt (last 20%)"``."""
+    for candidate in (label, label.rsplit(" (", 1)[0]):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def _no_stage(name: str):
+    return contextlib.nullcontext(lambda done, total: None)
