@@ -52,6 +52,15 @@ def _run_build(args: argparse.Namespace) -> int:
     with BuildProgress() as progress:
         result = build(config, progress)
     print("passes: " + ", ".join(f"{k}={v}" for k, v in result.pass_report.items()))
+    if result.quantization is not None:
+        counts = ", ".join(f"{k}={v}" for k, v in result.quantization["counts"].items())
+        fast = ", ".join(
+            f"{op} {r['found']}/{r['expected']}"
+            for op, r in result.quantization["fast_path"].items()
+        )
+        print(f"quantized: {counts}; fused kernels: {fast}")
+    if result.accuracy_report is not None:
+        print(result.accuracy_report.format())
     print(f"engine: {result.engine_dir}")
     return 0
 

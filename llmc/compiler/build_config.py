@@ -27,6 +27,9 @@ CALIB_METHODS = ("max", "percentile", "mse")
 #   SmoothQuant), which per-tensor int8 cannot hold: mean KL 0.110 -> 0.028 without it.
 # - fp8, int4: the vocabulary projection; E4M3 weights (3 mantissa bits) or 4-bit blocks of a
 #   262,144-row projection flip the argmax (llama.cpp keeps its output tensor at ~6 bits).
+# Observer defaults, measured on Gemma 3 270M: percentile lowers int8's mean KL by ~20% against
+# max; for fp8 (whose range is wide) max is better (KL 0.024 vs 0.040).
+DEFAULT_CALIB_METHOD = {"int8": "percentile", "fp8": "max", "int4": "max"}
 DEFAULT_WEIGHT_ONLY8 = {"int8": "*.down_proj", "fp8": "lm_head", "int4": "lm_head"}
 # FP8 tensor cores arrive with Ada (sm89); the CPU target runs FP8 Q/DQ as emulation.
 FP8_TARGETS = ("cpu", "sm89", "sm90", "sm100", "sm120")
@@ -72,7 +75,12 @@ class BuildConfig:
     )
     calib_samples: int = _opt(64, "calibration windows")
     calib_seq_len: int = _opt(256, "tokens per calibration window")
-    calib_method: str = _opt("max", "activation range observer", CALIB_METHODS)
+    calib_method: str | None = _opt(
+        None,
+        "activation range observer: max, percentile (99.99th), mse; default per --quant: "
+        + "; ".join(f"{q}: {m}" for q, m in DEFAULT_CALIB_METHOD.items()),
+        CALIB_METHODS,
+    )
     eval_data: str | None = _opt(
         None,
         "held-out text for the accuracy report, its last 20% (default: --calib-data's last "
@@ -94,7 +102,7 @@ class BuildConfig:
         for f in fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            if choices and value not in choices:
+            if choices and value is not None and value not in choices:
                 raise BuildConfigError(
                     f"--{f.name.replace('_', '-')} {value!r} is not one of {', '.join(choices)}"
                 )
@@ -128,6 +136,11 @@ class BuildConfig:
                 f"--quant {self.quant} builds run their unquantized parts in float32 on cpu; "
                 "use --dtype float32"
             )
+
+    @property
+    def calib_method_for_quant(self) -> str:
+        """``--calib-method``, or the default of ``--quant``."""
+        return self.calib_method or DEFAULT_CALIB_METHOD.get(self.quant, "max")
 
     @property
     def weight_only8_patterns(self) -> tuple[str, ...]:

@@ -41,8 +41,11 @@ class TextSource:
 
     def describe(self) -> str:
         if self.path:
-            return f"{self.path} ({'first 80%' if self.part == 'calibration' else 'last 20%'})"
-        return f"text sampled from the model (seed {self.seed})"
+            where = "first 80%" if self.part == "calibration" else "last 20%"
+        return f"{Path(self.path).resolve()} ({where})"
+        from llmc.calibration.data import sampled_label
+
+        return sampled_label(self.seed)
 
     def digest(self) -> str:
         if self.path is None:
@@ -53,7 +56,7 @@ class TextSource:
 def spec_of(config: BuildConfig) -> QuantSpec:
     return QuantSpec(
         quant=config.quant,
-        calib_method=config.calib_method,
+        calib_method=config.calib_method_for_quant,
         smoothquant_alpha=config.smoothquant_alpha,
         int4_block_size=config.int4_block_size,
         int4_method=config.int4_method,
@@ -77,14 +80,11 @@ def text_sources(config: BuildConfig) -> tuple[TextSource, TextSource]:
 
 
 def windows_of(source: TextSource, model, tokenizer, num: int, seq_len: int) -> list[np.ndarray]:
-    """Token windows [seq_len] int64 of ``source``."""
-    from llmc.calibration.data import read_texts, sample_texts, split_texts, token_windows
+    """Token windows [seq_len] int64 of ``source`` (see ``llmc.calibration.data.load_windows``)."""
+    from llmc.calibration.data import load_windows
 
-    if source.path:
-        texts = split_texts(read_texts(source.path), source.part)
-    else:
-        texts = sample_texts(model, tokenizer, num, seq_len, source.seed)
-    return token_windows(texts, tokenizer, num, seq_len)
+    windows, _ = load_windows(source.part, source.path, model, tokenizer, num, seq_len)
+    return windows
 
 
 def quantize(
@@ -112,7 +112,7 @@ def quantize(
         data=calib_source.digest(),
         samples=config.calib_samples,
         seq_len=config.calib_seq_len,
-        method=config.calib_method,
+        method=config.calib_method_for_quant,
         tensors=tensors,
         llmc=__version__,
     )
