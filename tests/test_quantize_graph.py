@@ -38,7 +38,7 @@ def tiny_float(tmp_path_factory):
 def _quantize(proto, windows, spec: QuantSpec):
     graph = ir.from_proto(proto)
     tensors = calibration_tensors(graph, spec)
-    runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors))
+    runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors.values()))
     report = quantize_graph(graph, collect_stats(runner, tensors, windows), spec)
     return ir.to_proto(graph), report
 
@@ -157,7 +157,7 @@ def test_statistics_cache_roundtrip(tiny_float, tmp_path):
     proto, windows, _ = tiny_float
     graph = ir.from_proto(proto)
     tensors = calibration_tensors(graph, QuantSpec(quant="int8"))
-    runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors))
+    runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors.values()))
     stats = collect_stats(runner, tensors, windows)
     assert all(s.rows == len(windows) * SEQ for s in stats.values())
     save_stats(stats, tmp_path / "s.npz")

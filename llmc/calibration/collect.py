@@ -29,26 +29,28 @@ def calibration_key(**parts) -> str:
 
 def collect_stats(
     runner,
-    tensors: list[str],
+    tensors: dict[str, str],
     windows: list[np.ndarray],
     progress: Callable[[int, int], None] | None = None,
     sample_rows: int = SAMPLE_ROWS,
     seed: int = 0,
 ) -> dict[str, TensorStats]:
-    """Statistics of ``tensors`` over ``windows`` (each [T] int64, prefilled as one sequence).
+    """Statistics over ``windows`` (each [T] int64, prefilled as one sequence) of ``tensors``
+    ({key: tensor name}), returned by key.
 
-    ``runner`` is an ``OrtRunner.from_model(graph, ..., extra_outputs=tensors)`` with at least
-    ``ceil(max T / block_size)`` blocks. Raises KeyError if the runner does not output a tensor.
+    ``runner`` is an ``OrtRunner.from_model(graph, ..., extra_outputs=<the tensor names>)`` with
+    at least ``ceil(max T / block_size)`` blocks. Raises KeyError if the runner does not output
+    a tensor.
     """
     rng = np.random.default_rng(seed)
     stats: dict[str, TensorStats] = {}
     for i, window in enumerate(windows):
         env = runner.run_step(single_prefill(window, runner.block_size, all_logits=True))
-        for name in tensors:
+        for key, name in tensors.items():
             x = env[name]
-            if name not in stats:
-                stats[name] = TensorStats.empty(x.shape[-1], sample_rows)
-            stats[name].update(x, rng, sample_rows)
+            if key not in stats:
+                stats[key] = TensorStats.empty(x.shape[-1], sample_rows)
+            stats[key].update(x, rng, sample_rows)
         if progress is not None:
             progress(i + 1, len(windows))
     return stats

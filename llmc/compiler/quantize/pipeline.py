@@ -113,7 +113,7 @@ def quantize(
         samples=config.calib_samples,
         seq_len=config.calib_seq_len,
         method=config.calib_method_for_quant,
-        tensors=tensors,
+        tensors=sorted(tensors),
         llmc=__version__,
     )
     cache = Path(config.cache_dir).expanduser() / "calibration" / f"{key}.npz"
@@ -126,7 +126,10 @@ def quantize(
         with stage(f"calibrate ({len(windows)} x {config.calib_seq_len} tokens)") as tick:
             blocks = -(-config.calib_seq_len // config.block_size)
             runner = OrtRunner.from_model(
-                float_model, blocks, threads=config.threads, extra_outputs=tuple(tensors)
+                float_model,
+                blocks,
+                threads=config.threads,
+                extra_outputs=tuple(dict.fromkeys(tensors.values())),
             )
             stats = collect_stats(runner, tensors, windows, progress=tick)
             del runner

@@ -66,23 +66,32 @@ class QuantReport:
         }
 
 
-def calibration_tensors(model: ir.Model, spec: QuantSpec) -> list[str]:
-    """Names of the tensors whose statistics ``quantize_graph`` needs for ``spec``."""
-    names = [
-        t.activation
-        for t in find_targets(model)
-        if not is_excluded(t.module, spec.exclude + spec.weight_only8)
-    ]
+def kv_key(layer_idx: int, which: str) -> str:
+    """Statistics key of a layer's key or value input to PagedAttention (``which``: k | v)."""
+    return f"kv_cache.{layer_idx}.{which}"
+
+
+def calibration_tensors(model: ir.Model, spec: QuantSpec) -> dict[str, str]:
+    """The statistics ``quantize_graph`` needs for ``spec``: {key: tensor name}. Keys are stable
+    across exports (checkpoint module names, ``kv_cache.<layer>.k|v``); tensor names are not
+    (the exporter numbers them in trace order, which for Gemma 3 depends on the hash seed)."""
+    skip = spec.exclude + spec.weight_only8
+    names = {t.module: t.activation for t in find_targets(model) if not is_excluded(t.module, skip)}
     if spec.kv_cache_dtype in ("fp8", "int8"):
-        for node in model.graph:
-            if node.domain == schema.DOMAIN and node.op_type == schema.OP_TYPE:
-                names += [node.inputs[1].name, node.inputs[2].name]
-    return list(dict.fromkeys(names))
+        for node in _plugins(model.graph):
+            layer = int(node.attributes["layer_idx"].as_int())
+            names[kv_key(layer, "k")] = node.inputs[1].name
+            names[kv_key(layer, "v")] = node.inputs[2].name
+    return names
+
+
+def _plugins(graph: ir.Graph) -> list[ir.Node]:
+    return [n for n in graph if n.domain == schema.DOMAIN and n.op_type == schema.OP_TYPE]
 
 
 def quantize_graph(model: ir.Model, stats: dict[str, TensorStats], spec: QuantSpec) -> QuantReport:
     """Rewrite ``model`` in place; ``stats`` are the calibration statistics of
-    ``calibration_tensors(model, spec)``. Raises ValueError on an unknown format or a tensor
+    ``calibration_tensors(model, spec)``, by key. Raises ValueError on an unknown format or a tensor
     without statistics."""
     if spec.quant not in ("int8", "fp8", "int4"):
         raise ValueError(f"cannot quantize to {spec.quant!r}")
@@ -94,9 +103,9 @@ def quantize_graph(model: ir.Model, stats: dict[str, TensorStats], spec: QuantSp
             report.excluded.append(target.module)
             continue
         weight_only = is_excluded(target.module, spec.weight_only8)
-        if not weight_only and target.activation not in stats:
-            raise ValueError(f"no calibration statistics for {target.activation!r}")
-        entry = _quantize_target(model.graph, target, stats.get(target.activation), spec, names)
+        if not weight_only and target.module not in stats:
+            raise ValueError(f"no calibration statistics for {target.module!r}")
+        entry = _quantize_target(model.graph, target, stats.get(target.module), spec, names)
         report.modules[target.module] = entry
         counts[entry["format"]] += 1
     if spec.kv_cache_dtype in ("fp8", "int8"):
@@ -207,16 +216,14 @@ def _replace_weight(
 def _set_kv_scales(graph: ir.Graph, stats: dict[str, TensorStats], spec: QuantSpec) -> dict:
     qmax = formats.FP8_MAX if spec.kv_cache_dtype == "fp8" else formats.INT8_MAX
     out = {}
-    for node in graph:
-        if node.domain != schema.DOMAIN or node.op_type != schema.OP_TYPE:
-            continue
-        k_amax = stats[node.inputs[1].name].absmax
-        v_amax = stats[node.inputs[2].name].absmax
+    for node in _plugins(graph):
+        layer = int(node.attributes["layer_idx"].as_int())
+        k_amax = stats[kv_key(layer, "k")].absmax
+        v_amax = stats[kv_key(layer, "v")].absmax
         k_scale, v_scale = max(k_amax, 1e-6) / qmax, max(v_amax, 1e-6) / qmax
         node.attributes["kv_cache_dtype"] = ir.AttrString("kv_cache_dtype", spec.kv_cache_dtype)
         node.attributes["k_scale"] = ir.AttrFloat32("k_scale", k_scale)
         node.attributes["v_scale"] = ir.AttrFloat32("v_scale", v_scale)
-        layer = int(node.attributes["layer_idx"].as_int())
         out[str(layer)] = {"k_scale": k_scale, "v_scale": v_scale}
     return out
 
