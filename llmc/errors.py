@@ -27,3 +27,37 @@ class BuildConfigError(LlmcError):
 
 class ModelSourceError(LlmcError):
     """The model to build (path, GGUF file or alias) cannot be found or read."""
+
+
+class EngineConfigError(LlmcError, ValueError):
+    """Serving options that cannot work together (e.g. a KV pool smaller than one sequence)."""
+
+
+class ContextLengthError(LlmcError, ValueError):
+    """A request's prompt plus ``max_tokens`` is longer than the engine's ``max_model_len``.
+
+    Attributes:
+        limit: the engine's ``max_model_len`` in tokens.
+        num_tokens: the request's prompt tokens plus ``max_tokens``.
+    """
+
+    def __init__(self, message: str, *, limit: int, num_tokens: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.num_tokens = num_tokens
+
+
+class RegistryError(LlmcError):
+    """The engine registry (local or remote) cannot do what was asked: unknown engine, bad URL."""
+
+
+class NoMatchingEngineError(RegistryError):
+    """No engine in the registry fits this host; the message lists each candidate and why."""
+
+
+class BlobCorruptError(EngineCorruptError):
+    """A registry blob's content differs from its sha256 digest (tampered or truncated)."""
+
+
+class SignatureError(RegistryError):
+    """An engine manifest's signature is missing, malformed, or does not verify with the key."""

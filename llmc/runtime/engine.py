@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from llmc.errors import ContextLengthError
 from llmc.runtime.detokenizer import IncrementalDetokenizer
 from llmc.runtime.outputs import CompletionOutput, RequestOutput
 from llmc.runtime.runner import Runner
@@ -16,6 +17,7 @@ from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.scheduler import Scheduler, SchedulerConfig
 from llmc.runtime.sequence import Sequence, SequenceStatus
+from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
 
 
@@ -32,6 +34,8 @@ class EngineConfig:
         max_num_batched_tokens: most tokens in one step (prompt chunks + decodes).
         seed: seed of the sampler's generator for requests without a seed of their own; None
             seeds it from the operating system.
+        enable_prefix_caching: reuse the KV blocks of earlier requests with the same prefix
+            (vLLM's automatic prefix caching); False computes every prompt from scratch.
     """
 
     block_size: int
@@ -40,6 +44,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     seed: int | None = None
+    enable_prefix_caching: bool = True
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -48,6 +53,7 @@ class EngineConfig:
             num_blocks=self.num_blocks,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
 
@@ -167,10 +173,12 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(
+            raise ContextLengthError(
                 f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens "
                 f"({params.max_tokens}) is {total} tokens, more than this engine's max_model_len "
-                f"of {self.max_model_len}; shorten the prompt or lower max_tokens"
+                f"of {self.max_model_len}; shorten the prompt or lower max_tokens",
+                limit=self.max_model_len,
+                num_tokens=total,
             )
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
         self.scheduler.add_request(seq)
@@ -185,6 +193,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the queues, the KV pool and the cumulative counters."""
+        return self.scheduler.stats()
 
     def step(self) -> list[RequestOutput]:
         """Run one step.

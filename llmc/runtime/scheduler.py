@@ -10,8 +10,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
+from llmc.errors import EngineConfigError
 from llmc.runtime.block_pool import BlockPool
 from llmc.runtime.sequence import Sequence, SequenceStatus
+from llmc.runtime.stats import EngineStats
 
 
 @dataclass(frozen=True)
@@ -35,17 +37,20 @@ class SchedulerConfig:
     num_blocks: int
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if getattr(self, f.name) < 1:
-                raise ValueError(f"{f.name} must be >= 1, got {getattr(self, f.name)}")
+            value = getattr(self, f.name)
+            if not isinstance(value, bool) and value < 1:
+                raise EngineConfigError(f"{f.name} must be >= 1, got {value}")
         capacity = self.num_blocks * self.block_size
         if capacity < self.max_model_len:
-            raise ValueError(
+            raise EngineConfigError(
                 f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of "
                 f"{self.block_size}) but max_model_len is {self.max_model_len}; one sequence of "
-                "max_model_len tokens must fit: lower max_model_len or give the cache more blocks"
+                "max_model_len tokens must fit: lower max_model_len (--max-model-len) or give "
+                "the cache more blocks (--kv-cache-memory, --num-blocks)"
             )
 
 
@@ -104,6 +109,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order; at most max_num_seqs
         self.requests: dict[str, Sequence] = {}  # every unfinished request
+        self.num_preemptions = 0
 
     @property
     def num_running_seqs(self) -> int:
@@ -115,6 +121,20 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def stats(self) -> EngineStats:
+        """The queues, the pool's usage and the cumulative counters (see `EngineStats`)."""
+        pool = self.block_pool
+        return EngineStats(
+            num_running=self.num_running_seqs,
+            num_waiting=self.num_waiting_seqs,
+            kv_cache_usage=pool.usage,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=self.num_preemptions,
+            num_free_blocks=pool.num_free_blocks,
+            num_total_blocks=pool.num_blocks,
+        )
 
     def add_request(self, seq: Sequence) -> None:
         """Queue a new request at the back of the waiting queue.
@@ -274,6 +294,7 @@ class Scheduler:
             victim.status = SequenceStatus.WAITING
             self.waiting.appendleft(victim)
             preempted.append(victim.request_id)
+            self.num_preemptions += 1
             if victim is seq:
                 return False
         return True
