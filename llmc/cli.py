@@ -198,6 +198,25 @@ def _run_verify(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def _add_bench(sub) -> None:
+    from llmc.bench.command import add_arguments
+
+    p = sub.add_parser(
+        "bench",
+        help="load-test an OpenAI-compatible server: TTFT, TPOT, ITL, throughput",
+        description="Send requests to an OpenAI-compatible server (llmc serve, vLLM, llama.cpp "
+        "server ...) and report TTFT, TPOT, inter-token latency, end-to-end latency (p50/p95/p99) "
+        "and throughput, with vLLM's definitions. Exit code 1 when any request failed.",
+    )
+    add_arguments(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from llmc.bench.command import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``llmc`` command; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="llmc", description=__doc__)
@@ -206,12 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     _add_generate(sub)
     _add_serve(sub)
     _add_verify(sub)
+    _add_bench(sub)
     args = parser.parse_args(argv)
     run = {
         "build": _run_build,
         "generate": _run_generate,
         "serve": _run_serve,
         "verify": _run_verify,
+        "bench": _run_bench,
     }[args.command]
     try:
         return run(args)
