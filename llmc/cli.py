@@ -67,7 +67,8 @@ def _run_build(args: argparse.Namespace) -> int:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate completions for prompts with an engine")
-    p.add_argument("engine", help="engine directory")
+    p.add_argument("engine", help="engine directory, or a model id in the registry")
+    _add_registry_option(p)
     p.add_argument("prompts", nargs="+", help="one or more prompts")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -83,7 +84,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     from llmc.runtime.llm import LLM
     from llmc.runtime.sampling_params import SamplingParams
 
-    llm = LLM(args.engine)
+    llm = LLM(_engine_dir(args).path)
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -127,7 +128,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="serve an engine with the OpenAI-compatible API")
-    p.add_argument("engine", help="engine directory")
+    p.add_argument("engine", help="engine directory, or a model id in the registry")
+    _add_registry_option(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model name clients send")
@@ -145,11 +147,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     from llmc.runtime.server.api_server import serve
 
     kv_bytes = int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None
+    engine = _engine_dir(args)
     serve(
-        args.engine,
+        str(engine.path),
         host=args.host,
         port=args.port,
-        model_name=args.served_model_name,
+        model_name=args.served_model_name or engine.model_name,
         api_key=args.api_key,
         max_waiting=args.max_waiting,
         max_num_seqs=args.max_num_seqs,
@@ -217,6 +220,34 @@ def _run_bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _add_registry_option(p) -> None:
+    from llmc.registry.cli import default_root
+
+    p.add_argument(
+        "--registry",
+        default=default_root(),
+        help="registry a model id is resolved in (default: $LLMC_REGISTRY or engines)",
+    )
+
+
+def _engine_dir(args: argparse.Namespace):
+    from llmc.registry.resolve import engine_dir_for
+
+    return engine_dir_for(args.engine, args.registry)
+
+
+def _add_registry(sub) -> None:
+    from llmc.registry.cli import add_parser
+
+    add_parser(sub)
+
+
+def _run_registry(args: argparse.Namespace) -> int:
+    from llmc.registry.cli import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``llmc`` command; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="llmc", description=__doc__)
@@ -226,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve(sub)
     _add_verify(sub)
     _add_bench(sub)
+    _add_registry(sub)
     args = parser.parse_args(argv)
     run = {
         "build": _run_build,
@@ -233,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve": _run_serve,
         "verify": _run_verify,
         "bench": _run_bench,
+        "registry": _run_registry,
     }[args.command]
     try:
         return run(args)

@@ -119,16 +119,24 @@ def read_manifest(engine_dir: str | Path) -> EngineManifest:
             f"{engine_dir} has no {MANIFEST_NAME}: it is not an llmc engine directory, or its "
             "build was interrupted; rebuild it with `llmc build MODEL --arch cpu`"
         )
-    broken = f"{path} is corrupt"
+    return parse_manifest(path.read_bytes(), str(path))
+
+
+def parse_manifest(raw: bytes, where: str) -> EngineManifest:
+    """Parse and validate the bytes of a ``manifest.json`` (``where`` names it in errors).
+
+    Raises EngineCorruptError and EngineMismatchError as ``read_manifest``.
+    """
+    broken = f"{where} is corrupt"
     todo = "rebuild the engine with `llmc build` or re-pull it"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise EngineCorruptError(f"{broken}: not valid JSON ({error}); {todo}") from error
     if not isinstance(data, dict):
         raise EngineCorruptError(f"{broken}: expected a JSON object, got {type(data).__name__}")
     if data.get("format_version") != FORMAT_VERSION:
-        _raise_format_mismatch(data.get("format_version"), path)
+        _raise_format_mismatch(data.get("format_version"), where)
     hints = typing.get_type_hints(EngineManifest)
     values = {}
     for f in fields(EngineManifest):

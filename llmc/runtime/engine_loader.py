@@ -73,8 +73,7 @@ def load_engine(
     Raises EngineNotFoundError (no engine there), EngineMismatchError (built for another
     target/ISA/backend; says what to rebuild), EngineCorruptError (a file's digest differs).
     """
-    from llmc.compiler.isa import detect_host_isa
-    from llmc.compiler.manifest import check_host, read_manifest, verify_files
+    from llmc.compiler.manifest import read_manifest, verify_files
 
     engine_dir = Path(path)
     if not (engine_dir / "manifest.json").is_file():
@@ -83,13 +82,10 @@ def load_engine(
             "`llmc build MODEL --arch cpu -o DIR`"
         )
     manifest = read_manifest(engine_dir)
-    import onnxruntime as ort
-
-    check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
-    from llmc.runtime.execution_provider import ProviderChoice, provider_version
+    check_runs_here(manifest)
+    from llmc.runtime.execution_provider import ProviderChoice
 
     provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
-    _check_provider_version(manifest, provider_version(provider))
     if verify_digests:
         verify_files(manifest, engine_dir)
     from transformers import AutoTokenizer
@@ -107,6 +103,25 @@ def load_engine(
         eos_token_ids=set(gen.get("eos_token_id") or []),
         block_size=manifest.block_size,
     )
+
+
+def check_runs_here(manifest) -> None:
+    """Refuse an engine (an ``EngineManifest``) this host cannot run: target, machine, ISA
+    features, ONNX Runtime major.minor (``manifest.check_host``), then the execution provider
+    plugin's version. Deserializes nothing; the registry's resolver uses it on every candidate.
+
+    Raises:
+        EngineMismatchError: says what differs and what to rebuild or install.
+    """
+    import onnxruntime as ort
+
+    from llmc.compiler.isa import detect_host_isa
+    from llmc.compiler.manifest import check_host
+    from llmc.runtime.execution_provider import ProviderChoice, provider_version
+
+    check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
+    provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
+    _check_provider_version(manifest, provider_version(provider))
 
 
 def _check_provider_version(manifest, installed: str | None) -> None:

@@ -1,0 +1,97 @@
+"""Digests and atomic writes: the two things every registry operation relies on.
+
+A blob is named by the sha256 of its bytes, so checking one is re-hashing it. Every file the
+registry writes goes to a temporary name in the destination directory first, is fsynced, and is
+then renamed over its final name (``os.replace`` is atomic on POSIX within one file system), so a
+reader sees either the old file or the whole new one, and a crash leaves only a temporary file
+that ``gc`` removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+from llmc.errors import BlobCorruptError
+
+CHUNK_BYTES = 1 << 20
+PARTIAL_SUFFIX = ".partial"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def is_digest(text: str) -> bool:
+    """Whether ``text`` is a full sha256 hex digest (64 lowercase hex characters)."""
+    return _DIGEST.fullmatch(text) is not None
+
+
+def sha256_file(path: str | Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB chunks (memory stays flat for GB files)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_digest(expected: str, actual: str, what: str) -> None:
+    """Refuse content whose sha256 ``actual`` is not ``expected``.
+
+    Raises:
+        BlobCorruptError: naming the blob by its expected digest, ``what`` it is, and the digest
+            found.
+    """
+    if actual != expected:
+        raise BlobCorruptError(
+            f"blob sha256:{expected} ({what}) is corrupt: its content hashes to sha256:{actual}; "
+            "it was tampered with or truncated. Nothing was written from it; re-push the engine "
+            "from a good copy, or `llmc registry rm` it and rebuild"
+        )
+
+
+def write_stream_atomic(
+    source: BinaryIO | Iterable[bytes],
+    path: Path,
+    expected: str | None = None,
+    what: str = "",
+    mode: int | None = None,
+) -> str:
+    """Copy ``source`` (a binary file object or an iterable of chunks) to ``path`` atomically.
+
+    Writes ``path.parent/.<name>.*.partial``, fsyncs it, checks its sha256 against ``expected``
+    (if given), sets ``mode`` (if given), renames it over ``path``. On any error the temporary
+    file is removed and the error re-raised. Returns the sha256 of the bytes.
+
+    Raises:
+        BlobCorruptError: the bytes do not hash to ``expected`` (``what`` names the source);
+            ``path`` is left as it was.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_SUFFIX, dir=path.parent)
+    digest = hashlib.sha256()
+    chunks = iter(lambda: source.read(CHUNK_BYTES), b"") if hasattr(source, "read") else source
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                digest.update(chunk)
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        if expected is not None:
+            check_digest(expected, digest.hexdigest(), what or str(path))
+        if mode is not None:
+            os.chmod(partial, mode)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    return digest.hexdigest()
+
+
+def write_bytes_atomic(data: bytes, path: Path) -> str:
+    """``write_stream_atomic`` for bytes in memory; returns their sha256."""
+    return write_stream_atomic([data], path)

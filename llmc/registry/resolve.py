@@ -1,0 +1,161 @@
+"""Resolve a model id to the one engine that fits this host, or say why none does.
+
+Every engine of the model is a candidate. A candidate is refused when it fails an asked filter
+(``--target``, ``--quant``, ``--dtype``), when its manifest does not run here (target, machine,
+ISA features, backend and execution-provider versions: the same check the loader makes,
+``engine_loader.check_runs_here``), when its manifest is damaged, or when ``--verify-key`` is
+given and its signature does not verify. Of those left, the one built for the most ISA features
+wins (the most specific engine this host runs: avx512 over avx2), then the newest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmc.errors import EngineError, NoMatchingEngineError, RegistryError, SignatureError
+from llmc.registry.index import IndexEntry
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Filters a user may add to a model id; None accepts any value."""
+
+    target: str | None = None
+    quant: str | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An engine considered by ``resolve``; ``reason`` says why it was refused (None: fits)."""
+
+    entry: IndexEntry
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ResolvedEngine:
+    """An engine directory to load, and the model name to serve it as (None: the directory's)."""
+
+    path: Path
+    model_name: str | None
+
+
+def judge(
+    entries: list[IndexEntry],
+    manifest_bytes: Callable[[IndexEntry], bytes],
+    selection: Selection | None = None,
+    verify_key: str | Path | None = None,
+    runs_here: Callable | None = None,
+) -> list[Candidate]:
+    """Judge each entry: best fitting first, then the refused ones with their reasons.
+
+    ``manifest_bytes(entry)`` returns the entry's digest-checked manifest (raising
+    ``EngineError`` when it cannot); ``runs_here(manifest)`` raises ``EngineMismatchError``
+    for an engine this host cannot run (default: the loader's check).
+    """
+    from llmc.compiler.manifest import parse_manifest
+    from llmc.registry.signing import verify_manifest
+
+    if runs_here is None:
+        from llmc.runtime.engine_loader import check_runs_here as runs_here
+    judged = []
+    for entry in entries:
+        reason = _filter_reason(entry, selection or Selection())
+        if reason is None:
+            what = f"{entry.model_id}@{entry.short_id}"
+            try:
+                raw = manifest_bytes(entry)
+                manifest = parse_manifest(raw, f"manifest of {what}")
+                runs_here(manifest)
+                if verify_key is not None:
+                    verify_manifest(raw, entry.signature, verify_key, what)
+            except (EngineError, SignatureError) as error:
+                reason = str(error)
+        judged.append(Candidate(entry, reason))
+    fitting = [c for c in judged if c.reason is None]
+    fitting.sort(key=lambda c: (len(c.entry.isa), c.entry.created_at), reverse=True)
+    return fitting + [c for c in judged if c.reason is not None]
+
+
+def choose(model: str, candidates: list[Candidate], where: str) -> IndexEntry:
+    """The best fitting candidate.
+
+    Raises:
+        NoMatchingEngineError: none fits; the message lists every candidate and its reason.
+    """
+    if candidates and candidates[0].reason is None:
+        return candidates[0].entry
+    if not candidates:
+        raise NoMatchingEngineError(
+            f"no engine of {model!r} in {where}; build one with `llmc build {model} --registry "
+            "PATH` or pull one with `llmc registry pull`"
+        )
+    lines = [f"no engine of {model!r} in {where} fits this host ({host_description()}):"]
+    lines += [f"  {describe(c.entry)}: {c.reason}" for c in candidates]
+    raise NoMatchingEngineError("\n".join(lines))
+
+
+def resolve_local(
+    registry,
+    model: str,
+    selection: Selection | None = None,
+    verify_key: str | Path | None = None,
+) -> IndexEntry:
+    """The entry of a ``LocalRegistry`` that ``model`` resolves to on this host (see module)."""
+    candidates = judge(registry.find(model), registry.manifest_bytes, selection, verify_key)
+    return choose(model, candidates, str(registry.root))
+
+
+def engine_dir_for(
+    model_or_dir: str, registry_root: str | Path, verify_key: str | Path | None = None
+) -> ResolvedEngine:
+    """What ``llmc serve``/``generate`` load: ``model_or_dir`` itself when it is an engine
+    directory, else the checkout of the engine it resolves to in the local registry.
+
+    Raises:
+        NoMatchingEngineError: the model has no engine that fits this host.
+        RegistryError: it is neither an engine directory nor a model in the registry.
+    """
+    from llmc.registry.local import LocalRegistry
+
+    path = Path(model_or_dir)
+    if (path / "manifest.json").is_file():
+        return ResolvedEngine(path, None)
+    registry = LocalRegistry(Path(registry_root))
+    if not registry.find(model_or_dir):
+        raise RegistryError(
+            f"{model_or_dir!r} is neither an engine directory nor a model in the registry "
+            f"{registry.root}; `llmc registry ls` lists the models there"
+        )
+    entry = resolve_local(registry, model_or_dir, verify_key=verify_key)
+    return ResolvedEngine(registry.checkout(entry), entry.model_id)
+
+
+def describe(entry: IndexEntry) -> str:
+    """One line naming an entry: ``model@id target/isa dtype quant backend version``."""
+    isa = "+".join(entry.isa) or "-"
+    return (
+        f"{entry.model_id}@{entry.short_id} {entry.target}/{isa} {entry.dtype} {entry.quant} "
+        f"{entry.backend} {entry.backend_version}"
+    )
+
+
+def host_description() -> str:
+    """This host as the resolver sees it, e.g. ``cpu-avx512 x86_64, onnxruntime 1.31.1``."""
+    import onnxruntime as ort
+
+    from llmc.compiler.isa import detect_host_isa
+
+    host = detect_host_isa()
+    return f"{host.name} {host.arch}, onnxruntime {ort.__version__}"
+
+
+def _filter_reason(entry: IndexEntry, selection: Selection) -> str | None:
+    for name in ("target", "quant", "dtype"):
+        wanted = getattr(selection, name)
+        if wanted is not None and getattr(entry, name) != wanted:
+            return f"{name} is {getattr(entry, name)}, asked for --{name} {wanted}"
+    return None
