@@ -62,6 +62,9 @@ def _run_build(args: argparse.Namespace) -> int:
     if result.accuracy_report is not None:
         print(result.accuracy_report.format())
     print(f"engine: {result.engine_dir}")
+    if result.registry_entry is not None:
+        entry = result.registry_entry
+        print(f"published: {entry.model_id}@{entry.short_id} in {config.registry}")
     return 0
 
 

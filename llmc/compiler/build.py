@@ -29,6 +29,7 @@ class BuildResult:
     optimized_ops: dict[str, int]
     quantization: dict | None = None
     accuracy_report: object | None = None  # llmc.calibration.accuracy.AccuracyReport
+    registry_entry: object | None = None  # llmc.registry.index.IndexEntry, with --registry
 
 
 def _save_tokenizer_and_generation_config(src, model, tokenizer, engine_dir: Path) -> list[int]:
@@ -185,7 +186,13 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BuildResult(out, pass_report, optimized_ops, quantization, accuracy)
+    entry = None
+    if config.registry:
+        from llmc.registry.local import LocalRegistry
+
+        with stage("publish to the registry"):
+            entry = LocalRegistry(Path(config.registry)).publish(out)
+    return BuildResult(out, pass_report, optimized_ops, quantization, accuracy, entry)
 
 
 def float_graph(model, block_size: int, stage=None) -> tuple[onnx.ModelProto, dict[str, int]]:

@@ -96,6 +96,9 @@ class BuildConfig:
     output: str | None = _opt(
         None, "engine directory (default: engines/<model>-<arch>-<dtype>-<quant>)"
     )
+    registry: str | None = _opt(
+        None, "after the build, publish the engine into this registry root (e.g. engines)"
+    )
 
     def validate(self) -> None:
         """Raise BuildConfigError naming the bad option and the allowed values."""
@@ -166,7 +169,7 @@ class BuildConfig:
 
     def hash(self) -> str:
         """sha256 of the options that change the engine's bytes (not where it is written)."""
-        d = {k: v for k, v in self.to_dict().items() if k != "output"}
+        d = {k: v for k, v in self.to_dict().items() if k not in ("output", "registry")}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @classmethod
