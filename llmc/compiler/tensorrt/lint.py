@@ -1,0 +1,315 @@
+"""TensorRT lint: a static check that an engine graph is parseable by TensorRT 11 in principle.
+
+Run by every GPU-target build (before the portable stage is written, and again by
+``llmc build --from STAGE``) and by ``llmc inspect``. It checks, node by node:
+
+- opsets: the default domain within the parser's range; custom domains only ``llmc``;
+- operators: each one in TensorRT's ONNX support table with a supported type on its data input,
+  constant where the table says so, with the attribute values the table allows
+  (``support_table.py`` cites the table);
+- types: strict ONNX type inference over the whole graph (a strongly typed network has no
+  implicit casts, so mixed float types at one node are errors);
+- shapes: no shape input (Reshape's shape, Expand's, Slice's bounds, ...) computed from tensor
+  data, e.g. from a NonZero output or from a graph input's values;
+- Q/DQ (``lint_qdq.py``): symmetric, signed types, constant positive scales, INT4 weight-only and
+  block-wise, per-tensor activations, FP8/FP4 only on targets that have them;
+- plugins (``lint_plugin.py``): every ``llmc::PagedAttention`` node complete.
+
+Nothing here replaces TensorRT's parser: the lint has never been compared with a real parse.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from llmc.compiler.tensorrt import support_table as st
+from llmc.errors import LlmcError
+from llmc.plugins import schema
+
+
+class TensorRTLintError(LlmcError):
+    """The graph uses something TensorRT's ONNX parser does not accept (see the findings)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One lint result: ``severity`` "error" | "warning"; ``check`` opset | op | types | shape |
+    qdq | int4 | plugin; the node's name and op type when it is about one node."""
+
+    severity: str
+    check: str
+    node: str | None
+    op: str | None
+    message: str
+
+    def format(self) -> str:
+        where = f"{self.op} node {self.node!r}: " if self.node is not None else ""
+        return f"{self.severity}: [{self.check}] {where}{self.message}"
+
+
+@dataclass
+class LintReport:
+    """All findings over one graph, with its op counts and the support table used."""
+
+    findings: list[Finding] = field(default_factory=list)
+    op_counts: dict[str, int] = field(default_factory=dict)
+    target: str | None = None
+    source: str = st.SOURCE
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    @property
+    def passed(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        nodes = sum(self.op_counts.values())
+        verdict = "passed" if self.passed else "FAILED"
+        return (
+            f"TensorRT lint {verdict}: {nodes} nodes, {len(self.op_counts)} op types, "
+            f"{len(self.errors)} errors, {len(self.warnings)} warnings (table: {self.source})"
+        )
+
+    def format(self) -> str:
+        return "\n".join([self.summary(), *(f.format() for f in self.findings)])
+
+    def to_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "target": self.target,
+            "source": self.source,
+            "op_counts": self.op_counts,
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+
+class GraphView:
+    """Read-only indexes over a graph the checks share: producers, consumers, constants, types.
+
+    ``base_dir`` is where external tensor data lives (a saved model's directory)."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir: Path | None = None):
+        self.model = model
+        self.base_dir = base_dir
+        g = model.graph
+        self.initializers = {t.name: t for t in g.initializer}
+        self.constant_nodes = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in g.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.types: dict[str, int] = {t.name: t.data_type for t in g.initializer}
+        for vi in [*g.input, *g.value_info, *g.output]:
+            self.types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+
+    def is_constant(self, name: str) -> bool:
+        return name in self.initializers or name in self.constant_nodes
+
+    def array(self, name: str):
+        """The value of a constant (initializer or Constant node) as numpy, or None."""
+        from onnx import numpy_helper
+
+        if name in self.initializers:
+            return numpy_helper.to_array(self.initializers[name], base_dir=str(self.base_dir or ""))
+        node = self.constant_nodes.get(name)
+        if node is not None and node.attribute and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def type_name(self, name: str) -> str | None:
+        t = self.types.get(name)
+        return st.TYPE_NAMES.get(t, onnx.TensorProto.DataType.Name(t)) if t else None
+
+
+def lint_model(
+    model: onnx.ModelProto, target: str | None = None, base_dir: Path | None = None
+) -> LintReport:
+    """Lint ``model`` for TensorRT on ``target`` (e.g. "sm90"; None skips per-arch checks).
+
+    ``model`` may reference external data under ``base_dir``; only small tensors (scales, zero
+    points, shape constants) are read. Returns the report; raises nothing for a bad graph.
+    """
+    from llmc.compiler.tensorrt.lint_plugin import check_plugins
+    from llmc.compiler.tensorrt.lint_qdq import check_qdq
+
+    schema.register_schema()
+    report = LintReport(target=target)
+    report.op_counts = dict(sorted(Counter(_op_key(n) for n in model.graph.node).items()))
+    findings = report.findings
+    findings += _check_opsets(model)
+    typed = _infer_types(model, findings)
+    view = GraphView(typed, base_dir)
+    view.initializers = GraphView(model).initializers  # the real tensors, for values
+    findings += _check_ops(view)
+    findings += _check_shape_inputs(view)
+    findings += check_qdq(view, target)
+    findings += check_plugins(view)
+    return report
+
+
+def lint_file(path: str | Path, target: str | None = None) -> LintReport:
+    """``lint_model`` of a saved ONNX file, without loading its external weights."""
+    path = Path(path)
+    return lint_model(onnx.load(str(path), load_external_data=False), target, path.parent)
+
+
+def raise_on_errors(report: LintReport, what: str) -> None:
+    """Raise TensorRTLintError listing the errors of ``report`` about ``what``, if any."""
+    if report.passed:
+        return
+    lines = "\n  ".join(f.format() for f in report.errors)
+    raise TensorRTLintError(
+        f"{what} fails the TensorRT lint ({len(report.errors)} errors):\n  {lines}\n"
+        "TensorRT's ONNX parser would reject this graph; fix the model or the build options."
+    )
+
+
+def _op_key(n: onnx.NodeProto) -> str:
+    return f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+
+
+def _check_opsets(model: onnx.ModelProto) -> list[Finding]:
+    out = []
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and not st.OPSET_MIN <= o.version <= st.OPSET_MAX:
+            out.append(
+                Finding(
+                    "error",
+                    "opset",
+                    None,
+                    None,
+                    f"default-domain opset {o.version} is outside the parser's range "
+                    f"{st.OPSET_MIN}-{st.OPSET_MAX}",
+                )
+            )
+        elif o.domain not in ("", "ai.onnx", schema.DOMAIN):
+            msg = f"opset domain {o.domain!r}: TensorRT has no importer or llmc plugin for it"
+            out.append(Finding("error", "opset", None, None, msg))
+    return out
+
+
+def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelProto:
+    """Strict type inference on a light copy: large initializers become typed graph inputs and
+    plugin nodes become Identity(q) (same type and shape as their output, DESIGN §3)."""
+    g = model.graph
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    lg = light.graph
+    lg.input.extend(g.input)
+    lg.output.extend(g.output)
+    for t in g.initializer:
+        small = t.data_location != onnx.TensorProto.EXTERNAL and t.ByteSize() < 4096
+        if small:
+            lg.initializer.append(t)
+        else:
+            lg.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    for n in g.node:
+        if n.domain == schema.DOMAIN and n.op_type == schema.OP_TYPE and n.input:
+            lg.node.append(helper.make_node("Identity", [n.input[0]], list(n.output), n.name))
+        else:
+            lg.node.append(n)
+    try:
+        return onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        msg = f"strict ONNX type inference failed: {e}"
+        findings.append(Finding("error", "types", None, None, msg))
+        return onnx.shape_inference.infer_shapes(light)
+
+
+def _data_input(n: onnx.NodeProto) -> str | None:
+    index = 1 if n.op_type == "Where" else 0
+    return n.input[index] if len(n.input) > index and n.input[index] else None
+
+
+def _check_ops(view: GraphView) -> list[Finding]:
+    out = []
+    for n in view.model.graph.node:
+        if n.domain not in ("", "ai.onnx"):
+            continue  # plugins: lint_plugin
+        err = _node_finding(n)
+        if n.op_type in st.UNSUPPORTED:
+            out.append(err("op", f"marked unsupported (N) in {st.SOURCE}"))
+            continue
+        supported = st.SUPPORTED.get(n.op_type)
+        if supported is None:
+            out.append(err("op", f"not in TensorRT's ONNX operator table ({st.SOURCE})"))
+            continue
+        data = _data_input(n)
+        tname = view.type_name(data) if data else None
+        if tname and tname not in supported:
+            out.append(
+                err(
+                    "op",
+                    f"input {data!r} is {tname}; TensorRT supports {n.op_type} on "
+                    f"{', '.join(sorted(supported))}",
+                )
+            )
+        if n.op_type == "Cast":
+            to = st.TYPE_NAMES.get(helper.get_attribute_value(n.attribute[0]), "?")
+            if to not in supported:
+                out.append(err("op", f"casts to {to}; TensorRT casts only to {sorted(supported)}"))
+        for i in st.CONSTANT_INPUTS.get(n.op_type, ()):
+            if i < len(n.input) and n.input[i] and not view.is_constant(n.input[i]):
+                out.append(err("op", f"input {i} ({n.input[i]!r}) must be a build-time constant"))
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        for name, allowed in st.ATTRIBUTE_RULES.get(n.op_type, ()):
+            if name in attrs and attrs[name] not in allowed:
+                out.append(err("op", f"attribute {name}={attrs[name]!r} is unsupported"))
+        if n.op_type == "Constant" and not {
+            "value",
+            "value_int",
+            "value_ints",
+            "value_float",
+            "value_floats",
+        } >= set(attrs):
+            out.append(err("op", f"attribute {sorted(attrs)} unsupported (sparse or string)"))
+    return out
+
+
+def _check_shape_inputs(view: GraphView) -> list[Finding]:
+    """Shape inputs must not depend on tensor data. ``origin[v]`` is where v's data comes from."""
+    g = view.model.graph
+    inits = set(view.initializers)
+    origin = {i.name: f"graph input {i.name!r}" for i in g.input if i.name not in inits}
+    out = []
+    for n in g.node:
+        for i in st.SHAPE_INPUTS.get(n.op_type, ()):
+            if i < len(n.input) and n.input[i] in origin:
+                out.append(
+                    _node_finding(n)(
+                        "shape",
+                        f"input {i} ({n.input[i]!r}) sets an output shape but is computed "
+                        f"from tensor data ({origin[n.input[i]]}); TensorRT needs shape inputs "
+                        "computable from tensor shapes and constants",
+                    )
+                )
+        if n.op_type in st.DATA_DEPENDENT:
+            for o in n.output:
+                origin[o] = f"{n.op_type} node {n.name!r} output (data-dependent shape)"
+        elif n.op_type not in ("Shape", "Size"):
+            source = next((origin[i] for i in n.input if i in origin), None)
+            if source is not None:
+                origin.update(dict.fromkeys(n.output, source))
+    return out
+
+
+def _node_finding(n: onnx.NodeProto, severity: str = "error"):
+    def make(check: str, message: str) -> Finding:
+        return Finding(severity, check, n.name, _op_key(n), message)
+
+    return make
