@@ -136,7 +136,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model name clients send")
-    p.add_argument("--api-key", default=None, help="require this bearer token on /v1/*")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require this bearer token on every route but /health, /ready, /metrics",
+    )
     p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences per step")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output")
@@ -144,6 +148,30 @@ def _add_serve(sub) -> None:
         "--kv-cache-memory", type=float, default=None, help="KV-cache budget in GiB (default 2)"
     )
     p.add_argument("--max-waiting", type=int, default=64, help="queued requests before 503")
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help="do not share KV blocks of common prompt prefixes",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests may run after SIGTERM; then they are aborted",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=None,
+        help="CORS origins allowed to call the API ('*' for any); default: CORS off",
+    )
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=4 << 20,
+        help="larger request bodies get 413 (default 4 MiB)",
+    )
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -162,6 +190,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         kv_cache_memory=kv_bytes,
+        enable_prefix_caching=args.enable_prefix_caching,
+        shutdown_timeout_s=args.shutdown_timeout,
+        allowed_origins=args.allowed_origins,
+        max_request_body_bytes=args.max_request_body_bytes,
     )
     return 0
 

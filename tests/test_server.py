@@ -28,6 +28,7 @@ import uvicorn
 from llmc.runtime.outputs import CompletionOutput, RequestOutput
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server import AsyncLLMEngine, EngineDeadError, QueueFullError, build_app
+from llmc.runtime.stats import EngineStats
 from tests.tiny_models import make_tiny_llama
 
 MODEL = "tiny-llama"
@@ -227,7 +228,7 @@ def test_bad_requests_get_openai_errors(http: httpx.Client) -> None:
     missing = http.post("/v1/chat/completions", json=chat | {"model": "gpt-4"})
     assert "gpt-4" in _error(missing, 404, "model")
     assert missing.json()["error"]["code"] == "model_not_found"
-    assert _error(http.post("/v1/chat/completions", json=chat | {"n": 2}), 400, "n")
+    assert _error(http.post("/v1/chat/completions", json=chat | {"n": 1000}), 400, "n")
     assert _error(http.post("/v1/completions", json={"model": MODEL, "prompt": ""}), 400, "prompt")
     out_of_vocab = http.post("/v1/completions", json={"model": MODEL, "prompt": [5, 99999]})
     assert "99999" in _error(out_of_vocab, 400)
@@ -250,9 +251,9 @@ def test_openai_client_gets_typed_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-4", messages=messages)
     assert missing.value.code == "model_not_found"
-    with pytest.raises(openai.BadRequestError) as two:
-        client.chat.completions.create(model=MODEL, messages=messages, n=2)
-    assert two.value.param == "n" and "n must be 1" in two.value.message
+    with pytest.raises(openai.BadRequestError) as many:
+        client.chat.completions.create(model=MODEL, messages=messages, n=129)
+    assert many.value.param == "n" and "128" in many.value.message
     with pytest.raises(openai.BadRequestError) as too_long:
         client.completions.create(model=MODEL, prompt="x", max_tokens=MAX_MODEL_LEN)
     assert too_long.value.code == "context_length_exceeded"
@@ -393,6 +394,10 @@ class ScriptedEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def stats(self) -> EngineStats:
+        n = len(self.requests)
+        return EngineStats(n, 0, n / 10, 0, 0, 0, 10 - n, 10)
 
     def step(self) -> list[RequestOutput]:
         time.sleep(0.001)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from llmc.runtime.server.app import build_app
+from llmc.runtime.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
 from llmc.runtime.server.async_engine import AsyncLLMEngine
+from llmc.runtime.server.drain import ABORT_GRACE_S, DrainingServer
 
 logger = logging.getLogger(__name__)
 
@@ -18,33 +19,43 @@ def serve(
     model_name: str | None = None,
     api_key: str | None = None,
     max_waiting: int = 64,
-    drain_timeout_s: float | None = 30.0,
+    shutdown_timeout_s: float = 30.0,
     log_level: str = "info",
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     max_model_len: int | None = None,
     kv_cache_memory: int | None = None,
+    enable_prefix_caching: bool = True,
+    allowed_origins: list[str] | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
 ) -> None:
     """Serve an engine directory with the OpenAI-compatible API until SIGINT or SIGTERM.
 
-    On SIGINT/SIGTERM uvicorn stops accepting connections and lets in-flight requests finish
-    (for at most ``drain_timeout_s``); then the engine thread is stopped. Blocks until then.
+    The first SIGTERM/SIGINT drains (``drain.py``): readiness turns false, new requests get
+    503, in-flight ones finish for at most ``shutdown_timeout_s`` and the rest end with
+    finish_reason "abort"; then the engine thread stops and the process exits. Blocks until
+    then.
 
     Args:
         engine_dir: the engine directory (``manifest.json`` and engine files).
         host: interface to bind; the default serves only this machine.
         port: TCP port.
         model_name: the name clients pass as ``model``; default: the engine directory's name.
-        api_key: when set, ``/v1/*`` requires ``Authorization: Bearer <api_key>``.
+        api_key: when set, every route but /health, /ready, /metrics requires
+            ``Authorization: Bearer <api_key>``.
         max_waiting: requests that may wait for their first token before new ones get 503.
-        drain_timeout_s: how long shutdown waits for in-flight requests, seconds; None: forever.
+        shutdown_timeout_s: how long a drain lets in-flight requests run, seconds.
         log_level: uvicorn's log level.
         max_num_seqs, max_num_batched_tokens, max_model_len: engine limits (default: the
             engine's build limits).
         kv_cache_memory: KV-cache budget in bytes (default: the loader's).
+        enable_prefix_caching: share the KV blocks of common prompt prefixes between requests.
+        allowed_origins: CORS origins (None: CORS off).
+        max_request_body_bytes: larger request bodies get 413.
 
     Raises:
-        Whatever ``LLMEngine.from_engine_dir`` raises for a missing or mismatched engine.
+        Whatever ``LLMEngine.from_engine_dir`` raises for a missing or mismatched engine or a
+        configuration that cannot work (``llmc.errors.EngineConfigError``).
     """
     import uvicorn
 
@@ -59,19 +70,27 @@ def serve(
     llm_engine = LLMEngine.from_engine_dir(
         engine_dir,
         kv_cache_memory=kv_cache_memory,
+        enable_prefix_caching=enable_prefix_caching,
         **{k: v for k, v in limits.items() if v is not None},
     )
     engine = AsyncLLMEngine(llm_engine, max_waiting=max_waiting)
     try:
-        app = build_app(engine, name, api_key=api_key, owns_engine=True)
+        app = build_app(
+            engine,
+            name,
+            api_key=api_key,
+            owns_engine=True,
+            allowed_origins=allowed_origins,
+            max_request_body_bytes=max_request_body_bytes,
+        )
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
             log_level=log_level,
-            timeout_graceful_shutdown=drain_timeout_s,
+            timeout_graceful_shutdown=int(ABORT_GRACE_S),
         )
         logger.info("serving %s as model %r on http://%s:%d", engine_dir, name, host, port)
-        uvicorn.Server(config).run()  # SIGINT/SIGTERM: drain, lifespan shutdown, exit
+        DrainingServer(config, app.state.drain, engine, shutdown_timeout_s).run()
     finally:
         engine.shutdown()  # when uvicorn failed to start (e.g. the port is taken)

@@ -1,27 +1,38 @@
-"""The FastAPI application: routes, API-key check, client-disconnect handling.
+"""The FastAPI application: routes, middleware, client-disconnect handling.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (behind the
-API key when one is set), ``GET /health`` and ``GET /metrics`` (public, for load balancers and
-Prometheus).
+API key when one is set, like every route but the public three); ``GET /health`` (liveness: the
+engine thread is alive), ``GET /ready`` (readiness: alive and not draining) and
+``GET /metrics`` (Prometheus) are public, for load balancers and scrapers.
+
+Middleware, outermost first: CORS (only with ``allowed_origins``), then ``RequestGate`` (API
+key, drain, body size cap, UTF-8; see ``gate.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from llmc.runtime.server.async_engine import AsyncLLMEngine
-from llmc.runtime.server.errors import ApiError, install_error_handlers
+from llmc.runtime.server.drain import Drain
+from llmc.runtime.server.errors import install_error_handlers
+from llmc.runtime.server.gate import RequestGate
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmc.runtime.server.responses import ModelCard, ModelList
 from llmc.runtime.server.serving import OpenAIServing
 from llmc.version import __version__
+
+# Default cap on request bodies: 4 MiB holds a 128k-token prompt sent as token ids (~7 bytes
+# per id in JSON) or as text, with room to spare, and stops a client from making the server
+# buffer arbitrary amounts of memory.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 4 << 20
 
 
 def build_app(
@@ -30,20 +41,31 @@ def build_app(
     api_key: str | None = None,
     retry_after_s: int = 1,
     owns_engine: bool = False,
+    allowed_origins: list[str] | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
 ) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine.
 
     Args:
         engine: the running async engine; the caller shuts it down unless ``owns_engine``.
         model_name: the name clients pass as ``model``; any other name gets 404.
-        api_key: when set, ``/v1/*`` requires ``Authorization: Bearer <api_key>`` (else 401).
-        retry_after_s: ``Retry-After`` of the 503 sent when the waiting queue is full, seconds.
+        api_key: when set, every route but ``/health``, ``/ready`` and ``/metrics`` requires
+            ``Authorization: Bearer <api_key>`` (else 401).
+        retry_after_s: ``Retry-After`` of the 503 sent when the waiting queue is full or the
+            server drains, seconds.
         owns_engine: stop the engine thread when the app shuts down (ASGI lifespan). uvicorn
             runs the lifespan shutdown after draining in-flight requests, and then, on SIGTERM,
             re-raises the signal, so code after ``uvicorn.run`` never runs.
+        allowed_origins: origins allowed by CORS (``["*"]`` for any); None or empty: no CORS
+            headers at all, so browsers on other origins cannot call the API.
+        max_request_body_bytes: larger request bodies get 413.
+
+    Returns:
+        The app; ``app.state.drain`` is its `Drain` (set ``draining`` to start a drain).
     """
     metrics = ServerMetrics(engine, model_name)
     serving = OpenAIServing(engine, model_name, metrics, retry_after_s)
+    drain = Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -52,18 +74,18 @@ def build_app(
             await asyncio.to_thread(engine.shutdown)
 
     app = FastAPI(title="llmc", version=__version__, lifespan=lifespan)
+    app.state.drain = drain
     install_error_handlers(app)
-    router = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(api_key))])
 
-    @router.post("/completions", response_model=None)
+    @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _until_disconnect(request, serving.completion(body))
 
-    @router.post("/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _until_disconnect(request, serving.chat(body))
 
-    @router.get("/models")
+    @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name, max_model_len=engine.max_model_len)])
 
@@ -71,30 +93,29 @@ def build_app(
     async def health() -> Response:
         return Response(status_code=200 if engine.is_running else 503)
 
+    @app.get("/ready")
+    async def ready() -> Response:
+        return Response(status_code=200 if engine.is_running and not drain.draining else 503)
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    app.include_router(router)
+    app.add_middleware(
+        RequestGate,
+        drain=drain,
+        api_key=api_key,
+        max_body_bytes=max_request_body_bytes,
+        retry_after_s=retry_after_s,
+    )
+    if allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
     return app
-
-
-def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """A dependency that refuses requests without ``Authorization: Bearer <api_key>``."""
-
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
-            raise ApiError(
-                401,
-                "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    return check
 
 
 async def _until_disconnect(request: Request, handler: Awaitable[Response]) -> Response:

@@ -12,18 +12,20 @@ The design is vLLM's ``AsyncLLMEngine`` (v0) with the engine loop on a thread in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
+from llmc.runtime.outputs import CompletionOutput, RequestOutput
 from llmc.runtime.server.errors import EngineDeadError, QueueFullError
 
 if TYPE_CHECKING:
     from llmc.runtime.engine import LLMEngine
-    from llmc.runtime.outputs import RequestOutput
     from llmc.runtime.sampling_params import SamplingParams
+    from llmc.runtime.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +40,33 @@ class _RequestStream:
     request_id: str
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[_Item]
+    last: RequestOutput | None = field(default=None)  # the latest output delivered
 
     def put(self, item: _Item) -> None:
         """Hand ``item`` to the request's coroutine; callable from any thread."""
+        if isinstance(item, RequestOutput):
+            self.last = item
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+    def aborted(self, add: _Add) -> RequestOutput:
+        """The request's final output when the server aborts it: what it has so far, every
+        unfinished completion with finish_reason "abort"."""
+        if self.last is None:
+            outputs = [
+                CompletionOutput(index=i, text="", token_ids=[], finish_reason="abort")
+                for i in range(add.params.n)
+            ]
+            return RequestOutput(
+                self.request_id, add.prompt, add.prompt_token_ids, outputs, finished=True
+            )
+        outputs = [
+            o if o.finish_reason else dataclasses.replace(o, finish_reason="abort")
+            for o in self.last.outputs
+        ]
+        return dataclasses.replace(self.last, outputs=outputs, finished=True)
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,14 @@ class _Add:
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _AbortAll:
+    """End every unfinished request with finish_reason "abort" (the drain's deadline)."""
+
+
+_Command: TypeAlias = "_Add | _Abort | _AbortAll"
 
 
 class AsyncLLMEngine:
@@ -75,11 +105,12 @@ class AsyncLLMEngine:
         self.max_waiting = max_waiting
         self._engine = engine
         self._cond = threading.Condition()
-        self._inbox: list[_Add | _Abort] = []
+        self._inbox: list[_Command] = []
         self._stopping = False
         self._dead: EngineDeadError | None = None
         self._num_waiting = 0
         self._num_in_flight = 0
+        self._stats: EngineStats = engine.stats()  # replaced by the engine thread, never mutated
         self._thread = threading.Thread(target=self._run, name="llmc-engine", daemon=True)
         self._thread.start()
 
@@ -92,6 +123,17 @@ class AsyncLLMEngine:
     def num_running(self) -> int:
         """Requests that have produced output and are not finished."""
         return self._num_in_flight - self._num_waiting
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests submitted and not finished (waiting or running)."""
+        return self._num_in_flight
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's statistics after its latest step or abort (block pool, prefix cache,
+        preemptions); a snapshot, safe to read from any thread."""
+        return self._stats
 
     @property
     def is_running(self) -> bool:
@@ -152,6 +194,12 @@ class AsyncLLMEngine:
             if not finished:
                 self._submit(_Abort(request_id))
 
+    def abort_all(self) -> None:
+        """End every unfinished request now: each gets a last output with what it generated so
+        far and finish_reason "abort" (unless already finished), and its blocks are freed.
+        Used when a drain runs out of time."""
+        self._submit(_AbortAll())
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine thread after its current step; unfinished requests fail with
         ``EngineDeadError``. Idempotent."""
@@ -165,14 +213,14 @@ class AsyncLLMEngine:
         with self._cond:
             self._num_waiting -= 1
 
-    def _submit(self, command: _Add | _Abort) -> None:
+    def _submit(self, command: _Command) -> None:
         with self._cond:
             self._inbox.append(command)
             self._cond.notify()
 
     def _run(self) -> None:
         """The engine thread: apply the inbox, step while there is work, sleep when idle."""
-        streams: dict[str, _RequestStream] = {}
+        streams: dict[str, tuple[_RequestStream, _Add]] = {}
         error = EngineDeadError("the engine is shut down")
         try:
             busy = False
@@ -187,33 +235,35 @@ class AsyncLLMEngine:
                     self._apply(command, streams)
                 if self._engine.has_unfinished_requests():
                     for output in self._engine.step():
-                        stream = streams.get(output.request_id)
-                        if stream is None:  # aborted while the step ran
+                        entry = streams.get(output.request_id)
+                        if entry is None:  # aborted while the step ran
                             continue
                         if output.finished:
                             del streams[output.request_id]
-                        stream.put(output)
+                        entry[0].put(output)
                 busy = self._engine.has_unfinished_requests()
+                self._stats = self._engine.stats()
         except Exception as exc:
             logger.exception("the engine loop failed; no further requests will be served")
             error = EngineDeadError(f"the engine stopped after an error: {exc!r}")
         with self._cond:
             self._dead = error
             pending, self._inbox = self._inbox, []
-        for stream in streams.values():
+        for stream, _ in streams.values():
             stream.put(error)
         for command in pending:
             if isinstance(command, _Add):
                 command.stream.put(error)
 
-    def _apply(self, command: _Add | _Abort, streams: dict[str, _RequestStream]) -> None:
+    def _apply(self, command: _Command, streams: dict[str, tuple[_RequestStream, _Add]]) -> None:
         """Apply one inbox command on the engine thread."""
+        if isinstance(command, _AbortAll):
+            for request_id, (stream, add) in list(streams.items()):
+                self._abort(request_id, streams)
+                stream.put(stream.aborted(add))
+            return
         if isinstance(command, _Abort):
-            if streams.pop(command.request_id, None) is not None:
-                try:
-                    self._engine.abort_request(command.request_id)
-                except Exception:  # a failed abort must not stop the other requests
-                    logger.exception("aborting request %s failed", command.request_id)
+            self._abort(command.request_id, streams)
             return
         stream = command.stream
         if stream.request_id in streams:
@@ -226,7 +276,14 @@ class AsyncLLMEngine:
         except Exception as exc:  # refused (ValueError) or an engine bug: fail this request only
             stream.put(exc)
             return
-        streams[stream.request_id] = stream
+        streams[stream.request_id] = (stream, command)
+
+    def _abort(self, request_id: str, streams: dict[str, tuple[_RequestStream, _Add]]) -> None:
+        if streams.pop(request_id, None) is not None:
+            try:
+                self._engine.abort_request(request_id)
+            except Exception:  # a failed abort must not stop the other requests
+                logger.exception("aborting request %s failed", request_id)
 
 
 def _is_final(item: _Item) -> bool:

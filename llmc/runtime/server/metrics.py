@@ -1,39 +1,99 @@
 """Prometheus metrics of the server, under vLLM's metric names so existing dashboards work.
 
-Each app owns its own ``CollectorRegistry`` (no process-global state), exposed at ``/metrics``.
+Names and types follow vLLM v1's metrics (https://docs.vllm.ai/en/v0.12.0/design/metrics/,
+``vllm/v1/metrics/loggers.py``): gauges ``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a fraction, 0..1); counters
+``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits`` (in tokens), ``vllm:num_preemptions``,
+``vllm:prompt_tokens``, ``vllm:generation_tokens``, ``vllm:request_success`` (Prometheus adds
+``_total`` to counters); histograms ``vllm:time_to_first_token_seconds``,
+``vllm:inter_token_latency_seconds``, ``vllm:e2e_request_latency_seconds``.
+
+Engine-side values (queues, KV pool, prefix cache, preemptions) are read at scrape time from the
+engine's latest ``EngineStats`` snapshot; request-side values (tokens, latencies) are recorded by
+the serving code. Each app owns its own ``CollectorRegistry`` (no process-global state).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# vLLM's inter-token latency buckets, seconds.
+_ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's latest ``EngineStats`` (and the server's queue) at scrape time."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.engine.stats
+        labels = ["model_name"]
+        gauges = [
+            (
+                "vllm:num_requests_running",
+                "Requests in the engine's running set (prefill or decode).",
+                stats.num_running,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Requests waiting for admission (new or preempted).",
+                stats.num_waiting,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "Fraction of KV-cache blocks in use (0..1); evictable cached blocks are free.",
+                stats.kv_cache_usage,
+            ),
+        ]
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            gauge.add_metric([self.model_name], float(value))
+            yield gauge
+        counters = [
+            (
+                "vllm:prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                stats.prefix_cache_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prompt tokens found in the prefix cache.",
+                stats.prefix_cache_hits,
+            ),
+            (
+                "vllm:num_preemptions",
+                "Sequences preempted (to be recomputed).",
+                stats.num_preemptions,
+            ),
+        ]
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            counter.add_metric([self.model_name], float(value))
+            yield counter
 
 
 class ServerMetrics:
-    """Request counters, token counters, TTFT and end-to-end latency histograms, queue gauges.
+    """Engine gauges and counters, token counters, TTFT, inter-token and end-to-end latency.
 
     Args:
-        engine: read for the ``num_requests_running`` / ``num_requests_waiting`` gauges.
+        engine: read at scrape time for the engine-side metrics.
         model_name: the ``model_name`` label of every metric.
     """
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine, model_name))
         labels = ["model_name"]
-        running = Gauge(
-            "vllm:num_requests_running", "Requests generating.", labels, registry=self.registry
-        )
-        waiting = Gauge(
-            "vllm:num_requests_waiting",
-            "Requests waiting for their first token.",
-            labels,
-            registry=self.registry,
-        )
-        running.labels(model_name).set_function(lambda: engine.num_running)
-        waiting.labels(model_name).set_function(lambda: engine.num_waiting)
         self._prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=self.registry
         ).labels(model_name)
@@ -53,6 +113,13 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         ).labels(model_name)
+        self._itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between consecutive output tokens of a request, seconds.",
+            labels,
+            buckets=_ITL_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model_name)
         self._e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "End-to-end request latency, seconds.",
@@ -66,10 +133,16 @@ class ServerMetrics:
         """Record one request's time to first token."""
         self._ttft.observe(ttft_s)
 
+    def observe_tokens(self, num_tokens: int, interval_s: float) -> None:
+        """Record ``num_tokens`` new output tokens that arrived ``interval_s`` after the
+        previous ones: each counts as one inter-token latency of ``interval_s / num_tokens``."""
+        for _ in range(num_tokens):
+            self._itl.observe(interval_s / num_tokens)
+
     def observe_finished(
         self, prompt_tokens: int, completion_tokens: int, finish_reason: str, e2e_s: float
     ) -> None:
-        """Record a request that ran to completion."""
+        """Record a request that ended (finished, aborted or disconnected)."""
         self._prompt_tokens.inc(prompt_tokens)
         self._generation_tokens.inc(completion_tokens)
         self._success.labels(self._model_name, finish_reason).inc()

@@ -3,7 +3,9 @@
 Non-streamed: ``CompletionResponse`` (``object="text_completion"``) and ``ChatCompletionResponse``
 (``"chat.completion"``). Streamed, one per SSE event: ``CompletionResponse`` again (OpenAI streams
 completions in the same schema, text being the delta) and ``ChatCompletionChunk``
-(``"chat.completion.chunk"``). ``logprobs`` is always null: llmc does not return log-probs yet.
+(``"chat.completion.chunk"``). Log-probs come in OpenAI's two formats: the legacy one of
+completions (``CompletionLogprobs``: parallel lists) and the chat one (``ChatLogprobs``: one
+entry per token, with its UTF-8 bytes and alternatives).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
-# "stop" or "length" (vLLM also has "abort", which no client sees).
+# "stop", "length", or "abort" (vLLM's: the server ended the request, e.g. at shutdown).
 FinishReason = str
 
 
@@ -38,13 +40,47 @@ class UsageInfo(BaseModel):
         )
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy log-probs of ``/v1/completions``: one entry per token in each list.
+
+    ``token_logprobs`` and ``top_logprobs`` are None for the first prompt token (echo), which
+    nothing predicts; ``text_offset`` is each token's character offset in the choice's text.
+    """
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     """One choice of a completion; in a stream, ``text`` is the new text only."""
 
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
+
+
+class TopLogprob(BaseModel):
+    """One alternative token of a chat log-prob entry."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    """The log-prob of one generated token of a chat completion and its top alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """``choices[i].logprobs`` of a chat completion or chunk."""
+
+    content: list[ChatTokenLogprob] | None = None
+    refusal: None = None
 
 
 class CompletionResponse(BaseModel):
@@ -72,7 +108,7 @@ class ChatCompletionChoice(BaseModel):
 
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -105,7 +141,7 @@ class ChatCompletionStreamChoice(BaseModel):
 
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 

@@ -1,0 +1,144 @@
+"""Server-sent events of one request: its ``n`` choices streamed as text deltas, then the usage
+chunk if asked for, then ``data: [DONE]``; and the per-request latency bookkeeping.
+
+Engine outputs are cumulative, and the async engine may skip intermediate ones, so each
+choice's delta is cut from its cumulative text: the characters and tokens after what was sent.
+A chunk is sent when a choice has new text or finishes; tokens whose text is still held back
+(an incomplete character, a possible stop string) ride with the next chunk. Choices finish
+independently, each with its own ``finish_reason``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from llmc.runtime.outputs import RequestOutput
+from llmc.runtime.server.metrics import ServerMetrics
+from llmc.runtime.server.renderers import ChunkSpan, Renderer
+from llmc.runtime.server.responses import UsageInfo
+
+logger = logging.getLogger(__name__)
+
+
+class RequestTracker:
+    """Records one request's TTFT, inter-token latencies and end in the server metrics.
+
+    Args:
+        metrics: where to record.
+        num_prompt_tokens: the request's prompt length.
+        arrival: when the request arrived, ``time.monotonic()`` seconds.
+    """
+
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int, arrival: float) -> None:
+        self.metrics = metrics
+        self.num_prompt_tokens = num_prompt_tokens
+        self.arrival = arrival
+        self.last: RequestOutput | None = None
+        self._num_tokens = 0
+        self._last_time = arrival
+        self._done = False
+
+    def update(self, output: RequestOutput) -> None:
+        """Account for one (cumulative) engine output."""
+        now = time.monotonic()
+        num_tokens = sum(len(o.token_ids) for o in output.outputs)
+        if self.last is None:
+            self.metrics.observe_first_token(now - self.arrival)
+        elif num_tokens > self._num_tokens:
+            self.metrics.observe_tokens(num_tokens - self._num_tokens, now - self._last_time)
+        if num_tokens > self._num_tokens:
+            self._last_time = now
+        self._num_tokens = num_tokens
+        self.last = output
+
+    def usage(self) -> UsageInfo:
+        """Token usage so far (all choices)."""
+        return UsageInfo.of(self.num_prompt_tokens, self._num_tokens)
+
+    def finish(self) -> None:
+        """Record the request's end once: its last output's finish reason, "abort" if it
+        ended without one (client gone)."""
+        if self._done:
+            return
+        self._done = True
+        reasons = [o.finish_reason for o in self.last.outputs] if self.last else []
+        reason = reasons[0] if reasons and all(reasons) else "abort"
+        self.metrics.observe_finished(
+            self.num_prompt_tokens,
+            self._num_tokens,
+            reason or "abort",
+            time.monotonic() - self.arrival,
+        )
+
+
+@dataclass
+class _ChoiceState:
+    chars: int = 0
+    tokens: int = 0
+    started: bool = False
+    done: bool = False
+
+
+async def sse_events(
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    renderer: Renderer,
+    tracker: RequestTracker,
+    num_choices: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The request's server-sent events (see the module docstring); an engine failure after
+    the headers are sent is reported in-band as an error event, as vLLM does."""
+    states = [_ChoiceState() for _ in range(num_choices)]
+    async with aclosing(rest):
+        try:
+            for index in range(num_choices):
+                opening = renderer.opening(index)
+                if opening is not None:
+                    yield _event(opening)
+            output = first
+            while True:
+                for out in output.outputs:
+                    state = states[out.index]
+                    if state.done:
+                        continue
+                    delta = out.text[state.chars :]
+                    due = delta or out.finish_reason or (renderer.prefix and not state.started)
+                    if not due:
+                        continue
+                    span = ChunkSpan(
+                        delta,
+                        state.tokens,
+                        len(out.token_ids),
+                        state.chars + (len(renderer.prefix) if state.started else 0),
+                        out.finish_reason,
+                        not state.started,
+                    )
+                    yield _event(renderer.chunk(output, out, span))
+                    state.chars, state.tokens = len(out.text), len(out.token_ids)
+                    state.started, state.done = True, out.finish_reason is not None
+                if output.finished:
+                    break
+                output = await anext(rest)
+                tracker.update(output)
+            tracker.finish()
+            if include_usage:
+                yield _event(renderer.usage_chunk(tracker.usage()))
+        except Exception as exc:  # headers are sent: report in-band
+            logger.exception("request %s failed while streaming", first.request_id)
+            error = {"message": f"Generation stopped: {exc}", "type": "server_error"}
+            yield f"data: {json.dumps({'error': error | {'param': None, 'code': None}})}\n\n"
+        finally:
+            tracker.finish()
+    yield "data: [DONE]\n\n"
+
+
+def _event(model: BaseModel) -> str:
+    return f"data: {model.model_dump_json()}\n\n"
