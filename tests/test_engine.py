@@ -208,8 +208,8 @@ def test_add_request_validation(tokenizer):
         ValueError, match="is 65 tokens, more than this engine's max_model_len of 64"
     ):
         engine.add_request("y", [5] * 60, SamplingParams(max_tokens=5))
-    with pytest.raises(ValueError, match="n > 1 is not supported yet"):
-        engine.add_request("y", [5], SamplingParams(n=2))
+    with pytest.raises(ValueError, match="n must be an integer >= 1, got 0"):
+        engine.add_request("y", [5], SamplingParams(n=0))
     with pytest.raises(ValueError, match="block_size 8 differs"):
         cfg = EngineConfig(block_size=8, num_blocks=8, max_model_len=8)
         LLMEngine(PagedFakeRunner(8, 4), tokenizer, cfg, set())

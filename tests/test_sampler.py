@@ -6,6 +6,7 @@ import torch
 
 from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.sequence import Sequence
 
 # A 6-token distribution whose nuclei are easy to work out by hand.
 PROBS = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
@@ -15,7 +16,17 @@ N = 20_000
 def sample_many(params: SamplingParams) -> np.ndarray:
     """N draws from PROBS under ``params``, as one batch of N identical rows."""
     rows = np.tile(np.log(PROBS).astype(np.float32), (N, 1))
-    return Sampler(seed=0)(rows, [params] * N, [None] * N)
+    return sample(Sampler(seed=0), rows, [params] * N)
+
+
+def sample(sampler, logits, params, generators=None) -> np.ndarray:
+    """Sample one token per row of ``logits`` for fresh sequences with ``params``."""
+    generators = generators or [None] * len(params)
+    seqs = [
+        Sequence(str(i), [3], p, generator=g)
+        for i, (p, g) in enumerate(zip(params, generators, strict=True))
+    ]
+    return sampler(logits, seqs)
 
 
 def assert_frequencies(tokens: np.ndarray, expected: np.ndarray) -> None:
@@ -32,7 +43,7 @@ def random_logits(rows: int, vocab: int, seed: int) -> np.ndarray:
 def test_greedy_is_argmax():
     logits = random_logits(8, 50, 0)
     params = [SamplingParams(temperature=0.0)] * 8
-    out = Sampler(seed=0)(logits, params, [None] * 8)
+    out = sample(Sampler(seed=0), logits, params)
     assert out.dtype == np.int64
     np.testing.assert_array_equal(out, np.argmax(logits, axis=1))
 
@@ -47,7 +58,7 @@ def test_top_k_1_equals_greedy_and_mixed_batches_keep_greedy_rows_exact():
         SamplingParams(temperature=0.0, seed=3),
         SamplingParams(temperature=0.0),
     ]
-    out = Sampler(seed=0)(logits, params, [None] * 6)
+    out = sample(Sampler(seed=0), logits, params)
     np.testing.assert_array_equal(out, np.argmax(logits, axis=1))
 
 
@@ -64,7 +75,7 @@ def test_seeded_request_is_reproducible_whatever_the_batch():
 
     alone, gen = [], torch.Generator().manual_seed(1234)
     for row in steps:
-        alone.append(int(Sampler(seed=0)(row[None], [params], [gen])[0]))
+        alone.append(int(sample(Sampler(seed=0), row[None], [params], [gen])[0]))
 
     batched, gen = [], torch.Generator().manual_seed(1234)
     sampler = Sampler(seed=99)
@@ -75,7 +86,7 @@ def test_seeded_request_is_reproducible_whatever_the_batch():
         ps = others[:k] + [params] + others[k:]
         gens = [torch.Generator().manual_seed(7) if p.seed else None for p in ps]
         gens[k] = gen
-        batched.append(int(sampler(rows, ps, gens)[k]))
+        batched.append(int(sample(sampler, rows, ps, gens)[k]))
 
     assert alone == batched
     assert len(set(alone)) > 5  # it really sampled
@@ -87,7 +98,7 @@ def test_different_seeds_give_different_samples():
     for seed in (1, 2):
         gen = torch.Generator().manual_seed(seed)
         p = SamplingParams(seed=seed)
-        draws[seed] = [int(Sampler(seed=0)(logits, [p], [gen])[0]) for _ in range(10)]
+        draws[seed] = [int(sample(Sampler(seed=0), logits, [p], [gen])[0]) for _ in range(10)]
     assert draws[1] != draws[2]
 
 
@@ -129,5 +140,5 @@ def test_top_k_larger_than_the_vocabulary_is_no_limit():
 
 
 def test_row_count_mismatch_is_refused():
-    with pytest.raises(ValueError, match="2 logits rows but 1 params"):
-        Sampler()(np.zeros((2, 4), np.float32), [SamplingParams()], [None, None])
+    with pytest.raises(ValueError, match="2 logits rows but 1 sequences"):
+        sample(Sampler(), np.zeros((2, 4), np.float32), [SamplingParams()])

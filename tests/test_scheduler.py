@@ -1,6 +1,7 @@
 """Scheduler with fake model outputs: exact plans, block ids, budgets, preemption, stops."""
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -12,7 +13,8 @@ EOS = 1
 
 
 def make_scheduler(**kw) -> Scheduler:
-    cfg = dict(max_model_len=64, block_size=4, num_blocks=16)
+    # Every make_seq prompt is the same: prefix caching is off unless a test turns it on.
+    cfg = dict(max_model_len=64, block_size=4, num_blocks=16, enable_prefix_caching=False)
     cfg.update(kw)
     return Scheduler(SchedulerConfig(**cfg), eos_token_ids={EOS})
 
@@ -105,8 +107,8 @@ def test_max_num_seqs_bounds_running_and_next_waiting_joins_when_one_finishes():
     assert plan(out) == [("b", 4, 1, True), ("c", 0, 3, True)]
     # b's 5th token opens its 2nd block before c is admitted; a's block 0 went to the back of
     # the free queue.
-    assert sched.requests["b"].block_ids == [1, 2]
-    assert sched.requests["c"].block_ids == [3]
+    assert sched.requests["b"][0].block_ids == [1, 2]
+    assert sched.requests["c"][0].block_ids == [3]
 
 
 def test_waiting_request_that_does_not_fit_blocks_later_ones():
@@ -116,7 +118,7 @@ def test_waiting_request_that_does_not_fit_blocks_later_ones():
     sched.add_request(make_seq("c", 1))  # would fit, but must not overtake b
     out = sched.schedule()
     assert plan(out) == [("a", 0, 5, True)]
-    assert sched.requests["a"].block_ids == [0, 1, 2]
+    assert sched.requests["a"][0].block_ids == [0, 1, 2]
     assert [s.request_id for s in sched.waiting] == ["b", "c"]
 
 
@@ -173,7 +175,7 @@ def test_preempted_requests_go_back_to_the_front_of_waiting_in_arrival_order():
     assert plan(out) == [("a", 2, 1, True)]
     assert out.preempted_request_ids == ("c", "b")
     assert [s.request_id for s in sched.waiting] == ["b", "c", "d"]
-    assert sched.requests["a"].block_ids == [0, 1, 5]
+    assert sched.requests["a"][0].block_ids == [0, 1, 5]
 
 
 def test_request_that_preempts_itself_is_not_scheduled():
@@ -259,10 +261,16 @@ def test_errors():
         SchedulerConfig(max_model_len=8, block_size=4, num_blocks=2, max_num_seqs=0)
 
 
-def test_random_workload_keeps_invariants_and_finishes_every_request():
+@pytest.mark.parametrize("caching", [False, True])
+def test_random_workload_keeps_invariants_and_finishes_every_request(caching):
     rng = random.Random(0)
     cfg = SchedulerConfig(
-        max_model_len=24, block_size=4, num_blocks=12, max_num_seqs=4, max_num_batched_tokens=10
+        max_model_len=24,
+        block_size=4,
+        num_blocks=12,
+        max_num_seqs=4,
+        max_num_batched_tokens=10,
+        enable_prefix_caching=caching,
     )
     sched = Scheduler(cfg, eos_token_ids={EOS})
     pending = [
@@ -278,8 +286,11 @@ def test_random_workload_keeps_invariants_and_finishes_every_request():
         num_preemptions += len(out.preempted_request_ids)
         assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= 10
         assert len(out.scheduled) <= 4 and len(sched.running) <= 4
-        used = [b for s in sched.running for b in s.block_ids]
-        assert len(used) == len(set(used)) == 12 - sched.block_pool.num_free_blocks
+        holders = Counter(b for seqs in sched.requests.values() for s in seqs for b in s.block_ids)
+        assert len(holders) == 12 - sched.block_pool.num_free_blocks
+        assert {b: sched.block_pool.blocks[b].ref_cnt for b in holders} == holders
+        if not caching:  # without the prefix cache, no two requests share a block
+            assert set(holders.values()) <= {1}
         for s in out.scheduled:
             assert len(s.seq.block_ids) == -(-(s.num_computed_tokens + s.num_new_tokens) // 4)
         tokens = [rng.randint(2, 500) for _ in out.sampling]
@@ -290,5 +301,9 @@ def test_random_workload_keeps_invariants_and_finishes_every_request():
             break
     assert len(finished) == 30
     assert {k: s.num_output_tokens for k, s in finished.items()} == expected_lens
-    assert num_preemptions > 0  # the pool is small enough to exercise preemption
+    if caching:  # every prompt is a prefix of 100, 101, 102...: most blocks are shared
+        stats = sched.stats()
+        assert 0 < stats.prefix_cache_hits < stats.prefix_cache_queries
+    else:
+        assert num_preemptions > 0  # the pool is small enough to exercise preemption
     assert sched.block_pool.num_free_blocks == 12

@@ -26,7 +26,8 @@ class IncrementalDetokenizer:
 
     Stop strings are searched only in the text that the new characters can have completed (the
     last ``new_chars + len(stop) - 1`` characters), so they are found even when they span tokens;
-    the text is cut before the earliest match.
+    the text is cut before the earliest match (after it with ``include_stop_str_in_output``).
+    As in vLLM, stop strings are only searched once more than ``min_tokens`` tokens were added.
 
     Args:
         tokenizer: a Hugging Face tokenizer (``decode`` is the only method used).
@@ -37,6 +38,9 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams):
         self.tokenizer = tokenizer
         self.stop = params.stop
+        self.include_stop = params.include_stop_str_in_output
+        self.min_tokens = params.min_tokens
+        self.num_output_tokens = 0
         self.skip_special_tokens = params.skip_special_tokens
         self.output_text = ""
         self._token_ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
@@ -57,6 +61,7 @@ class IncrementalDetokenizer:
         if self._stopped:
             return None
         self._token_ids.append(token_id)
+        self.num_output_tokens += 1
         return self._emit(flush=False)
 
     def finish(self) -> str | None:
@@ -90,6 +95,8 @@ class IncrementalDetokenizer:
         return self._check_stop(len(new_text))
 
     def _check_stop(self, num_new_chars: int) -> str | None:
+        if self.num_output_tokens <= self.min_tokens:
+            return None
         best: tuple[int, str] | None = None
         for stop in self.stop:
             start = max(len(self.output_text) - num_new_chars - len(stop) + 1, 0)
@@ -98,7 +105,8 @@ class IncrementalDetokenizer:
                 best = (index, stop)
         if best is None:
             return None
-        self.output_text = self.output_text[: best[0]]
+        end = best[0] + len(best[1]) if self.include_stop else best[0]
+        self.output_text = self.output_text[:end]
         self._stopped = True
         return best[1]
 

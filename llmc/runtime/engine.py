@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import ContextLengthError
-from llmc.runtime.detokenizer import IncrementalDetokenizer
-from llmc.runtime.outputs import CompletionOutput, RequestOutput
+from llmc.runtime.output_processor import OutputProcessor
+from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.runner import Runner
 from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
@@ -89,8 +89,8 @@ class LLMEngine:
         self.config = config
         self.max_model_len = config.max_model_len
         self.scheduler = Scheduler(config.scheduler_config(), eos_token_ids)
-        self.sampler = Sampler(config.seed)
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}  # one per unfinished request
+        self.sampler = Sampler(config.seed, eos_token_ids)
+        self.outputs = OutputProcessor(tokenizer)  # one state per unfinished request
 
     @classmethod
     def from_engine_dir(
@@ -161,7 +161,7 @@ class LLMEngine:
                 outside the vocabulary, or a prompt plus ``max_tokens`` longer than
                 ``max_model_len``.
         """
-        if request_id in self._detokenizers:
+        if request_id in self.outputs:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
         if len(prompt_token_ids) == 0:
@@ -182,14 +182,12 @@ class LLMEngine:
             )
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
         self.scheduler.add_request(seq)
-        self._detokenizers[request_id] = IncrementalDetokenizer(
-            self.tokenizer, seq.prompt_token_ids, params
-        )
+        self.outputs.add_request(seq)
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request and free its blocks; unknown or finished ids are ignored."""
         self.scheduler.abort_request(request_id)
-        self._detokenizers.pop(request_id, None)
+        self.outputs.abort_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -203,45 +201,41 @@ class LLMEngine:
 
         Returns:
             One output for every request that got a token in this step (finished or not), in
-            step order. Prompt chunks that do not reach the end of their prompt produce none.
+            step order; an n > 1 request's output holds all its completions so far. Prompt chunks
+            that do not reach the end of their prompt produce none.
         """
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled:
             return []
         step_inputs = build_step_inputs(scheduler_output, self.config.block_size)
-        logits = self.runner.execute(step_inputs)  # logits: [S, V]
+        logits = self.runner.execute(step_inputs)  # logits: [R, V], R = sum of num_logits_rows
+        sample_rows = []
+        row = 0
+        for planned in scheduler_output.scheduled:
+            if planned.num_prompt_logprobs:
+                rows = logits[row : row + planned.num_prompt_logprobs]
+                self.outputs.record_prompt_logprobs(planned.seq, planned.num_computed_tokens, rows)
+                row += planned.num_prompt_logprobs
+            if planned.samples:
+                sample_rows += [row] * (1 + len(planned.forks))  # forks share the row
+                row += 1
         sampling = scheduler_output.sampling
-        if sampling:
-            params = [seq.params for seq in sampling]
-            token_ids = self.sampler(logits, params, [seq.generator for seq in sampling])
-        else:
-            token_ids = np.empty(0, np.int64)
+        if sample_rows != list(range(len(logits))):
+            logits = logits[sample_rows]  # logits: [S, V]
+        token_ids = self.sampler(logits, sampling) if sampling else np.empty(0, np.int64)
+        self.outputs.record_logprobs(sampling, logits, token_ids)
         updated = self.scheduler.update_from_output(scheduler_output, token_ids)
-        return [self._detokenize(seq) for seq in updated]
-
-    def _detokenize(self, seq: Sequence) -> RequestOutput:
-        detokenizer = self._detokenizers[seq.request_id]
-        stop = detokenizer.update(seq.last_token_id)
-        if stop is None and seq.is_finished:
-            stop = detokenizer.finish()
-        if stop is not None:
-            if seq.is_finished:
-                # A stop string in the last token wins over the length limit (as in vLLM).
-                seq.status = SequenceStatus.FINISHED_STOPPED
-            else:
-                self.scheduler.finish_request(seq.request_id, SequenceStatus.FINISHED_STOPPED)
-        if seq.is_finished:
-            del self._detokenizers[seq.request_id]
-        completion = CompletionOutput(
-            index=0,
-            text=detokenizer.text(seq.is_finished),
-            token_ids=list(seq.output_token_ids),
-            finish_reason=seq.finish_reason,
-        )
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            outputs=[completion],
-            finished=seq.is_finished,
-        )
+        touched: dict[str, None] = {}
+        for seq in updated:
+            stop = self.outputs.update(seq)
+            if stop is not None:
+                seq.stop_reason = stop
+                if seq.is_finished:
+                    # A stop string in the last token wins over the length limit (as in vLLM).
+                    seq.status = SequenceStatus.FINISHED_STOPPED
+                else:
+                    self.scheduler.finish_request(
+                        seq.request_id, SequenceStatus.FINISHED_STOPPED, seq.index
+                    )
+            touched[seq.request_id] = None
+        return self.outputs.make_outputs(touched)

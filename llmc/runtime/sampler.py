@@ -1,69 +1,75 @@
-"""Pick the next token of each sampling sequence from its logits (greedy, temperature, top-k/p)."""
+"""Pick the next token of each sampling sequence from its logits (vLLM v1's sampler order)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmc.runtime.penalties import apply_min_tokens, apply_penalties
 from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.sequence import Sequence
 
 if TYPE_CHECKING:
     import torch
 
 
 class Sampler:
-    """Greedy, temperature, top-k and top-p (nucleus) sampling over a batch of logits rows.
+    """Greedy, temperature, min-p, top-k and top-p sampling over a batch of logits rows.
 
-    Greedy rows (temperature 0) take one batched argmax. The other rows are scaled by their
-    temperature, masked by top-k (a ``topk`` threshold, no sort) and/or top-p (Holtzman et al.
-    2019, "The Curious Case of Neural Text Degeneration": keep the smallest set of most likely
-    tokens whose mass reaches ``top_p``; needs a sort, done only for rows that set top_p < 1),
-    then sampled with the exponential race ``argmax(probs / q)``, ``q ~ Exp(1)`` (vLLM's sampler):
-    it equals a categorical draw and lets each row draw its noise from its own generator.
+    First the processors that depend on a row's tokens (`penalties`): ``min_tokens`` masks the
+    stop tokens, then the repetition, frequency and presence penalties. Greedy rows (temperature
+    0) then take one batched argmax. The other rows are scaled by their temperature, masked by
+    min-p (Nguyen et al. 2024: probabilities below ``min_p`` times the largest), by top-k (a
+    ``topk`` threshold, no sort) and/or top-p (Holtzman et al. 2019, "The Curious Case of Neural
+    Text Degeneration": keep the smallest set of most likely tokens whose mass reaches ``top_p``;
+    needs a sort, done only for rows that set top_p < 1), then sampled with the exponential race
+    ``argmax(probs / q)``, ``q ~ Exp(1)`` (vLLM's sampler): it equals a categorical draw and lets
+    each row draw its noise from its own generator.
 
-    How a row is masked depends only on its own parameters, and a seeded row draws its noise from
-    its own generator, so a request with a seed gets the same tokens whatever it is batched with.
+    How a row is processed depends only on its own parameters and tokens, and a seeded row draws
+    its noise from its own generator, so a request with a seed gets the same tokens whatever it
+    is batched with.
 
     Args:
         seed: seed of the generator shared by rows without their own; None seeds it from the
             operating system's entropy.
+        eos_token_ids: the model's EOS ids, masked while a row is below its ``min_tokens``.
     """
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, eos_token_ids: Iterable[int] = ()) -> None:
         import torch
 
+        self.eos_token_ids = frozenset(eos_token_ids)
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
         else:
             self._generator.manual_seed(seed)
 
-    def __call__(
-        self,
-        logits: np.ndarray,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-    ) -> np.ndarray:
+    def __call__(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
         """Sample one token per row.
 
         Args:
-            logits: [S, V] float32, one row per sampling sequence.
-            params: the S rows' sampling parameters.
-            generators: the S rows' own generators (``Sequence.generator``), None for rows that
-                use the sampler's shared one.
+            logits: [S, V] float32, one row per sampling sequence; not modified.
+            seqs: the S rows' sequences (parameters, tokens so far, own generator).
 
         Returns:
             [S] int64 token ids.
 
         Raises:
-            ValueError: if ``params`` or ``generators`` does not have S entries.
+            ValueError: if ``seqs`` does not have S entries.
         """
         num_rows = logits.shape[0]
-        if len(params) != num_rows or len(generators) != num_rows:
-            raise ValueError(
-                f"{num_rows} logits rows but {len(params)} params and {len(generators)} generators"
-            )
+        if len(seqs) != num_rows:
+            raise ValueError(f"{num_rows} logits rows but {len(seqs)} sequences")
+        params = [seq.params for seq in seqs]
+        generators = [seq.generator for seq in seqs]
+        if any(s.num_output_tokens < s.params.min_tokens or s.params.has_penalties for s in seqs):
+            logits = logits.copy()
+            apply_min_tokens(logits, seqs, self.eos_token_ids)
+            apply_penalties(logits, seqs)
         greedy = np.fromiter((p.is_greedy for p in params), np.bool_, num_rows)
         if greedy.all():
             return logits.argmax(axis=1).astype(np.int64)
@@ -88,6 +94,11 @@ class Sampler:
         x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))  # x: [R, V]
         num_rows, vocab_size = x.shape
         x.div_(torch.tensor([p.temperature for p in params], dtype=torch.float32)[:, None])
+        min_p_rows = [i for i, p in enumerate(params) if p.min_p > 0.0]
+        if min_p_rows:
+            idx = torch.tensor(min_p_rows)
+            min_p = torch.tensor([params[i].min_p for i in min_p_rows], dtype=torch.float32)
+            x[idx] = _min_p_mask(x[idx], min_p)
 
         top_k = [min(p.top_k, vocab_size) if p.top_k is not None else None for p in params]
         nucleus_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
@@ -114,6 +125,16 @@ class Sampler:
                 if g is not None:
                     q[i].exponential_(generator=g)  # a row view: the draw is the row's own
         return probs.div_(q).argmax(dim=-1).numpy()
+
+
+def _min_p_mask(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """x: [R, V], min_p: [R] in (0, 1]. Sets to -inf the logits whose probability is below
+    ``min_p`` times the row's largest (vLLM's ``MinPLogitsProcessor``)."""
+    import torch
+
+    probs = x.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return x.masked_fill(probs < threshold, -torch.inf)
 
 
 def _top_k_mask(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Which tokens of which requests run in the next step (after vLLM v1's scheduler).
 
-Pure Python: the scheduler moves `Sequence`s between queues and hands out KV blocks; it never
-touches a tensor. It is tested with fake model outputs.
+Pure Python: the scheduler moves `Sequence`s between queues and asks the `KVCacheManager` for
+blocks; it never touches a tensor. It is tested with fake model outputs.
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ from dataclasses import dataclass, fields
 
 from llmc.errors import EngineConfigError
 from llmc.runtime.block_pool import BlockPool
+from llmc.runtime.kv_cache_manager import KVCacheManager
+from llmc.runtime.scheduler_output import ScheduledSequence, SchedulerOutput
 from llmc.runtime.sequence import Sequence, SequenceStatus
 from llmc.runtime.stats import EngineStats
+
+__all__ = ["ScheduledSequence", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
 
 @dataclass(frozen=True)
@@ -24,11 +28,12 @@ class SchedulerConfig:
         max_model_len: longest sequence (prompt + output) in tokens.
         block_size: tokens per KV block.
         num_blocks: blocks in the KV cache.
-        max_num_seqs: most requests running at once (in one step).
+        max_num_seqs: most sequences running at once (in one step).
         max_num_batched_tokens: token budget of one step (T, the packed tokens).
+        enable_prefix_caching: share cached full blocks between requests with the same prefix.
 
     Raises:
-        ValueError: if a limit is < 1, or if the cache cannot hold one sequence of
+        EngineConfigError: if a limit is < 1, or if the cache cannot hold one sequence of
             ``max_model_len`` tokens (such a request could never finish).
     """
 
@@ -54,47 +59,9 @@ class SchedulerConfig:
             )
 
 
-@dataclass(frozen=True)
-class ScheduledSequence:
-    """One sequence's share of a step.
-
-    Attributes:
-        seq: the request.
-        num_computed_tokens: tokens already in the cache before this step (the first new token's
-            position).
-        num_new_tokens: tokens computed in this step (a prompt chunk, a recomputation, or the one
-            token sampled last step).
-        samples: whether this step reaches the end of the sequence, so a token is sampled.
-    """
-
-    seq: Sequence
-    num_computed_tokens: int
-    num_new_tokens: int
-    samples: bool
-
-
-@dataclass(frozen=True)
-class SchedulerOutput:
-    """The plan of one step. Valid until `Scheduler.update_from_output` is called with it.
-
-    Attributes:
-        scheduled: sequences in step order (running ones first, then newly admitted ones).
-        preempted_request_ids: requests preempted (sent back to waiting) while planning this step.
-        num_batched_tokens: T, the sum of ``num_new_tokens``.
-    """
-
-    scheduled: tuple[ScheduledSequence, ...]
-    preempted_request_ids: tuple[str, ...]
-    num_batched_tokens: int
-
-    @property
-    def sampling(self) -> list[Sequence]:
-        """The sequences that sample this step, in the order of the logits rows."""
-        return [s.seq for s in self.scheduled if s.samples]
-
-
 class Scheduler:
-    """FCFS continuous-batching scheduler with chunked prefill and preemption by recompute.
+    """FCFS continuous-batching scheduler: chunked prefill, prefix caching, preemption by
+    recompute, n > 1 completions forked after the prompt.
 
     Args:
         config: the limits.
@@ -104,12 +71,20 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, eos_token_ids: Iterable[int]) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.block_pool = BlockPool(config.num_blocks)
-        # Aborted requests stay in `waiting` until they reach its front (no O(n) removal).
+        self.kv_cache_manager = KVCacheManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        # Finished (aborted) sequences stay in `waiting` until they reach its front (no O(n)
+        # removal).
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order; at most max_num_seqs
-        self.requests: dict[str, Sequence] = {}  # every unfinished request
+        self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished sequences
         self.num_preemptions = 0
+        self._num_seqs = 0  # unfinished sequences
+
+    @property
+    def block_pool(self) -> BlockPool:
+        return self.kv_cache_manager.block_pool
 
     @property
     def num_running_seqs(self) -> int:
@@ -117,20 +92,20 @@ class Scheduler:
 
     @property
     def num_waiting_seqs(self) -> int:
-        return len(self.requests) - len(self.running)
+        return self._num_seqs - len(self.running)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
     def stats(self) -> EngineStats:
         """The queues, the pool's usage and the cumulative counters (see `EngineStats`)."""
-        pool = self.block_pool
+        pool, kv = self.block_pool, self.kv_cache_manager
         return EngineStats(
             num_running=self.num_running_seqs,
             num_waiting=self.num_waiting_seqs,
             kv_cache_usage=pool.usage,
-            prefix_cache_queries=0,
-            prefix_cache_hits=0,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
             num_free_blocks=pool.num_free_blocks,
             num_total_blocks=pool.num_blocks,
@@ -148,44 +123,55 @@ class Scheduler:
         if seq.request_id in self.requests:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
         seq.status = SequenceStatus.WAITING
-        self.requests[seq.request_id] = seq
+        self.requests[seq.request_id] = [seq]
+        self._num_seqs += 1
         self.waiting.append(seq)
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step.
 
-        Algorithm (vLLM v1): there is no prefill phase and no decode phase. Every request has
+        Algorithm (vLLM v1): there is no prefill phase and no decode phase. Every sequence has
         ``num_tokens`` (prompt + output so far) and ``num_computed_tokens`` (those in the KV
         cache); a step gives it ``num_new_tokens = num_tokens - num_computed_tokens``, cut to what
         is left of the step's token budget (``max_num_batched_tokens``). One rule covers a whole
         prompt, a chunk of a long prompt (chunked prefill), the recomputation of a preempted
         request and a decode (one new token).
 
-        1. Running requests first, in admission order. Each gets the blocks its new tokens need.
-           When the pool runs dry, the most recently admitted running request is preempted: its
-           blocks are freed, its ``num_computed_tokens`` reset to 0, and it goes back to the front
-           of the waiting queue (to be recomputed later). This repeats until the allocation
-           succeeds or the request has preempted itself.
-        2. Then, unless something was preempted, waiting requests are admitted in FCFS order while
-           budget, ``max_num_seqs`` and blocks last. The first one that does not fit stops
+        1. Running decodes first, in admission order, so that a long prompt never stalls them;
+           then the running sequences still in their prompt, in admission order, in chunks that
+           fit the rest of the budget. Each gets the blocks its new tokens need. When the pool
+           runs dry, the most recently admitted running sequence not yet scheduled in this step
+           is preempted: its blocks are freed (cached full blocks stay findable), its
+           ``num_computed_tokens`` reset to 0, and it goes back to the front of the waiting queue
+           to be recomputed. This repeats until the allocation succeeds or the sequence has
+           preempted itself.
+        2. Then, unless something was preempted, waiting sequences are admitted in FCFS order
+           while budget, ``max_num_seqs`` and blocks last; a sequence with nothing computed
+           starts after its longest cached prefix. The first one that does not fit stops
            admission: no later request overtakes it.
 
-        A sequence samples when its computed tokens reach its full length.
+        A sequence samples when its computed tokens reach its full length; the first time an
+        n > 1 request samples, it forks its other n - 1 completions.
         """
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
+        done: set[int] = set()  # id() of sequences scheduled or preempted in this step
         preempted: list[str] = []
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(seq, num_new, preempted):
-                break  # seq preempted itself, so every request after it was preempted too
-            scheduled.append(self._plan(seq, num_new))
-            budget -= num_new
-            i += 1
+        for decodes in (True, False):
+            for seq in list(self.running):
+                if budget == 0:
+                    break
+                num_left = seq.num_tokens - seq.num_computed_tokens
+                if id(seq) in done or (num_left == 1) != decodes:
+                    continue
+                num_new = min(num_left, budget)
+                if self._allocate_or_preempt(seq, num_new, done, preempted):
+                    scheduled.append(self._plan(seq, num_new))
+                    done.add(id(seq))
+                    budget -= num_new
 
+        kv = self.kv_cache_manager
         while not preempted and self.waiting and budget > 0:
             seq = self.waiting[0]
             if seq.is_finished:  # aborted while waiting
@@ -193,9 +179,17 @@ class Scheduler:
                 continue
             if len(self.running) >= self.config.max_num_seqs:
                 break
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._allocate(seq, num_new):
+            new_request = seq.num_computed_tokens == 0
+            cached = kv.get_computed_blocks(seq) if new_request else []
+            num_cached = len(cached) * self.config.block_size
+            num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached, budget)
+            if not kv.allocate_slots(seq, num_new, cached):
                 break
+            if new_request:
+                kv.record_lookup(seq.num_tokens, num_cached)
+                if seq.num_output_tokens == 0:
+                    seq.num_cached_tokens = num_cached
+            seq.num_computed_tokens += num_cached
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -211,88 +205,102 @@ class Scheduler:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampled_token_ids: Iterable[int]
     ) -> list[Sequence]:
-        """Record a step's results: computed tokens, sampled tokens, and stop conditions.
+        """Record a step's results: computed tokens, sampled tokens, forks and stop conditions.
 
-        Stops on EOS (unless ``ignore_eos``), a stop token id, ``max_tokens`` or
-        ``max_model_len``; a finished request's blocks are freed at once. Stop *strings* are the
-        detokenizer's business: the engine reports them through `finish_request`.
+        Stops on EOS (unless ``ignore_eos``), a stop token id (both only once ``min_tokens``
+        are out), ``max_tokens`` or ``max_model_len``; a finished sequence's blocks are freed at
+        once. Stop *strings* are the detokenizer's business: the engine reports them through
+        `finish_request`. Forked completions join the front of the waiting queue.
 
         Args:
             scheduler_output: the plan the step ran.
             sampled_token_ids: [S] one token per entry of ``scheduler_output.sampling``, in order.
 
         Returns:
-            The sequences that received a token, in step order; finished ones have their
+            The sequences that received a token, in sampling order; finished ones have their
             FINISHED_* status. Requests aborted while the step ran are left out.
 
         Raises:
             ValueError: if the number of sampled tokens is not S.
         """
         sampled = [int(t) for t in sampled_token_ids]
-        num_sampling = sum(s.samples for s in scheduler_output.scheduled)
+        num_sampling = len(scheduler_output.sampling)
         if len(sampled) != num_sampling:
             raise ValueError(f"expected {num_sampling} sampled tokens, got {len(sampled)}")
         tokens = iter(sampled)
         updated = []
         for planned in scheduler_output.scheduled:
             seq = planned.seq
-            token = next(tokens) if planned.samples else None
+            group = (seq, *planned.forks) if planned.samples else ()
+            group_tokens = [next(tokens) for _ in group]
             if seq.is_finished:
+                for child in planned.forks:
+                    self.kv_cache_manager.free(child)
                 continue
             seq.num_computed_tokens = planned.num_computed_tokens + planned.num_new_tokens
-            if token is None:
-                continue
-            seq.append_token(token)
-            updated.append(seq)
-            status = self._check_stop(seq)
-            if status is not None:
-                self._finish(seq, status)
+            for child in planned.forks:
+                child.status = SequenceStatus.WAITING
+                self.requests[seq.request_id].append(child)
+                self._num_seqs += 1
+            for s, token in zip(group, group_tokens, strict=True):
+                s.append_token(token)
+                updated.append(s)
+                status = self._check_stop(s)
+                if status is not None:
+                    self._finish(s, status)
+            self.waiting.extendleft(c for c in reversed(planned.forks) if not c.is_finished)
         return updated
 
-    def finish_request(self, request_id: str, status: SequenceStatus) -> None:
-        """End a request from outside (a stop string, an abort) and free its blocks.
+    def finish_request(
+        self, request_id: str, status: SequenceStatus, index: int | None = None
+    ) -> None:
+        """End a request's sequences from outside (a stop string, an abort); free their blocks.
 
-        Unknown or already finished ids are ignored: an abort may race with the request's end.
+        ``index`` ends one completion only; None ends all. Unknown or already finished ids are
+        ignored: an abort may race with the request's end.
 
         Raises:
             ValueError: if ``status`` is not a FINISHED_* status.
         """
         if not status.is_finished:
             raise ValueError(f"finish_request needs a FINISHED_* status, got {status.name}")
-        seq = self.requests.get(request_id)
-        if seq is not None:
-            self._finish(seq, status)
+        for seq in list(self.requests.get(request_id, ())):
+            if index is None or seq.index == index:
+                self._finish(seq, status)
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request wherever it is; unknown or finished ids are ignored."""
         self.finish_request(request_id, SequenceStatus.FINISHED_ABORTED)
 
     def _plan(self, seq: Sequence, num_new: int) -> ScheduledSequence:
-        reaches_end = seq.num_computed_tokens + num_new == seq.num_tokens
-        return ScheduledSequence(seq, seq.num_computed_tokens, num_new, reaches_end)
+        start = seq.num_computed_tokens
+        reaches_end = start + num_new == seq.num_tokens
+        params = seq.params
+        num_prompt_logprobs = 0
+        if params.prompt_logprobs is not None and seq.num_output_tokens == 0:
+            num_prompt_logprobs = max(min(start + num_new, seq.num_prompt_tokens - 1) - start, 0)
+        forks: tuple[Sequence, ...] = ()
+        if reaches_end and params.n > 1 and seq.index == 0 and seq.num_output_tokens == 0:
+            forks = tuple(seq.fork(i) for i in range(1, params.n))
+            for child in forks:
+                self.kv_cache_manager.fork(seq, child)
+        return ScheduledSequence(seq, start, num_new, reaches_end, num_prompt_logprobs, forks)
 
-    def _allocate(self, seq: Sequence, num_new: int) -> bool:
-        """Give ``seq`` the blocks for ``num_new`` more tokens; False if the pool is short."""
-        total = seq.num_computed_tokens + num_new
-        needed = -(-total // self.config.block_size) - len(seq.block_ids)
-        if needed <= 0:
-            return True
-        if not self.block_pool.can_allocate(needed):
-            return False
-        seq.block_ids.extend(self.block_pool.allocate(needed))
-        return True
-
-    def _allocate_or_preempt(self, seq: Sequence, num_new: int, preempted: list[str]) -> bool:
-        """Allocate for ``seq``, preempting the newest running requests as needed.
+    def _allocate_or_preempt(
+        self, seq: Sequence, num_new: int, done: set[int], preempted: list[str]
+    ) -> bool:
+        """Allocate for ``seq``, preempting the newest running sequences not yet scheduled.
 
         Returns False when ``seq`` itself had to be preempted.
         """
-        while not self._allocate(seq, num_new):
-            victim = self.running.pop()
-            self._free_blocks(victim)
+        while not self.kv_cache_manager.allocate_slots(seq, num_new):
+            victim = next(s for s in reversed(self.running) if id(s) not in done)
+            self.running.remove(victim)
+            self.kv_cache_manager.free(victim)
             victim.num_computed_tokens = 0
             victim.status = SequenceStatus.WAITING
             self.waiting.appendleft(victim)
+            done.add(id(victim))
             preempted.append(victim.request_id)
             self.num_preemptions += 1
             if victim is seq:
@@ -301,8 +309,13 @@ class Scheduler:
 
     def _check_stop(self, seq: Sequence) -> SequenceStatus | None:
         params = seq.params
+        if seq.num_output_tokens < params.min_tokens:
+            return None
         last = seq.output_token_ids[-1]
-        if (not params.ignore_eos and last in self.eos_token_ids) or last in params.stop_token_ids:
+        if last in params.stop_token_ids:
+            seq.stop_reason = last
+            return SequenceStatus.FINISHED_STOPPED
+        if not params.ignore_eos and last in self.eos_token_ids:
             return SequenceStatus.FINISHED_STOPPED
         if (
             seq.num_output_tokens >= params.max_tokens
@@ -315,10 +328,9 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)  # O(max_num_seqs), a small bound
         seq.status = status
-        self._free_blocks(seq)
-        del self.requests[seq.request_id]
-
-    def _free_blocks(self, seq: Sequence) -> None:
-        # Tail blocks first: they go to the front of the eviction order (see BlockPool.free).
-        self.block_pool.free(reversed(seq.block_ids))
-        seq.block_ids = []
+        self.kv_cache_manager.free(seq)
+        group = self.requests[seq.request_id]
+        group.remove(seq)
+        if not group:
+            del self.requests[seq.request_id]
+        self._num_seqs -= 1

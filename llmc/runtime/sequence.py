@@ -58,7 +58,12 @@ class Sequence:
             ``block_ids[i // block_size]`` at offset ``i % block_size``.
         first_token_time: when the first output token was appended (``time.monotonic()``), for
             TTFT; None before.
-        generator: the request's own torch.Generator, created when ``params.seed`` is set.
+        generator: the request's own torch.Generator, created when ``params.seed`` is set
+            (seeded with ``seed + index``).
+        index: which of the request's ``params.n`` completions this sequence is (0..n-1).
+        block_hashes: chained hashes of the full blocks of its tokens so far (prefix caching).
+        num_cached_tokens: prompt tokens whose KV came from the prefix cache at first admission.
+        stop_reason: the stop token id or stop string that finished it, else None.
     """
 
     request_id: str
@@ -72,12 +77,32 @@ class Sequence:
     block_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
     generator: torch.Generator | None = None
+    index: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    stop_reason: int | str | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:
             import torch  # only seeded requests pay for the import here
 
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+            self.generator = torch.Generator().manual_seed(self.params.seed + self.index)
+
+    def fork(self, index: int) -> Sequence:
+        """Completion ``index`` of the same request: same prompt, no output, no blocks yet.
+
+        The caller shares the parent's computed blocks with it (``KVCacheManager.fork``).
+        """
+        return Sequence(
+            self.request_id,
+            self.prompt_token_ids,
+            self.params,
+            prompt=self.prompt,
+            arrival_time=self.arrival_time,
+            status=self.status,
+            index=index,
+            num_cached_tokens=self.num_cached_tokens,
+        )
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -101,6 +126,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(request id, completion index): unique among unfinished sequences."""
+        return (self.request_id, self.index)
 
     @property
     def finish_reason(self) -> str | None:

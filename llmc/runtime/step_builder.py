@@ -10,7 +10,7 @@ from itertools import chain
 
 import numpy as np
 
-from llmc.runtime.scheduler import SchedulerOutput
+from llmc.runtime.scheduler_output import SchedulerOutput
 from llmc.runtime.step_inputs import StepInputs
 
 
@@ -29,8 +29,9 @@ def build_step_inputs(scheduler_output: SchedulerOutput, block_size: int) -> Ste
         block_size: tokens per KV block.
 
     Returns:
-        The step's `StepInputs`; ``logits_indices`` lists the last new token of each sampling
-        sequence, in step order (the order of ``scheduler_output.sampling``).
+        The step's `StepInputs`; ``logits_indices`` lists, sequence by sequence in step order,
+        the positions of its ``num_prompt_logprobs`` rows (its first new tokens) and then, if it
+        samples, its last new token: ``ScheduledSequence.num_logits_rows`` rows each.
 
     Raises:
         ValueError: if the plan schedules no token.
@@ -67,6 +68,16 @@ def build_step_inputs(scheduler_output: SchedulerOutput, block_size: int) -> Ste
     slot_mapping = blocks * block_size + positions % block_size
 
     logits_indices = (query_start_loc[1:][samples] - 1).astype(np.int64)
+    if any(p.num_prompt_logprobs for p in planned):
+        logits_indices = np.concatenate(
+            [
+                np.r_[
+                    np.arange(p.num_prompt_logprobs) + query_start_loc[b],
+                    [query_start_loc[b + 1] - 1] if p.samples else [],
+                ]
+                for b, p in enumerate(planned)
+            ]
+        ).astype(np.int64)
     return StepInputs(
         input_ids=input_ids,
         positions=positions,

@@ -1,0 +1,65 @@
+"""Logits processors that depend on a sequence's tokens: min_tokens and the three penalties."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from llmc.runtime.sequence import Sequence
+
+
+def apply_min_tokens(
+    logits: np.ndarray, seqs: list[Sequence], eos_token_ids: Iterable[int]
+) -> None:
+    """Forbid the stop tokens of rows that have not reached ``min_tokens`` (in place).
+
+    Args:
+        logits: [S, V] float32, one row per sequence of ``seqs``; modified in place.
+        seqs: the rows' sequences.
+        eos_token_ids: the model's EOS ids, forbidden unless the row sets ``ignore_eos``.
+
+    Source: vLLM's ``MinTokensLogitsProcessor`` (stop token ids plus EOS set to -inf).
+    """
+    eos = list(eos_token_ids)
+    vocab_size = logits.shape[1]
+    for i, seq in enumerate(seqs):
+        params = seq.params
+        if seq.num_output_tokens < params.min_tokens:
+            stop_ids = params.stop_token_ids + ([] if params.ignore_eos else eos)
+            stop_ids = [t for t in stop_ids if t < vocab_size]
+            logits[i, stop_ids] = -np.inf
+
+
+def apply_penalties(logits: np.ndarray, seqs: list[Sequence]) -> None:
+    """Apply each row's repetition, frequency and presence penalties (in place).
+
+    For row i with output token counts ``c`` [V]:
+
+    - repetition (Keskar et al. 2019, CTRL; vLLM's semantics): for every token of the prompt or
+      the output, ``x = x / r`` if ``x > 0`` else ``x * r``;
+    - frequency and presence (OpenAI's definition, over output tokens only):
+      ``x -= frequency_penalty * c + presence_penalty * (c > 0)``.
+
+    Args:
+        logits: [S, V] float32, one row per sequence of ``seqs``; modified in place.
+        seqs: the rows' sequences.
+    """
+    vocab_size = logits.shape[1]
+    for i, seq in enumerate(seqs):
+        params = seq.params
+        if not params.has_penalties:
+            continue
+        row = logits[i]  # a view: [V]
+        output = np.asarray(seq.output_token_ids, np.int64)
+        if params.repetition_penalty != 1.0:
+            seen = np.zeros(vocab_size, np.bool_)
+            seen[np.asarray(seq.prompt_token_ids, np.int64)] = True
+            seen[output] = True
+            x = row[seen]
+            penalty = np.float32(params.repetition_penalty)
+            row[seen] = np.where(x > 0, x / penalty, x * penalty)
+        if output.size and (params.frequency_penalty or params.presence_penalty):
+            counts = np.bincount(output, minlength=vocab_size).astype(np.float32)
+            row -= np.float32(params.frequency_penalty) * counts
+            row -= np.float32(params.presence_penalty) * (counts > 0)
