@@ -30,6 +30,14 @@ def _add_build(sub) -> None:
         )
     p.add_argument("--config", help="YAML file setting any build option; flags win")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
+    p.add_argument(
+        "--from",
+        dest="from_stage",
+        metavar="STAGE",
+        default=None,
+        help="finish a portable stage (written by `llmc build --arch smXX` on a host without "
+        "TensorRT or the GPU) into a TensorRT engine on this GPU builder",
+    )
 
 
 def _help(cls, name: str) -> str:
@@ -42,7 +50,15 @@ def _run_build(args: argparse.Namespace) -> int:
     from llmc.compiler.build_config import BuildConfig
     from llmc.compiler.progress import BuildProgress
 
-    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "print_config")}
+    skip = ("command", "config", "print_config", "from_stage")
+    cli = {k: v for k, v in vars(args).items() if k not in skip}
+    if args.from_stage is not None:
+        from llmc.compiler.tensorrt.gpu_build import finish_stage
+
+        with BuildProgress() as progress:
+            result = finish_stage(args.from_stage, cli, progress)
+        print(f"engine: {result.engine_dir}")
+        return 0
     config = BuildConfig.from_sources(args.config, cli)
     if args.print_config:
         import yaml
@@ -56,7 +72,7 @@ def _run_build(args: argparse.Namespace) -> int:
         counts = ", ".join(f"{k}={v}" for k, v in result.quantization["counts"].items())
         fast = ", ".join(
             f"{op} {r['found']}/{r['expected']}"
-            for op, r in result.quantization["fast_path"].items()
+            for op, r in result.quantization.get("fast_path", {}).items()
         )
         print(f"quantized: {counts}; fused kernels: {fast}")
     if result.accuracy_report is not None:
@@ -283,6 +299,25 @@ def _run_registry(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _add_inspect(sub) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="describe an engine, portable stage or .onnx file and run the TensorRT lint",
+        description="Exit code 0 when the TensorRT lint passes (or does not apply), 1 when not.",
+    )
+    p.add_argument("path", help="engine directory, portable stage directory, or .onnx file")
+    p.add_argument("--target", default=None, help="GPU arch the lint checks (default: its own)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from llmc.compiler.tensorrt.inspect import inspect_path
+
+    result = inspect_path(args.path, args.target)
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.format())
+    return 0 if result.passed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``llmc`` command; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="llmc", description=__doc__)
@@ -293,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_verify(sub)
     _add_bench(sub)
     _add_registry(sub)
+    _add_inspect(sub)
     args = parser.parse_args(argv)
     run = {
         "build": _run_build,
@@ -301,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "verify": _run_verify,
         "bench": _run_bench,
         "registry": _run_registry,
+        "inspect": _run_inspect,
     }[args.command]
     try:
         return run(args)

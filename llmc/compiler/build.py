@@ -75,10 +75,9 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
 
     config.validate()
     if config.arch != CPU_TARGET:
-        raise BuildConfigError(
-            f"--arch {config.arch} builds a TensorRT plan, which needs TensorRT and a GPU; "
-            "neither is available in this build of llmc yet. Build with --arch cpu."
-        )
+        from llmc.compiler.tensorrt.gpu_build import build_gpu
+
+        return build_gpu(config, progress)  # TensorRT: portable stage, then the plan
     stage = progress.stage if progress is not None else _no_stage
     with stage("resolve model"):
         src = resolve_model(config.model)

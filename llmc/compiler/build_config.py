@@ -16,7 +16,11 @@ from llmc.errors import BuildConfigError
 CPU_TARGET = "cpu"
 GPU_TARGETS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
 TARGETS = (CPU_TARGET, *GPU_TARGETS)
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
+CPU_DTYPES = ("float32", "bfloat16")
+# TensorRT IBuilderConfig.hardware_compatibility_level and builder_optimization_level values.
+HARDWARE_COMPAT = ("none", "ampere+", "same-cc")
+BUILDER_OPT_LEVELS = range(0, 6)
 QUANTS = ("none", "fp8", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 INT4_METHODS = ("awq", "rtn")
@@ -45,7 +49,12 @@ class BuildConfig:
 
     model: str = _opt("gemma-3-270m", "HF checkpoint dir (safetensors), .gguf file, or alias")
     arch: str = _opt(CPU_TARGET, "target: cpu (this host's ISA) or a GPU arch", TARGETS)
-    dtype: str = _opt("float32", "compute and weight dtype of the engine", DTYPES)
+    dtype: str | None = _opt(
+        None,
+        "compute and weight dtype of the engine; default float32 on cpu, bfloat16 on GPU "
+        "targets (float16 is GPU-only)",
+        DTYPES,
+    )
     quant: str = _opt(
         "none",
         "quantization as Q/DQ nodes: fp8 (W8A8 E4M3), int8 (W8A8, SmoothQuant), "
@@ -96,9 +105,25 @@ class BuildConfig:
     output: str | None = _opt(
         None, "engine directory (default: engines/<model>-<arch>-<dtype>-<quant>)"
     )
+    timing_cache: str | None = _opt(
+        None, "GPU targets: TensorRT timing cache file, read if it exists and written back"
+    )
+    builder_opt_level: int = _opt(
+        3, "GPU targets: TensorRT builder optimization level 0-5 (higher: slower build)"
+    )
+    hardware_compat: str = _opt(
+        "none",
+        "GPU targets: TensorRT hardware compatibility: none (the builder's GPU only), ampere+ "
+        "(any sm80+ GPU, slower), same-cc (GPUs of the builder's compute capability)",
+        HARDWARE_COMPAT,
+    )
     registry: str | None = _opt(
         None, "after the build, publish the engine into this registry root (e.g. engines)"
     )
+
+    def __post_init__(self) -> None:
+        if self.dtype is None:
+            self.dtype = "float32" if self.arch == CPU_TARGET else "bfloat16"
 
     def validate(self) -> None:
         """Raise BuildConfigError naming the bad option and the allowed values."""
@@ -134,7 +159,16 @@ class BuildConfig:
                     f"--{name.replace('_', '-')} fp8 needs FP8 tensor cores (sm89 or newer); "
                     f"{self.arch} has none: use int8 or int4, or a newer --arch"
                 )
-        if self.quant != "none" and self.dtype != "float32":
+        if self.arch == CPU_TARGET and self.dtype not in CPU_DTYPES:
+            raise BuildConfigError(
+                f"--dtype {self.dtype} needs a GPU target (--arch sm80 ...); cpu engines are "
+                f"{' or '.join(CPU_DTYPES)}"
+            )
+        if self.builder_opt_level not in BUILDER_OPT_LEVELS:
+            raise BuildConfigError(
+                f"--builder-opt-level must be 0-5 (TensorRT's range), got {self.builder_opt_level}"
+            )
+        if self.arch == CPU_TARGET and self.quant != "none" and self.dtype != "float32":
             raise BuildConfigError(
                 f"--quant {self.quant} builds run their unquantized parts in float32 on cpu; "
                 "use --dtype float32"
@@ -169,7 +203,10 @@ class BuildConfig:
 
     def hash(self) -> str:
         """sha256 of the options that change the engine's bytes (not where it is written)."""
-        d = {k: v for k, v in self.to_dict().items() if k not in ("output", "registry")}
+        skip = {"output", "registry", "timing_cache"}
+        if self.arch == CPU_TARGET:  # TensorRT options do not touch cpu engines
+            skip |= {"builder_opt_level", "hardware_compat"}
+        d = {k: v for k, v in self.to_dict().items() if k not in skip}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @classmethod

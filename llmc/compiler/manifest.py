@@ -74,6 +74,13 @@ class EngineManifest:
     quantization: dict | None = None  # quantized builds: what was quantized how, fast-path counts
     files: dict[str, str] = field(default_factory=dict)
     created_at: str = field(default_factory=_utc_now)  # ISO 8601, UTC
+    # TensorRT engines: version, cuda_version, compute_capability, plan file, builder options,
+    # optimization profiles, lint summary (``llmc.compiler.tensorrt.engine_dir``).
+    tensorrt: dict | None = None
+
+
+#: Fields added after format 1 shipped: a manifest without them reads as their default.
+_OPTIONAL_FIELDS = {"tensorrt"}
 
 
 def write_manifest(m: EngineManifest, engine_dir: str | Path) -> Path:
@@ -140,6 +147,8 @@ def parse_manifest(raw: bytes, where: str) -> EngineManifest:
     hints = typing.get_type_hints(EngineManifest)
     values = {}
     for f in fields(EngineManifest):
+        if f.name not in data and f.name in _OPTIONAL_FIELDS:
+            continue
         if f.name not in data:
             raise EngineCorruptError(f"{broken}: field {f.name!r} is missing; {todo}")
         if not _has_type(data[f.name], hints[f.name]):

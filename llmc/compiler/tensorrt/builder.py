@@ -1,0 +1,228 @@
+"""Build a TensorRT plan from a portable stage's ONNX graph (TensorRT 11 Python API).
+
+NEVER RUN: no machine of ours has a GPU and ``import tensorrt`` is impossible here (DESIGN §6).
+This module is written against TensorRT's documented Python API; only its pure parts
+(``optimization_profile``, ``BuildPhases``) are tested. ``tensorrt`` is imported inside
+``build_plan``, so importing this module never needs it.
+
+API used, per the TensorRT Python API reference (docs.nvidia.com/deeplearning/tensorrt, 11.x):
+- ``trt.Builder(logger)``; ``builder.create_network(flags)`` with
+  ``1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)`` — deprecated and ignored in
+  TensorRT 11.0 ("Strongly typed mode is always enabled"), required on 10.x, so set when present;
+- ``trt.OnnxParser(network, logger).parse_from_file(path)`` (reads external weights beside the
+  file), errors from ``parser.num_errors`` / ``parser.get_error(i)``;
+- ``builder.create_builder_config()``: ``builder_optimization_level`` (0-5, default 3),
+  ``hardware_compatibility_level`` (``trt.HardwareCompatibilityLevel.NONE | AMPERE_PLUS |
+  SAME_COMPUTE_CAPABILITY``), ``create_timing_cache(bytes)`` + ``set_timing_cache(cache,
+  ignore_mismatch=False)`` and ``get_timing_cache().serialize()`` (``ITimingCache``; the same
+  calls as Polygraphy's ``CreateConfig``), ``progress_monitor`` (an ``IProgressMonitor``);
+- ``builder.create_optimization_profile()``, ``IOptimizationProfile.set_shape(name, min, opt,
+  max)``, ``config.add_optimization_profile(profile)``;
+- ``builder.build_serialized_network(network, config)`` -> ``IHostMemory`` or None (failure or
+  cancellation: ``IProgressMonitor.step_complete`` returned False).
+The paged-attention plugin registers itself through
+``llmc.plugins.paged_attention.trt_plugin.register_paged_attention_plugin()``.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llmc.errors import LlmcError
+
+PLAN_FILE = "engine.plan"
+HARDWARE_COMPAT_LEVELS = {
+    "none": "NONE",
+    "ampere+": "AMPERE_PLUS",
+    "same-cc": "SAME_COMPUTE_CAPABILITY",
+}
+
+
+class TensorRTBuildError(LlmcError):
+    """TensorRT's parser or builder failed; the message holds its errors."""
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    """One input's optimization-profile shapes (min, opt, max), in elements per dim."""
+
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+def optimization_profile(
+    num_kv_heads: int,
+    head_dim: int,
+    num_layers: int,
+    block_size: int,
+    max_num_tokens: int,
+    max_batch: int,
+    max_seq_len: int,
+) -> dict[str, ShapeRange]:
+    """The one optimization profile of an engine, by graph input (DESIGN §3 names):
+
+    - T packed tokens (``input_ids``, ``positions``, ``slot_mapping``): 1 .. max_num_tokens,
+      opt min(max_num_tokens, 256) (a mixed step of decodes and a prefill chunk);
+    - B sequences (``seq_lens``; ``query_start_loc`` has B+1), S sampled rows
+      (``logits_indices``): 1 .. max_batch, opt max_batch (full decode batches);
+    - M blocks per sequence (``block_tables`` [B, M]): 1 .. ceil(max_seq_len / block_size);
+    - N cache blocks (each cache [N, block_size, KVH, D]): 1 .. M_max * max_batch, the pool the
+      runtime allocates by default (``engine_loader.plan_num_blocks``).
+    """
+    per_seq = math.ceil(max_seq_len / block_size)
+    pool = per_seq * max_batch
+    t_opt = min(max_num_tokens, 256)
+
+    def r(lo, opt, hi) -> ShapeRange:
+        return ShapeRange(tuple(lo), tuple(opt), tuple(hi))
+
+    profile = {
+        name: r((1,), (t_opt,), (max_num_tokens,))
+        for name in ("input_ids", "positions", "slot_mapping")
+    }
+    profile["logits_indices"] = r((1,), (max_batch,), (max_batch,))
+    profile["seq_lens"] = r((1,), (max_batch,), (max_batch,))
+    profile["query_start_loc"] = r((2,), (max_batch + 1,), (max_batch + 1,))
+    profile["block_tables"] = r((1, 1), (max_batch, per_seq), (max_batch, per_seq))
+    cache = (block_size, num_kv_heads, head_dim)
+    for i in range(num_layers):
+        for kind in ("key_cache", "value_cache"):
+            profile[f"{kind}.{i}"] = r((1, *cache), (pool, *cache), (pool, *cache))
+    return profile
+
+
+class BuildPhases:
+    """Progress of TensorRT's optimizer phases, fed by an ``IProgressMonitor`` (thread-safe).
+
+    Top-level phases (no parent) drive ``tick(done, total)`` of the build stage; nested phases
+    are counted. ``cancel()`` (from the Ctrl-C handler) makes ``step`` return False, which asks
+    TensorRT to stop the build ("step_complete returns False to request cancellation",
+    ``IProgressMonitor`` reference).
+    """
+
+    def __init__(self, tick=None):
+        self._tick = tick
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self.phases: dict[str, tuple[str | None, int, int]] = {}  # name -> (parent, done, total)
+        self.finished: list[str] = []
+
+    def start(self, name: str, parent: str | None, num_steps: int) -> None:
+        with self._lock:
+            self.phases[name] = (parent, 0, max(int(num_steps), 1))
+            self._report(name)
+
+    def step(self, name: str, step: int) -> bool:
+        with self._lock:
+            parent, _, total = self.phases.get(name, (None, 0, 1))
+            self.phases[name] = (parent, min(step + 1, total), total)
+            self._report(name)
+            return not self.cancelled
+
+    def finish(self, name: str) -> None:
+        with self._lock:
+            self.phases.pop(name, None)
+            self.finished.append(name)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def _report(self, name: str) -> None:
+        parent, done, total = self.phases[name]
+        if parent is None and self._tick is not None:
+            self._tick(done, total)
+
+
+def _monitor_class(trt):
+    class RichProgressMonitor(trt.IProgressMonitor):
+        """``trt.IProgressMonitor`` forwarding to ``BuildPhases``."""
+
+        def __init__(self, phases: BuildPhases):
+            trt.IProgressMonitor.__init__(self)
+            self.phases = phases
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self.phases.start(phase_name, parent_phase, num_steps)
+
+        def step_complete(self, phase_name, step):
+            return self.phases.step(phase_name, step)
+
+        def phase_finish(self, phase_name):
+            self.phases.finish(phase_name)
+
+    return RichProgressMonitor
+
+
+def build_plan(
+    onnx_path: Path,
+    plan_path: Path,
+    profile: dict[str, ShapeRange],
+    builder_opt_level: int = 3,
+    hardware_compat: str = "none",
+    timing_cache: str | None = None,
+    tick=None,
+) -> dict:
+    """Parse ``onnx_path``, build with ``profile`` and write the plan to ``plan_path``.
+
+    Returns what the engine manifest records under ``tensorrt``. Raises TensorRTBuildError
+    (parser or builder errors), KeyboardInterrupt when Ctrl-C cancelled the build.
+    """
+    import tensorrt as trt
+
+    from llmc.plugins.paged_attention.trt_plugin import register_paged_attention_plugin
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    trt.init_libnvinfer_plugins(logger, "")
+    register_paged_attention_plugin()
+    builder = trt.Builder(logger)
+    flags = 0
+    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    if strongly_typed is not None:
+        flags |= 1 << int(strongly_typed)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "\n  ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise TensorRTBuildError(f"TensorRT's ONNX parser rejected {onnx_path}:\n  {errors}")
+    config = builder.create_builder_config()
+    config.builder_optimization_level = builder_opt_level
+    level = HARDWARE_COMPAT_LEVELS[hardware_compat]
+    config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
+    cache_path = Path(timing_cache) if timing_cache else None
+    blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
+    config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False)
+    trt_profile = builder.create_optimization_profile()
+    for i in range(network.num_inputs):
+        name = network.get_input(i).name
+        if name not in profile:
+            raise TensorRTBuildError(f"network input {name!r} has no optimization profile")
+        shapes = profile[name]
+        trt_profile.set_shape(name, shapes.min, shapes.opt, shapes.max)
+    config.add_optimization_profile(trt_profile)
+    phases = BuildPhases(tick)
+    monitor = _monitor_class(trt)(phases)
+    config.progress_monitor = monitor
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: phases.cancel())
+    try:
+        plan = builder.build_serialized_network(network, config)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if plan is None:
+        if phases.cancelled:
+            raise KeyboardInterrupt("TensorRT build cancelled")
+        raise TensorRTBuildError("TensorRT's builder failed; its log above says why")
+    plan_path.write_bytes(bytes(plan))
+    if cache_path is not None:
+        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    return {
+        "version": trt.__version__,
+        "plan": plan_path.name,
+        "builder_optimization_level": builder_opt_level,
+        "hardware_compatibility": hardware_compat,
+        "profiles": [{name: asdict(r) for name, r in profile.items()}],
+    }

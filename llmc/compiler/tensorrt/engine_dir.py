@@ -1,0 +1,105 @@
+"""Write a TensorRT engine directory from a checked portable stage (NEVER RUN: needs a GPU).
+
+Layout: ``engine.plan`` (the serialized TensorRT engine), ``manifest.json`` (``EngineManifest``
+with ``backend`` "tensorrt" and a ``tensorrt`` record: TensorRT and CUDA versions, the builder
+GPU's compute capability, builder options, optimization profiles, plugin versions, lint
+summary), ``tokenizer/`` and ``generation_config.json`` copied from the stage. Written into a
+temporary sibling directory and renamed into place, like the CPU build.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+_PRECISION = {"float32": "f32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def write_engine(stage_dir: Path, m, config, lint_report, stage) -> Path:
+    """Build the plan of stage ``m`` (a ``StageManifest``) at ``stage_dir`` with ``config``'s
+    limits and TensorRT options; returns the engine directory. Raises what ``build_plan``
+    raises."""
+    import torch
+
+    from llmc.compiler import manifest as mf
+    from llmc.compiler.tensorrt.builder import PLAN_FILE, build_plan, optimization_profile
+    from llmc.compiler.tensorrt.host import arch_capability, detect_gpus
+    from llmc.compiler.tensorrt.stage import MODEL_FILE
+    from llmc.version import __version__
+
+    out = config.output_dir(m.model_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    profile = optimization_profile(
+        m.num_kv_heads,
+        m.head_dim,
+        m.num_layers,
+        m.block_size,
+        config.max_num_tokens,
+        config.max_batch,
+        config.max_seq_len,
+    )
+    try:
+        with stage(f"TensorRT build ({m.target})") as tick:
+            record = build_plan(
+                stage_dir / MODEL_FILE,
+                tmp / PLAN_FILE,
+                profile,
+                builder_opt_level=config.builder_opt_level,
+                hardware_compat=config.hardware_compat,
+                timing_cache=config.timing_cache,
+                tick=tick,
+            )
+        gpu = next(g for g in detect_gpus() if g.capability == arch_capability(m.target))
+        record |= {
+            "cuda_version": torch.version.cuda,
+            "compute_capability": f"{gpu.capability[0]}.{gpu.capability[1]}",
+            "builder_gpu": gpu.name,
+            "lint": lint_report.to_dict() | {"findings": lint_report.to_dict()["findings"][:50]},
+        }
+        shutil.copytree(stage_dir / "tokenizer", tmp / "tokenizer")
+        shutil.copyfile(stage_dir / "generation_config.json", tmp / "generation_config.json")
+        manifest = mf.EngineManifest(
+            llmc_version=__version__,
+            model_id=m.model_id,
+            source=m.source,
+            checkpoint_digest=m.checkpoint_digest,
+            tokenizer_digest=m.tokenizer_digest,
+            target=m.target,
+            isa=[],
+            arch=platform.machine(),
+            dtype=m.dtype,
+            quant=m.quant,
+            kv_cache_dtype=m.kv_cache_dtype,
+            max_seq_len=config.max_seq_len,
+            max_num_tokens=config.max_num_tokens,
+            max_batch=config.max_batch,
+            block_size=m.block_size,
+            num_layers=m.num_layers,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            vocab_size=m.vocab_size,
+            plugin_versions=m.plugin_versions,
+            backend="tensorrt",
+            backend_version=record["version"],
+            execution_provider="TensorRT",
+            execution_precision=_PRECISION[m.dtype],
+            build_config=config.to_dict(),
+            build_config_hash=config.hash(),
+            pass_report=m.pass_report,
+            quantization=m.quantization,
+            files=mf.file_digests(tmp),
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            tensorrt=record,
+        )
+        mf.write_manifest(manifest, tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
