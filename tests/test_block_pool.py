@@ -66,3 +66,45 @@ def test_block_shared_by_two_owners_is_freed_with_the_last_reference():
 def test_empty_pool_is_refused():
     with pytest.raises(ValueError, match="num_blocks"):
         BlockPool(0)
+
+
+# ---- prefix caching -------------------------------------------------------------------------
+
+
+def test_freed_cached_block_is_found_until_allocate_evicts_it_in_lru_order():
+    pool = BlockPool(4)
+    a = pool.allocate(2)  # [0, 1]
+    pool.cache_block(0, b"h0")
+    pool.cache_block(1, b"h1")
+    pool.free(reversed(a))  # queue: 2 3 1 0
+    assert pool.num_free_blocks == 4 and pool.num_cached_blocks == 2
+    assert pool.get_cached_block(b"h1") == 1
+    assert pool.allocate(3) == [2, 3, 1]  # the third takes block 1 and evicts its hash
+    assert pool.get_cached_block(b"h1") is None
+    assert pool.get_cached_block(b"h0") == 0
+    assert pool.blocks[1].block_hash is None and pool.num_cached_blocks == 1
+
+
+def test_touch_takes_a_cached_block_out_of_the_middle_of_the_free_queue():
+    pool = BlockPool(4)
+    pool.cache_block(pool.allocate(1)[0], b"h0")
+    pool.free([0])  # queue: 1 2 3 0
+    pool.touch([0])
+    assert pool.blocks[0].ref_cnt == 1 and pool.num_free_blocks == 3
+    pool.touch([0])  # a second holder: no queue change
+    assert pool.blocks[0].ref_cnt == 2 and pool.num_free_blocks == 3
+    assert pool.allocate(3) == [1, 2, 3]
+    pool.free([0])
+    assert pool.num_free_blocks == 0  # still held once
+    pool.free([0])
+    assert pool.allocate(1) == [0]
+
+
+def test_a_prefix_already_cached_is_not_cached_twice():
+    pool = BlockPool(3)
+    x, y = pool.allocate(2)
+    pool.cache_block(x, b"same")
+    pool.cache_block(y, b"same")  # two requests computed the same block at once
+    assert pool.get_cached_block(b"same") == x and pool.blocks[y].block_hash is None
+    pool.cache_block(x, b"other")  # a cached block keeps its first hash
+    assert pool.blocks[x].block_hash == b"same" and pool.get_cached_block(b"other") is None

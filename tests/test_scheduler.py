@@ -307,3 +307,79 @@ def test_random_workload_keeps_invariants_and_finishes_every_request(caching):
     else:
         assert num_preemptions > 0  # the pool is small enough to exercise preemption
     assert sched.block_pool.num_free_blocks == 12
+
+
+# ---- prefix caching, forks, prompt logprobs -------------------------------------------------
+
+
+def test_second_request_starts_after_the_cached_prefix_and_counts_hits():
+    sched = make_scheduler(enable_prefix_caching=True)
+    a = make_seq("a", 10)
+    sched.add_request(a)
+    run_step(sched)
+    b = make_seq("b", 10)
+    sched.add_request(b)
+    out = run_step(sched)
+    assert plan(out) == [("a", 10, 1, True), ("b", 8, 2, True)]
+    assert b.block_ids[:2] == a.block_ids[:2] == [0, 1] and b.block_ids[2] not in a.block_ids
+    assert b.num_cached_tokens == 8
+    stats = sched.stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (20, 8)
+
+
+def test_requests_admitted_in_the_same_step_share_blocks_computed_in_that_step():
+    sched = make_scheduler(enable_prefix_caching=True)
+    sched.add_request(make_seq("a", 9))
+    sched.add_request(make_seq("b", 9))
+    out = run_step(sched)
+    assert plan(out) == [("a", 0, 9, True), ("b", 8, 1, True)]
+    assert sched.requests["b"][0].block_ids == [0, 1, 3]
+
+
+def test_n_completions_fork_after_the_prompt_and_share_its_full_blocks():
+    sched = make_scheduler()
+    sched.add_request(make_seq("a", 10, n=3, max_tokens=3))
+    out = sched.schedule()
+    assert plan(out) == [("a", 0, 10, True)]
+    assert [s.index for s in out.sampling] == [0, 1, 2]
+    sched.update_from_output(out, [7, 8, 9])
+    parent, c1, c2 = sched.requests["a"]
+    assert [s.output_token_ids for s in (parent, c1, c2)] == [[7], [8], [9]]
+    assert [s.request_id for s in sched.waiting] == ["a", "a"]
+    assert [b.ref_cnt for b in sched.block_pool.blocks[:3]] == [3, 3, 1]
+    out = run_step(sched)
+    # The parent decodes; each child recomputes the 2 prompt tokens past the shared blocks and
+    # its own first token.
+    assert plan(out) == [("a", 10, 1, True), ("a", 8, 3, True), ("a", 8, 3, True)]
+    assert (parent.block_ids, c1.block_ids, c2.block_ids) == ([0, 1, 2], [0, 1, 3], [0, 1, 4])
+    run_step(sched)
+    assert not sched.has_unfinished_requests()
+    assert sched.block_pool.num_free_blocks == 16
+
+
+def test_prompt_logprob_rows_cover_every_prompt_position_once_across_chunks():
+    sched = make_scheduler(max_num_batched_tokens=4)
+    sched.add_request(make_seq("a", 10, prompt_logprobs=2))
+    rows = []
+    for _ in range(3):
+        out = run_step(sched)
+        (p,) = out.scheduled
+        rows.append((p.num_computed_tokens, p.num_prompt_logprobs, p.num_logits_rows))
+    # Positions 0..8 predict prompt tokens 1..9; position 9 samples the first output token.
+    assert rows == [(0, 4, 4), (4, 4, 4), (8, 1, 2)]
+    out = run_step(sched)
+    assert out.scheduled[0].num_prompt_logprobs == 0  # decodes have none
+
+
+def test_decodes_are_scheduled_before_a_running_prompt_chunk():
+    # b is admitted after a but decodes; a is being recomputed after a preemption.
+    sched = make_scheduler(max_num_batched_tokens=6, num_blocks=5, max_model_len=20)
+    a, b = make_seq("a", 8), make_seq("b", 3)
+    sched.add_request(a)
+    run_step(sched)  # a: 8 prompt tokens, blocks [0, 1]
+    sched.add_request(b)
+    run_step(sched)  # a decodes; b prefills (block 2)
+    a.num_computed_tokens = 0  # as after a preemption: a has 10 tokens to recompute
+    sched.kv_cache_manager.free(a)
+    out = run_step(sched)
+    assert plan(out) == [("b", 3, 1, True), ("a", 0, 5, False)]

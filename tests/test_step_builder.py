@@ -107,3 +107,22 @@ def test_random_steps_from_the_scheduler_match_the_per_token_reference():
 def test_empty_schedule_is_refused():
     with pytest.raises(ValueError, match="empty"):
         build_step_inputs(SchedulerOutput((), (), 0), block_size=4)
+
+
+def test_prompt_logprob_rows_come_before_the_sampling_row_of_their_sequence():
+    a = make_seq("a", range(10, 16), blocks=[3, 7])  # whole prompt: 2 prompt rows, then sampling
+    b = make_seq("b", range(20, 25), output=[25, 26], blocks=[1, 5])  # decode
+    c = make_seq("c", range(30, 40), blocks=[8, 2])  # 2nd chunk of 4: 3 prompt rows
+    out = SchedulerOutput(
+        (
+            ScheduledSequence(a, 0, 6, True, num_prompt_logprobs=2),
+            ScheduledSequence(b, 6, 1, True),
+            ScheduledSequence(c, 4, 4, False, num_prompt_logprobs=3),
+        ),
+        (),
+        11,
+    )
+    step = build_step_inputs(out, block_size=4)
+    np.testing.assert_array_equal(step.logits_indices, [0, 1, 5, 6, 7, 8, 9])
+    assert step.logits_indices.dtype == np.int64
+    assert [p.num_logits_rows for p in out.scheduled] == [3, 1, 3]
