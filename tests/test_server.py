@@ -57,9 +57,30 @@ class Server:
         self.sock.close()
 
 
+def tiny_llama_and_engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny Llama checkpoint and its cpu engine (block size 16, max_seq_len 128), built once
+    per test session in pytest's base temp directory and shared by the test_server* modules."""
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
+
+    root = tmp_path_factory.getbasetemp() / "server_tiny_llama"
+    marker = root / "engine_dir.txt"
+    if not marker.exists():
+        model = make_tiny_llama(root / "model")
+        config = BuildConfig(
+            model=str(model),
+            block_size=16,
+            max_seq_len=MAX_MODEL_LEN,
+            output=str(root / "engine"),
+        )
+        marker.write_text(f"{model}\n{build(config).engine_dir}")
+    model_dir, engine_dir = marker.read_text().splitlines()
+    return Path(model_dir), Path(engine_dir)
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+    return tiny_llama_and_engine(tmp_path_factory)[0]
 
 
 @dataclass
@@ -73,18 +94,9 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def tiny_engine(tiny_dir: Path) -> Path:
+def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama built into a cpu engine directory."""
-    from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
-
-    config = BuildConfig(
-        model=str(tiny_dir),
-        block_size=16,
-        max_seq_len=MAX_MODEL_LEN,
-        output=str(tiny_dir.parent / "engine"),
-    )
-    return build(config).engine_dir
+    return tiny_llama_and_engine(tmp_path_factory)[1]
 
 
 @pytest.fixture(scope="module")
