@@ -5,8 +5,9 @@ clients hanging up after two events.
 Checked: every request that was not dropped finishes with exactly the tokens it asked for
 (``ignore_eos``), its own usage (every (prompt length, max_tokens) pair is distinct, so a response
 delivered to the wrong client would show), one response id per request; the server aborts
-exactly the dropped requests and counts exactly the others as finished; afterwards no request is
-running or waiting and every KV block is free. Throughput and p95 TTFT are printed (``-s``), not
+exactly the dropped requests, counts every request once (by finish reason) and every prompt token
+once; afterwards no request is running or waiting and every KV block is free (engine statistics
+and the ``vllm:kv_cache_usage_perc`` gauge). Throughput and p95 TTFT are printed (``-s``), not
 asserted.
 """
 
@@ -86,14 +87,15 @@ def _requests(seed: int = 0) -> list[BenchRequest]:
     return requests
 
 
-def _metric(url: str, name: str) -> float | None:
-    """Sum of a metric's samples on /metrics; None when the server does not export it."""
+def _metric(url: str, name: str, **labels: str) -> float | None:
+    """Sum of a metric's samples on /metrics whose labels include ``labels``; None when the
+    server exports no such sample."""
     text = httpx.get(url + "/metrics", timeout=10).text
     values = [
         s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == name
+        if s.name == name and labels.items() <= s.labels.items()
     ]
     return sum(values) if values else None
 
@@ -127,13 +129,21 @@ def test_load_200_requests_32_concurrent_10_percent_dropped(served: Served) -> N
         time.sleep(0.01)
     assert sorted(served.aborted) == sorted(r.response_id for r in dropped)
     assert not served.llm_engine.has_unfinished_requests()
-    assert _metric(served.url, "vllm:request_success_total") == len(kept)
-    assert _metric(served.url, "vllm:generation_tokens_total") == sum(q.output_len for q, _ in kept)
+    # Every request ended once on the server: by length, or aborted when its client left.
+    success = "vllm:request_success_total"
+    assert _metric(served.url, success, finished_reason="length") == len(kept)
+    assert _metric(served.url, success, finished_reason="abort") == len(dropped)
+    assert _metric(served.url, success) == NUM_REQUESTS
+    assert _metric(served.url, "vllm:prompt_tokens_total") == sum(q.prompt_len for q in requests)
+    generated = _metric(served.url, "vllm:generation_tokens_total")
+    kept_tokens = sum(q.output_len for q, _ in kept)
+    dropped_tokens = sum(q.output_len for q in requests if q.disconnect_after)
+    assert generated is not None and kept_tokens < generated < kept_tokens + dropped_tokens
     stats = served.llm_engine.stats()
     assert (stats.num_running, stats.num_waiting) == (0, 0)
     assert (stats.num_free_blocks, stats.kv_cache_usage) == (NUM_BLOCKS, 0.0)
-    usage = _metric(served.url, "vllm:kv_cache_usage_perc")
-    assert usage in (None, 0.0)  # None: a server without the gauge
+    assert _metric(served.url, "vllm:kv_cache_usage_perc") == 0.0
+    assert _metric(served.url, "vllm:num_requests_running") == 0.0
 
     summary = summarize(results, duration)
     print(
