@@ -23,8 +23,9 @@ class StepInputs:
             entries past a sequence's last block are 0 and never read.
         slot_mapping: [T] int64, the cache slot (``block_id * block_size + offset``) each new
             token's key and value are written to.
-        logits_indices: [S] int64, rows of T whose logits are wanted (the last token of each
-            sequence that samples this step), in the order the sampler expects.
+        logits_indices: [R] int64, rows of T whose logits are wanted: per sequence in step
+            order, the positions whose logits give prompt logprobs, then its last token if it
+            samples this step.
     """
 
     input_ids: np.ndarray

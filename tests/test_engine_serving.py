@@ -1,0 +1,167 @@
+"""Serving features end to end on a real CPU engine (ONNX Runtime) of a tiny Llama: preemption,
+prefix caching, seeds, n > 1, logprobs and prompt logprobs (against HF), startup limits."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmc.errors import EngineConfigError, EngineError
+from llmc.runtime.engine import EngineConfig, LLMEngine
+from llmc.runtime.sampling_params import SamplingParams
+from tests.test_engine import prompt_of, run
+
+MAX_SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory) -> Path:
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
+    from tests.tiny_models import make_tiny_llama
+
+    root = tmp_path_factory.mktemp("serving")
+    ckpt = make_tiny_llama(root / "ckpt", sharp=True)
+    out = root / "engine"
+    build(
+        BuildConfig(
+            model=str(ckpt), block_size=4, max_seq_len=MAX_SEQ_LEN, max_batch=8,
+            max_num_tokens=64, output=str(out),
+        )
+    )  # fmt: skip
+    return out
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    """n random non-special token ids."""
+    return [int(t) for t in np.random.default_rng(seed).integers(7, 512, size=n)]
+
+
+def engine(engine_dir, **kw) -> LLMEngine:
+    kw.setdefault("num_blocks", 128)
+    return LLMEngine.from_engine_dir(engine_dir, threads=1, **kw)
+
+
+def token_ids(finished: dict, n: int) -> list[list[int]]:
+    return [finished[str(i)].outputs[0].token_ids for i in range(n)]
+
+
+def test_pool_too_small_for_all_running_requests_gives_the_same_greedy_outputs(engine_dir):
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=24)
+    arrivals = {0: [(str(i), tokens(40 + i, 20), params) for i in range(6)]}
+    reference = run(engine(engine_dir, enable_prefix_caching=False), arrivals)
+    # 16 blocks of 4 hold one 64-token sequence; 6 requests of 20 + 24 tokens need 66.
+    small = engine(engine_dir, num_blocks=16, max_num_seqs=6)
+    finished = run(small, arrivals)
+    stats = small.stats()
+    assert stats.num_preemptions > 0
+    assert token_ids(finished, 6) == token_ids(reference, 6)
+    assert all(len(t) == 24 for t in token_ids(finished, 6))
+    assert stats.num_free_blocks == stats.num_total_blocks == 16 and stats.kv_cache_usage == 0.0
+
+
+def test_prefix_cache_hits_give_the_same_outputs_and_count_cached_tokens(engine_dir):
+    system = tokens(50, 24)  # 6 full blocks shared by every request
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
+    prompts = [system + tokens(60 + i, 5) for i in range(4)]
+    arrivals = {i: [(str(i), p, params)] for i, p in enumerate(prompts)}  # one per step
+    uncached = engine(engine_dir, enable_prefix_caching=False)
+    cached = engine(engine_dir)
+    expected, finished = run(uncached, arrivals), run(cached, arrivals)
+    assert token_ids(finished, 4) == token_ids(expected, 4)
+    assert [finished[str(i)].num_cached_tokens for i in range(4)] == [0, 24, 24, 24]
+    stats = cached.stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (4 * 29, 3 * 24)
+    assert uncached.stats().prefix_cache_queries == 0
+    # Admitted in one step, later requests share the blocks the first computes in that step.
+    together = run(engine(engine_dir), {0: [a for i in range(4) for a in arrivals[i]]})
+    assert token_ids(together, 4) == token_ids(expected, 4)
+    assert [together[str(i)].num_cached_tokens for i in range(4)] == [0, 24, 24, 24]
+    # A prompt entirely in the cache still computes its last token.
+    again = run(cached, {0: [("again", prompts[0], params)]})["again"]
+    assert (
+        again.num_cached_tokens == 28
+        and again.outputs[0].token_ids == expected["0"].outputs[0].token_ids
+    )
+
+
+def test_seeded_request_gives_the_same_tokens_alone_and_in_a_mixed_batch(engine_dir):
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
+    prompt = tokens(70, 12)
+    alone = run(engine(engine_dir), {0: [("s", prompt, seeded)]})["s"].outputs[0].token_ids
+    others = [
+        SamplingParams(temperature=0.0, max_tokens=5),
+        SamplingParams(temperature=0.7, top_k=20, max_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=1.3, seed=7, min_p=0.05, max_tokens=15, ignore_eos=True),
+    ]
+    arrivals = {
+        0: [("o0", prompt_of(71), others[0]), ("o1", prompt_of(72), others[1])],
+        1: [("s", prompt, seeded)],
+        2: [("o2", prompt_of(73), others[2])],
+    }
+    mixed = run(engine(engine_dir, seed=99, max_num_batched_tokens=16), arrivals)
+    assert mixed["s"].outputs[0].token_ids == alone
+    assert len(set(alone)) > 3  # it really sampled
+
+
+def test_n_completions_share_the_prompt_and_match_single_requests_seeded_seed_plus_i(engine_dir):
+    prompt = tokens(80, 18)
+    params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=10, ignore_eos=True)
+    eng = engine(engine_dir, enable_prefix_caching=False)
+    eng.add_request("n3", prompt, params)
+    eng.step()  # the prompt: 3 completions forked from its logits row
+    parent, *children = eng.scheduler.requests["n3"]
+    assert [c.block_ids[:4] for c in children] == [parent.block_ids[:4]] * 2  # 16 of 18 tokens
+    assert [eng.scheduler.block_pool.blocks[b].ref_cnt for b in parent.block_ids] == [3] * 4 + [1]
+    out = run(eng, {0: []})["n3"]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    for i, completion in enumerate(out.outputs):
+        single = SamplingParams(temperature=1.0, seed=5 + i, max_tokens=10, ignore_eos=True)
+        alone = run(engine(engine_dir), {0: [("one", prompt, single)]})["one"].outputs[0]
+        assert completion.token_ids == alone.token_ids
+        assert completion.text == alone.text and completion.finish_reason == "length"
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 3
+    assert eng.stats().num_free_blocks == 128
+
+
+def test_logprobs_and_prompt_logprobs_match_hf_across_prompt_chunks(engine_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = tokens(90, 21)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3, prompt_logprobs=2
+    )
+    eng = engine(engine_dir, max_num_batched_tokens=8)  # the prompt runs in 3 chunks
+    out = run(eng, {0: [("lp", prompt, params)]})["lp"]
+    completion = out.outputs[0]
+    all_tokens = prompt + completion.token_ids
+    model = AutoModelForCausalLM.from_pretrained(engine_dir.parent / "ckpt").eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([all_tokens])).logits[0].double()
+    reference = torch.log_softmax(logits, dim=-1).numpy()  # [P + 5, V]
+
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for t in range(1, len(prompt)):
+        entry, ref = out.prompt_logprobs[t], reference[t - 1]
+        assert entry[prompt[t]].logprob == pytest.approx(ref[prompt[t]], abs=2e-3)
+        assert entry[prompt[t]].rank == int((ref > ref[prompt[t]]).sum()) + 1
+        ranked = sorted(entry, key=lambda tok: entry[tok].rank)
+        assert ranked[:2] == list(np.argsort(-ref)[:2])
+    assert len(completion.logprobs) == 5
+    total = 0.0
+    for j, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs, strict=True)):
+        ref = reference[len(prompt) - 1 + j]
+        assert token == int(ref.argmax()) and entry[token].rank == 1
+        assert list(entry)[:1] == [token] and len(entry) == 3  # greedy: the token is the top one
+        assert [entry[t].logprob for t in entry] == pytest.approx(np.sort(ref)[::-1][:3], abs=2e-3)
+        assert entry[token].decoded_token == eng.tokenizer.decode([token])
+        total += entry[token].logprob
+    assert completion.cumulative_logprob == pytest.approx(total)
+
+
+def test_startup_refuses_a_pool_smaller_than_one_max_len_sequence(engine_dir):
+    with pytest.raises(EngineError, match="cannot hold one sequence of max_seq_len=64"):
+        engine(engine_dir, num_blocks=15)
+    with pytest.raises(EngineConfigError, match=r"lower max_model_len \(--max-model-len\)"):
+        EngineConfig(block_size=4, num_blocks=15, max_model_len=64).scheduler_config()
