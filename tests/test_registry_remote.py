@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from llmc.cli import main
@@ -124,26 +125,19 @@ def test_concurrent_builds_publish_both(built):
             assert (checkout / rel).read_bytes() == (work / f"out-{name}" / rel).read_bytes()
 
 
-def test_generate_by_model_id(built):
+def test_generate_by_model_id(built, capsys):
     work, registry = built
-    command = ["generate", "--registry", str(registry), "--json", "--max-tokens", "8"]
-
-    def run(engine: str) -> list[list[int]]:
-        out = subprocess.run(
-            [sys.executable, "-m", "llmc.cli", *command, engine, *PROMPTS],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        return [json.loads(line)["token_ids"] for line in out.stdout.splitlines()]
-
-    by_id = run("llama")
-    assert by_id == run(str(work / "out-llama"))
-    assert all(len(ids) == 8 for ids in by_id)
+    argv = ["generate", "llama", *PROMPTS, "--registry", str(registry), "--json"]
+    assert main([*argv, "--max-tokens", str(GREEDY.max_tokens)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    by_id = [json.loads(line)["token_ids"] for line in lines]
+    assert by_id == greedy_ids(work / "out-llama")
+    assert all(len(ids) == GREEDY.max_tokens for ids in by_id)
 
 
-def test_push_pull_clean_registry_same_greedy_output(built, s3, tmp_path, capsys):
+def test_push_pull_clean_registry_serve_same_greedy_output(built, s3, tmp_path, capsys):
+    """Push to S3, pull into an empty registry, `llmc serve MODEL` resolves the pulled engine:
+    its greedy completions are the original engine's."""
     work, registry = built
     remote = f"s3://{BUCKET}/team"
     assert registry_cli("push", "llama", "--registry", str(registry), "--remote", remote,
@@ -154,7 +148,42 @@ def test_push_pull_clean_registry_same_greedy_output(built, s3, tmp_path, capsys
     engine = Path(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("engine: "))
     assert engine.parent == clean / "checkouts"
     assert LocalRegistry(clean).verify() == []
-    assert greedy_ids(engine) == greedy_ids(work / "out-llama")
+
+    original = LLM(work / "out-llama").generate(PROMPTS, GREEDY)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "llmc.cli", "serve", "llama", "--registry", str(clean)]
+        + ["--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while not _is_up(url):
+            assert server.poll() is None, server.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "llmc serve did not come up"
+            time.sleep(0.3)
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["llama"]
+        for prompt, want in zip(PROMPTS, original, strict=True):
+            body = {"model": "llama", "prompt": prompt, "max_tokens": GREEDY.max_tokens}
+            body |= {"temperature": 0.0, "ignore_eos": True}
+            got = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+            assert got["choices"][0]["text"] == want.outputs[0].text
+            assert got["usage"]["completion_tokens"] == GREEDY.max_tokens
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def _is_up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_tampered_remote_blob_refused_nothing_left(built, s3, tmp_path):
