@@ -321,3 +321,51 @@ def test_torch_runner_staggered_batch_equals_hf_generate(llama_dir, tokenizer, h
     finished = run(engine, arrivals)
     assert [finished[str(i)].outputs[0].token_ids for i in range(3)] == hf_reference
     assert counts["preempted"] > 0 and counts["chunks"] > 0
+
+
+def test_stop_string_across_a_token_boundary_with_and_without_the_stop_string(tokenizer):
+    prompt = prompt_of(3)
+    tokens = oracle(prompt, 12)
+    pieces = [tokenizer.decode(tokens[: i + 1]) for i in range(12)]
+    # A stop string made of the last 2 characters of token 4's text and the first 2 of token 5's.
+    k = next(i for i in range(3, 11) if len(pieces[i]) - len(pieces[i - 1]) >= 2)
+    k = k if len(pieces[k + 1]) - len(pieces[k]) >= 2 else k + 1
+    stop = pieces[k][-2:] + pieces[k + 1][len(pieces[k]) : len(pieces[k]) + 2]
+    cut = pieces[k + 1].index(stop)
+    assert cut < len(pieces[k]) < cut + len(stop)  # it spans tokens k and k + 1
+    engine = fake_engine(tokenizer)
+    for include in (False, True):
+        params = SamplingParams(
+            max_tokens=12, stop=[stop], include_stop_str_in_output=include, **GREEDY
+        )
+        out = run(engine, {0: [(str(include), prompt, params)]})[str(include)].outputs[0]
+        assert out.text == pieces[k + 1][: cut + len(stop) * include]
+        assert out.token_ids == tokens[: k + 2] and out.finish_reason == "stop"
+        assert out.stop_reason == stop
+
+
+def test_min_tokens_defers_stop_token_ids_and_stop_strings(tokenizer):
+    prompt = prompt_of(3)
+    tokens = oracle(prompt, 12)
+    engine = fake_engine(tokenizer)
+    # The fake model's row is one-hot: a masked stop id leaves all-zero logits, whose argmax is
+    # token 0. Expected: replay the fake model with that rule.
+    stop_id, context, expected = tokens[1], list(prompt), []
+    while len(expected) < 12:
+        token = next_token(np.array(context))
+        if token == stop_id and len(expected) < 4:
+            token = 0
+        expected.append(token)
+        context.append(token)
+        if token == stop_id:
+            break
+    params = SamplingParams(max_tokens=12, stop_token_ids=[stop_id], min_tokens=4, **GREEDY)
+    out = run(engine, {0: [("a", prompt, params)]})["a"].outputs[0]
+    assert out.token_ids == expected and expected[1] == 0
+    assert out.stop_reason == (stop_id if expected[-1] == stop_id else None)
+    full = tokenizer.decode(tokens)
+    stop = tokenizer.decode(tokens[:1])  # in the first token's text only
+    params = SamplingParams(max_tokens=12, stop=[stop], min_tokens=3, **GREEDY)
+    out = run(engine, {0: [("b", prompt, params)]})["b"].outputs[0]
+    assert len(out.token_ids) >= 3
+    assert out.text.startswith(full[: len(stop)])  # the early occurrence was not a stop
