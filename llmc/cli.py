@@ -93,6 +93,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    p.add_argument("--n", type=int, default=1, help="completions per prompt")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
@@ -108,6 +110,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
+        n=args.n,
         seed=args.seed,
         max_tokens=args.max_tokens,
         stop=args.stop,
@@ -128,20 +132,21 @@ def _run_generate(args: argparse.Namespace) -> int:
             for p in prompts
         ]
     for prompt, out in zip(args.prompts, llm.generate(prompts, params), strict=True):
-        o = out.outputs[0]
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "prompt": prompt,
-                        "text": o.text,
-                        "token_ids": o.token_ids,
-                        "finish_reason": o.finish_reason,
-                    }
+        for o in out.outputs:
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "prompt": prompt,
+                            "index": o.index,
+                            "text": o.text,
+                            "token_ids": o.token_ids,
+                            "finish_reason": o.finish_reason,
+                        }
+                    )
                 )
-            )
-        else:
-            print(f"{prompt}{o.text}\n")
+            else:
+                print(f"{prompt}{o.text}\n")
     return 0
 
 
