@@ -185,13 +185,19 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    entry = None
-    if config.registry:
-        from llmc.registry.local import LocalRegistry
-
-        with stage("publish to the registry"):
-            entry = LocalRegistry(Path(config.registry)).publish(out)
+    entry = publish(config, out, stage)
     return BuildResult(out, pass_report, optimized_ops, quantization, accuracy, entry)
+
+
+def publish(config: BuildConfig, engine_dir: Path, stage=None):
+    """With ``--registry PATH``, publish the built engine there (``LocalRegistry.publish``);
+    returns its ``IndexEntry``, or None without ``--registry``."""
+    if not config.registry:
+        return None
+    from llmc.registry.local import LocalRegistry
+
+    with (stage or _no_stage)("publish to the registry"):
+        return LocalRegistry(Path(config.registry)).publish(engine_dir)
 
 
 def float_graph(model, block_size: int, stage=None) -> tuple[onnx.ModelProto, dict[str, int]]:
