@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from llmc.errors import RegistryError
-from llmc.registry.integrity import write_bytes_atomic
+from llmc.registry.integrity import write_stream_atomic
 
 INDEX_NAME = "index.json"
 LOCK_NAME = "index.lock"
@@ -192,7 +192,8 @@ class Index:
 
     def _write(self, entries: list[IndexEntry]) -> None:
         data = {"format": INDEX_FORMAT, "entries": [e.to_dict() for e in entries]}
-        write_bytes_atomic((json.dumps(data, indent=1) + "\n").encode(), self.path)
+        text = (json.dumps(data, indent=1) + "\n").encode()
+        write_stream_atomic([text], self.path, mode=0o644)
 
     def lock(self):
         """The index lock, for operations that must not interleave with an update (gc)."""

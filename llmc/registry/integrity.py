@@ -90,8 +90,3 @@ def write_stream_atomic(
         Path(partial).unlink(missing_ok=True)
         raise
     return digest.hexdigest()
-
-
-def write_bytes_atomic(data: bytes, path: Path) -> str:
-    """``write_stream_atomic`` for bytes in memory; returns their sha256."""
-    return write_stream_atomic([data], path)

@@ -112,17 +112,17 @@ def resolve_local(
 def engine_dir_for(
     model_or_dir: str, registry_root: str | Path, verify_key: str | Path | None = None
 ) -> ResolvedEngine:
-    """What ``llmc serve``/``generate`` load: ``model_or_dir`` itself when it is an engine
-    directory, else the checkout of the engine it resolves to in the local registry.
+    """What ``llmc serve``/``generate`` load: ``model_or_dir`` itself when it is a path (it
+    exists or holds a ``/``), else the checkout of the engine it resolves to in the registry.
 
     Raises:
         NoMatchingEngineError: the model has no engine that fits this host.
-        RegistryError: it is neither an engine directory nor a model in the registry.
+        RegistryError: it is neither a path nor a model in the registry.
     """
     from llmc.registry.local import LocalRegistry
 
     path = Path(model_or_dir)
-    if (path / "manifest.json").is_file():
+    if path.exists() or "/" in model_or_dir:  # a path: the loader says what is wrong with it
         return ResolvedEngine(path, None)
     registry = LocalRegistry(Path(registry_root))
     if not registry.find(model_or_dir):
