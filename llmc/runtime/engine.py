@@ -157,9 +157,10 @@ class LLMEngine:
         """Queue a request; it starts at the next `step` that has room for it.
 
         Raises:
-            ValueError: for a duplicate id, bad sampling parameters, an empty prompt, token ids
-                outside the vocabulary, or a prompt plus ``max_tokens`` longer than
-                ``max_model_len``.
+            ContextLengthError: (a ValueError) if the prompt plus ``max_tokens`` is longer than
+                ``max_model_len``; it carries ``limit`` and ``num_tokens``.
+            ValueError: for a duplicate id, bad sampling parameters (naming the field), an empty
+                prompt, or token ids outside the vocabulary.
         """
         if request_id in self.outputs:
             raise ValueError(f"request id {request_id!r} is already in use")

@@ -8,55 +8,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
 
-from llmc.errors import EngineConfigError
 from llmc.runtime.block_pool import BlockPool
 from llmc.runtime.kv_cache_manager import KVCacheManager
+from llmc.runtime.scheduler_config import SchedulerConfig
 from llmc.runtime.scheduler_output import ScheduledSequence, SchedulerOutput
 from llmc.runtime.sequence import Sequence, SequenceStatus
 from llmc.runtime.stats import EngineStats
 
 __all__ = ["ScheduledSequence", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Limits of the scheduler.
-
-    Attributes:
-        max_model_len: longest sequence (prompt + output) in tokens.
-        block_size: tokens per KV block.
-        num_blocks: blocks in the KV cache.
-        max_num_seqs: most sequences running at once (in one step).
-        max_num_batched_tokens: token budget of one step (T, the packed tokens).
-        enable_prefix_caching: share cached full blocks between requests with the same prefix.
-
-    Raises:
-        EngineConfigError: if a limit is < 1, or if the cache cannot hold one sequence of
-            ``max_model_len`` tokens (such a request could never finish).
-    """
-
-    max_model_len: int
-    block_size: int
-    num_blocks: int
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
-    enable_prefix_caching: bool = True
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, bool) and value < 1:
-                raise EngineConfigError(f"{f.name} must be >= 1, got {value}")
-        capacity = self.num_blocks * self.block_size
-        if capacity < self.max_model_len:
-            raise EngineConfigError(
-                f"the KV cache holds {capacity} tokens ({self.num_blocks} blocks of "
-                f"{self.block_size}) but max_model_len is {self.max_model_len}; one sequence of "
-                "max_model_len tokens must fit: lower max_model_len (--max-model-len) or give "
-                "the cache more blocks (--kv-cache-memory, --num-blocks)"
-            )
 
 
 class Scheduler:
