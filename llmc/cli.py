@@ -284,12 +284,17 @@ def _add_registry_option(p) -> None:
         default=default_root(),
         help="registry a model id is resolved in (default: $LLMC_REGISTRY or engines)",
     )
+    p.add_argument(
+        "--verify-key",
+        default=None,
+        help="with a model id: serve only an engine signed by this Ed25519 public key (PEM)",
+    )
 
 
 def _engine_dir(args: argparse.Namespace):
     from llmc.registry.resolve import engine_dir_for
 
-    return engine_dir_for(args.engine, args.registry)
+    return engine_dir_for(args.engine, args.registry, args.verify_key)
 
 
 def _add_registry(sub) -> None:

@@ -230,6 +230,8 @@ def test_engine_dir_for_and_build_config(tmp_path: Path):
         engine_dir_for("toy", tmp_path / "reg")
     missing = str(tmp_path / "missing")
     assert engine_dir_for(missing, tmp_path / "reg").path == Path(missing)  # the loader's error
+    with pytest.raises(RegistryError, match="--verify-key checks engines resolved"):
+        engine_dir_for(str(engine), tmp_path / "reg", verify_key=tmp_path / "k.pub")
     LocalRegistry(tmp_path / "reg").publish(engine)
     resolved = engine_dir_for("toy", tmp_path / "reg")
     assert resolved.model_name == "toy" and resolved.path.parent.name == "checkouts"

@@ -116,13 +116,21 @@ def engine_dir_for(
     exists or holds a ``/``), else the checkout of the engine it resolves to in the registry.
 
     Raises:
-        NoMatchingEngineError: the model has no engine that fits this host.
-        RegistryError: it is neither a path nor a model in the registry.
+        NoMatchingEngineError: the model has no engine that fits this host (or, with
+            ``verify_key``, none whose signature verifies).
+        RegistryError: it is neither a path nor a model in the registry, or ``verify_key`` is
+            given with a path.
     """
     from llmc.registry.local import LocalRegistry
 
     path = Path(model_or_dir)
     if path.exists() or "/" in model_or_dir:  # a path: the loader says what is wrong with it
+        if verify_key is not None:
+            raise RegistryError(
+                f"--verify-key checks engines resolved from the registry, and {model_or_dir} is "
+                "a directory; publish it (`llmc registry push DIR --sign-key KEY`) and give its "
+                "model id"
+            )
         return ResolvedEngine(path, None)
     registry = LocalRegistry(Path(registry_root))
     if not registry.find(model_or_dir):
