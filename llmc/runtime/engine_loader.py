@@ -93,7 +93,12 @@ def load_engine(
     from llmc.runtime.ort_runner import OrtRunner
 
     blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory)
-    runner = OrtRunner(engine_dir, num_blocks=blocks, threads=threads, provider=provider)
+    if manifest.backend == "tensorrt":
+        from llmc.runtime.trt_runner import TrtRunner
+
+        runner = TrtRunner(engine_dir, manifest, num_blocks=blocks)
+    else:
+        runner = OrtRunner(engine_dir, num_blocks=blocks, threads=threads, provider=provider)
     tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "tokenizer"))
     gen = json.loads((engine_dir / "generation_config.json").read_text())
     return LoadedEngine(
@@ -113,6 +118,12 @@ def check_runs_here(manifest) -> None:
     Raises:
         EngineMismatchError: says what differs and what to rebuild or install.
     """
+    if manifest.backend == "tensorrt":  # a GPU plan: checked without importing tensorrt
+        from llmc.compiler.tensorrt.host import detect_gpus, tensorrt_version
+        from llmc.runtime.trt_runner import check_gpu_host
+
+        check_gpu_host(manifest, detect_gpus(), tensorrt_version())
+        return
     import onnxruntime as ort
 
     from llmc.compiler.isa import detect_host_isa

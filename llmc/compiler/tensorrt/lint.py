@@ -99,9 +99,15 @@ class LintReport:
 class GraphView:
     """Read-only indexes over a graph the checks share: producers, consumers, constants, types.
 
-    ``base_dir`` is where external tensor data lives (a saved model's directory)."""
+    ``base_dir`` is where external tensor data lives (a saved model's directory); ``typed`` is
+    the same graph after type inference (value types are read from it)."""
 
-    def __init__(self, model: onnx.ModelProto, base_dir: Path | None = None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        base_dir: Path | None = None,
+        typed: onnx.ModelProto | None = None,
+    ):
         self.model = model
         self.base_dir = base_dir
         g = model.graph
@@ -113,7 +119,8 @@ class GraphView:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
         self.types: dict[str, int] = {t.name: t.data_type for t in g.initializer}
-        for vi in [*g.input, *g.value_info, *g.output]:
+        tg = typed.graph if typed is not None else g
+        for vi in [*tg.input, *tg.value_info, *tg.output]:
             self.types.setdefault(vi.name, vi.type.tensor_type.elem_type)
 
     def is_constant(self, name: str) -> bool:
@@ -152,8 +159,7 @@ def lint_model(
     findings = report.findings
     findings += _check_opsets(model)
     typed = _infer_types(model, findings)
-    view = GraphView(typed, base_dir)
-    view.initializers = GraphView(model).initializers  # the real tensors, for values
+    view = GraphView(model, base_dir, typed)
     findings += _check_ops(view)
     findings += _check_shape_inputs(view)
     findings += check_qdq(view, target)

@@ -83,6 +83,8 @@ def _check_node(view, n: onnx.NodeProto, err, warn) -> list:
         )
         return out
     qkv = {view.type_name(i) for i in n.input[:3]}
+    if None in qkv:
+        return out  # types unknown: type inference failed, reported under "types"
     if len(qkv) != 1 or not qkv <= {"FP32", "FP16", "BF16"}:
         out.append(
             err("plugin", f"q/k/v types {sorted(map(str, qkv))}: expected one of FP32, FP16, BF16")
@@ -98,7 +100,7 @@ def _check_node(view, n: onnx.NodeProto, err, warn) -> list:
             out.append(
                 warn(
                     "plugin",
-                    f"cache {name!r} is a {got} network input: TensorRT documents "
+                    f"cache {name!r} is a network input of type {got}: TensorRT documents "
                     "INT8/FP8 as types reached through Q/DQ; a quantized-type input owned by a "
                     "plugin is unverified",
                 )

@@ -1,0 +1,178 @@
+"""The TensorRT runner of GPU engines (DESIGN §6-7). NEVER RUN: no machine of ours has a GPU.
+
+Only ``check_gpu_host`` (the manifest check, which runs before anything is deserialized or
+``tensorrt`` is imported) is tested here; ``TrtRunner`` is written against TensorRT's documented
+Python API (``trt.Runtime.deserialize_cuda_engine``, ``ICudaEngine.num_io_tensors`` /
+``get_tensor_name`` / ``get_tensor_mode`` / ``get_tensor_dtype``,
+``IExecutionContext.set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3(stream)``)
+and has never executed.
+
+It implements ``llmc.runtime.runner.Runner`` like ``OrtRunner``: one packed ``StepInputs`` in,
+logits [S, vocab] float32 (numpy, on the host) out, so the scheduler, sampler and server are
+unchanged. Buffers are torch CUDA tensors; the KV caches are allocated once per layer
+([num_blocks, block_size, KVH, D] in the engine's cache dtype) and bound at construction; the
+paged-attention plugin writes new keys and values into them in place (an engine output that
+TensorRT reports as aliasing a cache input is bound to the same memory).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from llmc.compiler.tensorrt.host import GpuInfo, arch_capability, capability_name, detect_gpus
+from llmc.compiler.tensorrt.host import tensorrt_version as installed_tensorrt_version
+from llmc.errors import EngineCorruptError, EngineError, EngineMismatchError
+from llmc.runtime.step_inputs import StepInputs
+
+_STEP_INPUTS = (
+    "input_ids",
+    "positions",
+    "logits_indices",
+    "seq_lens",
+    "query_start_loc",
+    "block_tables",
+    "slot_mapping",
+)
+_CACHE_TORCH_DTYPES = {
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "int8": "int8",
+}
+
+
+def check_gpu_host(manifest, gpus: list[GpuInfo], trt_version: str | None) -> GpuInfo:
+    """Refuse a TensorRT engine this host cannot run, without importing ``tensorrt``.
+
+    ``gpus``: this host's CUDA devices (``host.detect_gpus()``); ``trt_version``: the installed
+    ``tensorrt`` package's version (None: not installed). Returns the GPU to run on.
+
+    Raises:
+        EngineMismatchError: no CUDA GPU; no GPU the plan runs on (the builder GPU's compute
+            capability, or any sm80+ for hardware compatibility "ampere+"); TensorRT missing or
+            of another major.minor than the plan was built with. The message says what to do.
+    """
+    trt = manifest.tensorrt or {}
+    target = manifest.target
+    wanted = arch_capability(target)
+    compat = trt.get("hardware_compatibility", "none")
+    cpu_build = f"`llmc build {manifest.source} --arch cpu`"
+    if not gpus:
+        raise EngineMismatchError(
+            f"engine built for {target} is a TensorRT plan that needs a GPU of compute capability "
+            f"{capability_name(target)}; this host has no CUDA GPU. Run it on a {target} host, "
+            f"or build a CPU engine with {cpu_build}"
+        )
+    fits = [
+        g
+        for g in gpus
+        if g.capability == wanted or (compat == "ampere+" and g.capability >= (8, 0))
+    ]
+    if not fits:
+        found = ", ".join(f"{g.name} ({g.arch})" for g in gpus)
+        rebuild = f"`llmc build {manifest.source} --arch {gpus[0].arch}`"
+        raise EngineMismatchError(
+            f"engine built for {target} (hardware compatibility {compat}) does not run on this "
+            f"host's GPUs: {found}; rebuild with {rebuild}, or with --hardware-compat ampere+"
+        )
+    installed = trt_version
+    built = manifest.backend_version
+    needed = ".".join(built.split(".")[:2])
+    if installed is None:
+        raise EngineMismatchError(
+            f"engine is a TensorRT {built} plan but the tensorrt package is not installed; "
+            f"pip install tensorrt=={needed}.*"
+        )
+    if installed.split(".")[:2] != built.split(".")[:2]:
+        raise EngineMismatchError(
+            f"engine was built with TensorRT {built} but {installed} is installed; install "
+            f"tensorrt=={needed}.* or rebuild the engine with this TensorRT"
+        )
+    return fits[0]
+
+
+class TrtRunner:
+    """Runs a TensorRT engine directory on one GPU. Implements ``llmc.runtime.runner.Runner``.
+
+    Args:
+        engine_dir: the engine directory (``manifest.json``, ``engine.plan``).
+        manifest: its ``EngineManifest`` (already read; checked here first).
+        num_blocks: KV blocks per layer; at most the optimization profile's maximum.
+
+    Raises EngineMismatchError (see ``check_gpu_host``), EngineError (``num_blocks`` outside the
+    profile), EngineCorruptError (TensorRT cannot deserialize the plan).
+    """
+
+    def __init__(self, engine_dir: str | Path, manifest, num_blocks: int):
+        gpu = check_gpu_host(
+            manifest, detect_gpus(), installed_tensorrt_version()
+        )  # before anything is deserialized or imported
+        import tensorrt as trt
+        import torch
+
+        from llmc.plugins.paged_attention.trt_plugin import register_paged_attention_plugin
+
+        engine_dir = Path(engine_dir)
+        record = manifest.tensorrt or {}
+        profile = (record.get("profiles") or [{}])[0]
+        cache_max = profile.get("key_cache.0", {}).get("max", [math.inf])[0]
+        if num_blocks > cache_max:
+            raise EngineError(
+                f"{num_blocks} KV blocks exceed the engine's optimization profile ({cache_max}); "
+                "lower --kv-cache-memory / --num-blocks, or rebuild with larger limits"
+            )
+        register_paged_attention_plugin()
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        runtime = trt.Runtime(self._logger)
+        plan = (engine_dir / record.get("plan", "engine.plan")).read_bytes()
+        self.engine = runtime.deserialize_cuda_engine(plan)
+        if self.engine is None:
+            raise EngineCorruptError(f"TensorRT could not deserialize {engine_dir}; rebuild it")
+        self.context = self.engine.create_execution_context()
+        self.device = torch.device("cuda", gpu.index)
+        self.stream = torch.cuda.Stream(self.device)
+        self.num_blocks = num_blocks
+        self.block_size = manifest.block_size
+        self.vocab_size = manifest.vocab_size
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
+        self._np_types = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        cache_dtype = getattr(torch, _CACHE_TORCH_DTYPES[manifest.kv_cache_dtype])
+        shape = (num_blocks, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
+        self.kv_caches = {
+            n: torch.zeros(shape, dtype=cache_dtype, device=self.device)
+            for n in names
+            if is_input[n] and n.startswith(("key_cache.", "value_cache."))
+        }
+        for n, cache in self.kv_caches.items():
+            self.context.set_input_shape(n, tuple(cache.shape))
+            self.context.set_tensor_address(n, cache.data_ptr())
+        aliased = getattr(self.engine, "get_aliased_input_tensor", None)
+        for n in names:
+            source = aliased(n) if aliased is not None and not is_input[n] else None
+            if source in self.kv_caches:
+                self.context.set_tensor_address(n, self.kv_caches[source].data_ptr())
+
+    def execute(self, step: StepInputs) -> np.ndarray:
+        """Run one step; returns logits [len(step.logits_indices), vocab] float32."""
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            feeds = {}
+            for name in _STEP_INPUTS:
+                host = np.ascontiguousarray(getattr(step, name), dtype=self._np_types[name])
+                feeds[name] = torch.from_numpy(host).to(self.device, non_blocking=True)
+                self.context.set_input_shape(name, tuple(host.shape))
+                self.context.set_tensor_address(name, feeds[name].data_ptr())
+            rows = int(step.logits_indices.shape[0])
+            logits = torch.empty((rows, self.vocab_size), dtype=torch.float32, device=self.device)
+            self.context.set_tensor_address("logits", logits.data_ptr())
+            if not self.context.execute_async_v3(self.stream.cuda_stream):
+                raise RuntimeError("TensorRT execute_async_v3 failed; see the TensorRT log")
+            out = logits.to("cpu")
+        self.stream.synchronize()
+        return out.numpy()

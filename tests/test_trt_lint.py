@@ -1,0 +1,211 @@
+"""TensorRT lowering and lint on tiny Llama and Gemma 3 graphs: the lowered graphs pass at
+none/fp8/int8/int4 with the precision written into their types, and planted faults fail with the
+node, the op and what is wrong. (No TensorRT here: the lint is the check, DESIGN §6.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from llmc.calibration.collect import collect_stats
+from llmc.compiler.build import float_graph
+from llmc.compiler.model_source import load_model, resolve_model
+from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_graph
+from llmc.compiler.tensorrt.lint import lint_model
+from llmc.compiler.tensorrt.lower import lower_for_tensorrt
+from llmc.plugins import schema
+from llmc.runtime.ort_runner import OrtRunner
+from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
+
+BLOCK = 16
+SEQ = 32
+MODELS = {"llama": make_tiny_llama, "gemma": make_tiny_gemma3}
+
+
+@pytest.fixture(scope="module")
+def float_graphs(tmp_path_factory):
+    """{name: float32 engine graph} of the tiny models, exported once."""
+    graphs = {}
+    for name, make in MODELS.items():
+        ckpt = make(tmp_path_factory.mktemp(name) / "ckpt", seed=2)
+        graphs[name], _ = float_graph(load_model(resolve_model(str(ckpt)), "float32"), BLOCK)
+    return graphs
+
+
+def _graph(float_graphs, name: str, quant: str, kv: str = "auto") -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    proto.CopyFrom(float_graphs[name])
+    if quant == "none":
+        return proto
+    spec = QuantSpec(quant=quant, int4_block_size=32, weight_only8=("lm_head",), kv_cache_dtype=kv)
+    graph = ir.from_proto(proto)
+    tensors = calibration_tensors(graph, spec)
+    runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors.values()))
+    rng = np.random.default_rng(0)
+    windows = [rng.integers(3, 512, SEQ) for _ in range(3)]
+    quantize_graph(graph, collect_stats(runner, tensors, windows), spec)
+    return ir.to_proto(graph)
+
+
+def _lowered(float_graphs, name, quant, dtype="bfloat16", kv="auto") -> onnx.ModelProto:
+    return lower_for_tensorrt(_graph(float_graphs, name, quant, kv), dtype, kv)
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    """Every value's element type by ONNX inference (plugin outputs typed like their q)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.value_info[:]
+    for n in m.graph.node:
+        if n.domain == schema.DOMAIN:
+            n.CopyFrom(helper.make_node("Identity", [n.input[0]], list(n.output), n.name))
+    g = onnx.shape_inference.infer_shapes(m, strict_mode=True).graph
+    out = {t.name: t.data_type for t in g.initializer}
+    for vi in [*g.input, *g.output, *g.value_info]:
+        out[vi.name] = vi.type.tensor_type.elem_type
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma"])
+@pytest.mark.parametrize("quant", ["none", "fp8", "int8", "int4"])
+def test_lowered_graphs_pass_with_precision_in_their_types(float_graphs, name, quant):
+    model = _lowered(float_graphs, name, quant)
+    report = lint_model(model, "sm90")
+    assert report.passed, report.format()
+    assert report.warnings == []
+    g = model.graph
+    types = _types(model)
+    nodes = list(g.node)
+    # logits float32 after a final Cast; everything else bf16 except the rotary angles
+    assert [o.elem_type for o in (x.type.tensor_type for x in g.output)] == [TensorProto.FLOAT]
+    assert nodes[-1].op_type == "Cast" and nodes[-1].output[0] == "logits"
+    float32_inits = [t.name for t in g.initializer if t.data_type == TensorProto.FLOAT]
+    assert all("inv_freq" in n for n in float32_inits), float32_inits
+    cos_sin = [n for n in nodes if n.op_type in ("Cos", "Sin")]
+    assert cos_sin and all(types.get(n.input[0]) in (None, TensorProto.FLOAT) for n in cos_sin)
+    for n in nodes:
+        if n.op_type == "MatMul":
+            assert types[n.input[0]] == types[n.input[1]] == TensorProto.BFLOAT16, n.name
+    dq = [n for n in nodes if n.op_type == "DequantizeLinear"]
+    q = [n for n in nodes if n.op_type == "QuantizeLinear"]
+    if quant == "none":
+        assert not dq and not q
+        return
+    for n in q + dq:
+        assert types[n.input[1]] == TensorProto.BFLOAT16  # scales carry the compute dtype
+    data_types = sorted({types[n.input[0]] for n in dq if n.input[0] in types})
+    wanted = {"fp8": TensorProto.FLOAT8E4M3FN, "int8": TensorProto.INT8, "int4": TensorProto.INT4}
+    assert wanted[quant] in data_types  # FP8 weights stay real FP8 (not emulated in float)
+    inits = {t.name for t in g.initializer}
+    weight_dq = {d.output[0] for d in dq if d.input[0] in inits}
+    reading = [n for n in nodes if n.op_type == "MatMul" and n.input[1] in weight_dq]
+    assert len(reading) == len(weight_dq)  # every weight DQ is the B of exactly one MatMul
+    if quant == "int4":
+        assert not q  # weight-only
+
+
+def test_fp8_kv_cache_inputs_are_fp8_and_lint_warns_it_is_unverified(float_graphs):
+    model = _lowered(float_graphs, "gemma", "int8", kv="fp8")
+    types = _types(model)
+    for p in schema.plugin_nodes(model):
+        assert types[p.input[3]] == types[p.input[4]] == TensorProto.FLOAT8E4M3FN
+    report = lint_model(model, "sm90")
+    assert report.passed
+    assert len(report.warnings) == 4 and all("unverified" in w.message for w in report.warnings)
+    on_ampere = lint_model(model, "sm80")
+    assert on_ampere.passed  # fp8 KV storage is not an FP8 Q/DQ: the plugin owns it
+
+
+def test_fp8_graph_fails_below_sm89(float_graphs):
+    report = lint_model(_lowered(float_graphs, "llama", "fp8"), "sm86")
+    assert not report.passed
+    assert {f.check for f in report.errors} == {"qdq"}
+    assert all("FP8 needs sm89 or newer; target is sm86" in f.message for f in report.errors)
+
+
+def _find(model, op_type, index=0) -> onnx.NodeProto:
+    return [n for n in model.graph.node if n.op_type == op_type][index]
+
+
+def _set_init(model, name, array) -> None:
+    for t in model.graph.initializer:
+        if t.name == name:
+            t.CopyFrom(numpy_helper.from_array(array, name))
+
+
+def test_planted_unsupported_op(float_graphs):
+    model = _lowered(float_graphs, "llama", "none")
+    model.graph.node.append(
+        helper.make_node("Unique", ["input_ids"], ["uniq"], "planted_unique", sorted=1)
+    )
+    errors = lint_model(model, "sm90").errors
+    assert [(e.check, e.node, e.op) for e in errors] == [("op", "planted_unique", "Unique")]
+    assert "marked unsupported (N)" in errors[0].message
+
+
+def test_planted_asymmetric_qdq(float_graphs):
+    model = _lowered(float_graphs, "gemma", "int8")
+    q = _find(model, "QuantizeLinear", 1)
+    _set_init(model, q.input[2], np.array(3, np.int8))  # shared by its Q and DQ
+    errors = lint_model(model, "sm90").errors
+    named = {(e.node, e.op) for e in errors}
+    assert (q.name, "QuantizeLinear") in named
+    assert all("asymmetric" in e.message and "max |zp| = 3" in e.message for e in errors)
+    assert len(errors) == 2  # the Q and its DQ
+
+
+def test_planted_plugin_missing_attribute_and_wrong_version(float_graphs):
+    model = _lowered(float_graphs, "gemma", "none")
+    p0, p1 = schema.plugin_nodes(model)
+    kept = [a for a in p1.attribute if a.name != "sliding_window"]
+    del p1.attribute[:]
+    p1.attribute.extend(kept)
+    next(a for a in p0.attribute if a.name == "plugin_version").s = b"7"
+    errors = lint_model(model, "sm90").errors
+    assert [(e.node, e.check) for e in errors] == [(p0.name, "plugin"), (p1.name, "plugin")]
+    assert "plugin_version='7', this llmc registers '1'" in errors[0].message
+    assert errors[1].message == "missing attribute(s) sliding_window"
+
+
+def test_planted_int4_per_channel_and_int4_activation(float_graphs):
+    model = _lowered(float_graphs, "llama", "int4")
+    dq = _find(model, "DequantizeLinear")
+    kept = [a for a in dq.attribute if a.name != "block_size"]
+    del dq.attribute[:]
+    dq.attribute.extend(kept)
+    errors = lint_model(model, "sm90").errors
+    assert any(e.node == dq.name and "must be block-wise" in e.message for e in errors)
+
+
+def test_planted_data_dependent_shape(float_graphs):
+    model = _lowered(float_graphs, "llama", "none")
+    g = model.graph
+    g.node.extend(
+        [
+            helper.make_node("NonZero", ["input_ids"], ["nz"], "planted_nonzero"),
+            helper.make_node("Reshape", ["positions", "nz"], ["reshaped"], "planted_reshape"),
+            helper.make_node("Reshape", ["positions", "seq_lens"], ["r2"], "planted_reshape2"),
+        ]
+    )
+    shape = [e for e in lint_model(model, "sm90").errors if e.check == "shape"]
+    assert [(e.node, e.op) for e in shape] == [
+        ("planted_reshape", "Reshape"),
+        ("planted_reshape2", "Reshape"),
+    ]
+    assert "NonZero node 'planted_nonzero' output (data-dependent shape)" in shape[0].message
+    assert "graph input 'seq_lens'" in shape[1].message
+
+
+def test_planted_mixed_float_types_fail_strict_typing(float_graphs):
+    model = _lowered(float_graphs, "llama", "none", dtype="float16")
+    w = next(t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT16)
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w).astype(np.float32), w.name))
+    assert w.name == "model.model.embed_tokens.weight"  # read by the first RMSNormalization
+    first_norm = _find(model, "RMSNormalization").name
+    errors = lint_model(model, "sm90").errors
+    assert errors[0].check == "types"  # later errors are its consequences (float32 q/k/v)
+    assert "strict ONNX type inference failed" in errors[0].message
+    assert f"op_type:RMSNormalization, node name: {first_norm}" in errors[0].message
