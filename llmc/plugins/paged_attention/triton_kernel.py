@@ -102,7 +102,7 @@ def _fp8_round(y):
     # Spacing of E4M3 values near a: 2^(e-3) in binade [2^e, 2^(e+1)); 2^-9 below 2^-6.
     step = (tl.maximum(exponent - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
     r = _round_half_even(a / step) * step  # division by a power of two: exact
-    return tl.where(y < 0, -r, r)
+    return tl.where(y.to(tl.int32, bitcast=True) < 0, -r, r)  # the sign bit: -0.0 too
 
 
 @triton.jit

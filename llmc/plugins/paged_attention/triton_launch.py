@@ -122,8 +122,8 @@ def cache_quant_of(cache_dtype: torch.dtype, activation_dtype: torch.dtype) -> s
     if cache_dtype == torch.int8:
         return "int8"
     raise ValueError(
-        f"the KV cache must be {activation_dtype} (the activations' dtype), float8_e4m3fn or "
-        f"int8, got {cache_dtype}"
+        f"key_cache and value_cache must be {activation_dtype} (the activations' dtype), "
+        f"float8_e4m3fn or int8, got {cache_dtype}"
     )
 
 
