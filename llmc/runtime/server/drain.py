@@ -26,7 +26,8 @@ import uvicorn
 
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 
-logger = logging.getLogger(__name__)
+# uvicorn configures its own loggers only: drain messages go to its server log.
+logger = logging.getLogger("uvicorn.error")
 
 # How long aborted requests get to send their last chunk before the server stops, seconds.
 ABORT_GRACE_S = 5.0

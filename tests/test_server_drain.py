@@ -1,0 +1,157 @@
+"""Graceful shutdown: ``llmc serve`` in its own process drains on SIGTERM (readiness false, new
+requests 503, every in-flight request finishes); and in-process, requests still running at the
+shutdown timeout end with finish_reason "abort" and give their KV blocks back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from llmc.runtime.server import AsyncLLMEngine, build_app
+from llmc.runtime.server.drain import DrainingServer
+from tests.test_server import MODEL, _wait_until, tiny_llama_and_engine
+
+NUM_STREAMS = 6
+MAX_TOKENS = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _status(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _stream(url: str, body: dict, first: threading.Event, results: list) -> None:
+    """Read one streamed completion; append (finish_reason, last line, tokens) to results."""
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+            lines = [line for line in response.iter_lines() if line]
+            first.set()
+        chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+        results.append((finish[-1], lines[-1], chunks[-1]["usage"]["completion_tokens"]))
+    except Exception as exc:  # reported by the test thread
+        first.set()
+        results.append(exc)
+
+
+def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
+    port = _free_port()
+    root = Path(__file__).resolve().parents[1]
+    # Two sequences at a time: six 60-token streams take about 180 steps, so most
+    # are queued or running when the signal comes.
+    command = [sys.executable, "-m", "llmc.cli", "serve", str(engine_dir), "--port", str(port)]
+    command += ["--served-model-name", MODEL, "--max-num-seqs", "2", "--shutdown-timeout", "120"]
+    proc = subprocess.Popen(
+        command,
+        cwd=root,
+        env=os.environ | {"PYTHONPATH": str(root)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_until(lambda: _status(url + "/ready") == 200, "the server is ready", 120)
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": MAX_TOKENS, "stream": True}
+        body |= {"ignore_eos": True, "stream_options": {"include_usage": True}}
+        results: list = []
+        first = threading.Event()
+        threads = [
+            threading.Thread(target=_stream, args=(url, body, first, results))
+            for _ in range(NUM_STREAMS)
+        ]
+        for t in threads:
+            t.start()
+        assert first.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # the signal handler runs on the server's event loop
+        assert _status(url + "/ready") == 503
+        assert _status(url + "/health") == 200
+        refused = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi"})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "server_shutting_down"
+        in_flight = sum(t.is_alive() for t in threads)
+        for t in threads:
+            t.join(120)
+        assert in_flight > 0  # the drain had work to wait for
+        assert results == [("length", "data: [DONE]", MAX_TOKENS)] * NUM_STREAMS
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGTERM  # uvicorn re-raises the signal after the drain
+        assert "draining" in stderr and "Application shutdown complete" in stderr
+        assert _status(url + "/health") is None
+    finally:
+        proc.kill()
+
+
+def test_requests_running_at_the_shutdown_timeout_end_with_abort(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from llmc.runtime.engine import LLMEngine
+
+    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
+    engine = LLMEngine.from_engine_dir(engine_dir, num_blocks=32)
+    step = engine.step
+
+    def slow_step():  # noqa: ANN202 - 60 tokens take 3 s, far past the 0.5 s timeout
+        time.sleep(0.05)
+        return step()
+
+    engine.step = slow_step  # type: ignore[method-assign]
+    async_engine = AsyncLLMEngine(engine)
+    app = build_app(async_engine, MODEL)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = DrainingServer(
+        uvicorn.Config(app, log_level="warning"), app.state.drain, async_engine, 0.5
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        _wait_until(lambda: server.started, "the server is up", 30)
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": MAX_TOKENS, "stream": True}
+        body |= {"ignore_eos": True, "n": 2}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            events = [next(lines)]
+            server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
+            events += [line for line in lines if line]
+        assert events[-1] == "data: [DONE]"
+        chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+        finishes = {
+            c["choices"][0]["index"]: c["choices"][0]["finish_reason"]
+            for c in chunks
+            if c["choices"][0]["finish_reason"]
+        }
+        assert finishes == {0: "abort", 1: "abort"}
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == 0)
+        assert text  # what was generated before the timeout is kept
+        thread.join(30)
+        assert not thread.is_alive()
+        stats = async_engine.stats
+        assert stats.num_free_blocks == stats.num_total_blocks and stats.num_running == 0
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        async_engine.shutdown()
