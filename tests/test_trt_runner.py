@@ -1,0 +1,157 @@
+"""What of the TensorRT runtime and builder runs without TensorRT: the host check before any plan
+is read or ``tensorrt`` imported, the optimization profile, the progress monitor's logic, and the
+manifest's TensorRT record."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+
+from llmc.compiler.manifest import EngineManifest, read_manifest, write_manifest
+from llmc.compiler.tensorrt.builder import BuildPhases, ShapeRange, optimization_profile
+from llmc.compiler.tensorrt.host import GpuInfo, arch_capability
+from llmc.errors import EngineMismatchError
+from llmc.runtime.trt_runner import check_gpu_host
+
+H100 = GpuInfo(0, "NVIDIA H100", (9, 0))
+A100 = GpuInfo(0, "NVIDIA A100", (8, 0))
+L40S = GpuInfo(1, "NVIDIA L40S", (8, 9))
+
+
+def _manifest(compat: str = "none", version: str = "11.2.1") -> EngineManifest:
+    return EngineManifest(
+        model_id="tiny",
+        source="/models/tiny",
+        checkpoint_digest="0" * 64,
+        tokenizer_digest="0" * 64,
+        target="sm90",
+        isa=[],
+        arch="x86_64",
+        dtype="bfloat16",
+        quant="int8",
+        kv_cache_dtype="bfloat16",
+        max_seq_len=128,
+        max_num_tokens=64,
+        max_batch=4,
+        block_size=8,
+        num_layers=2,
+        num_kv_heads=1,
+        head_dim=32,
+        vocab_size=512,
+        backend="tensorrt",
+        backend_version=version,
+        execution_provider="TensorRT",
+        execution_precision="bf16",
+        build_config_hash="0" * 64,
+        tensorrt={"version": version, "plan": "engine.plan", "hardware_compatibility": compat},
+    )
+
+
+def test_host_check_picks_a_matching_gpu_or_says_what_is_wrong():
+    m = _manifest()
+    assert check_gpu_host(m, [A100, L40S, GpuInfo(2, "H100 #2", (9, 0))], "11.2.0").index == 2
+    with pytest.raises(EngineMismatchError, match=r"no CUDA GPU.*--arch cpu"):
+        check_gpu_host(m, [], "11.2.1")
+    with pytest.raises(EngineMismatchError) as e:
+        check_gpu_host(m, [A100], "11.2.1")
+    assert "NVIDIA A100 (sm80)" in str(e.value) and "--arch sm80" in str(e.value)
+    assert check_gpu_host(_manifest("ampere+"), [A100], "11.2.1") == A100
+    with pytest.raises(EngineMismatchError, match="NVIDIA L40S"):
+        check_gpu_host(_manifest("same-cc"), [L40S], "11.2.1")
+    with pytest.raises(
+        EngineMismatchError, match=r"not installed; pip install tensorrt==11\.2\.\*"
+    ):
+        check_gpu_host(m, [H100], None)
+    with pytest.raises(EngineMismatchError, match=r"built with TensorRT 11\.2\.1 but 11\.1\.0"):
+        check_gpu_host(m, [H100], "11.1.0")
+
+
+def test_loading_a_plan_on_this_host_refuses_before_touching_tensorrt(tmp_path):
+    """In a fresh interpreter (so no earlier import can hide one): load_engine raises
+    EngineMismatchError naming the GPU it needs, and neither tensorrt nor the plan was read."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "engine.plan").write_bytes(b"not a plan")
+    write_manifest(_manifest(), engine)
+    code = (
+        "import sys\n"
+        "from llmc.runtime.engine_loader import load_engine\n"
+        "from llmc.errors import EngineMismatchError\n"
+        "try:\n"
+        f"    load_engine({str(engine)!r})\n"
+        "except EngineMismatchError as e:\n"
+        "    print(str(e)); print('tensorrt' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message, imported = out.stdout.strip().splitlines()
+    assert "engine built for sm90 is a TensorRT plan" in message
+    assert "needs a GPU of compute capability 9.0; this host has no CUDA GPU" in message
+    assert "`llmc build /models/tiny --arch cpu`" in message
+    assert imported == "False"
+
+
+def test_manifest_records_tensorrt_and_reads_manifests_without_it(tmp_path):
+    m = _manifest()
+    write_manifest(m, tmp_path)
+    assert read_manifest(tmp_path).tensorrt == m.tensorrt
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    del data["tensorrt"]  # a manifest written before the field existed
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    assert read_manifest(tmp_path).tensorrt is None
+    assert asdict(read_manifest(tmp_path)) == asdict(m) | {"tensorrt": None}
+
+
+def test_optimization_profile_covers_the_serving_limits():
+    p = optimization_profile(
+        num_kv_heads=2,
+        head_dim=16,
+        num_layers=2,
+        block_size=16,
+        max_num_tokens=512,
+        max_batch=8,
+        max_seq_len=1000,
+    )
+    # 1000 tokens need 63 blocks of 16; the default pool holds 8 such sequences: 504 blocks
+    assert p["input_ids"] == p["positions"] == p["slot_mapping"]
+    assert p["input_ids"] == ShapeRange((1,), (256,), (512,))
+    assert p["logits_indices"] == p["seq_lens"] == ShapeRange((1,), (8,), (8,))
+    assert p["query_start_loc"] == ShapeRange((2,), (9,), (9,))
+    assert p["block_tables"] == ShapeRange((1, 1), (8, 63), (8, 63))
+    assert (
+        p["key_cache.1"]
+        == p["value_cache.0"]
+        == ShapeRange((1, 16, 2, 16), (504, 16, 2, 16), (504, 16, 2, 16))
+    )
+    assert len(p) == 7 + 4
+
+
+def test_build_phases_drive_the_bar_and_cancel():
+    ticks = []
+    phases = BuildPhases(lambda done, total: ticks.append((done, total)))
+    phases.start("Building engine", None, 3)
+    phases.start("Tactic selection", "Building engine", 10)
+    assert phases.step("Tactic selection", 0) is True
+    assert phases.step("Building engine", 0) is True
+    phases.finish("Tactic selection")
+    phases.cancel()  # Ctrl-C
+    assert phases.step("Building engine", 1) is False  # asks TensorRT to stop
+    phases.finish("Building engine")
+    assert ticks == [(0, 3), (1, 3), (2, 3)]  # nested phases do not move the bar
+    assert phases.finished == ["Tactic selection", "Building engine"] and not phases.phases
+
+
+def test_arch_capability():
+    assert [arch_capability(a) for a in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")] == [
+        (8, 0),
+        (8, 6),
+        (8, 9),
+        (9, 0),
+        (10, 0),
+        (12, 0),
+    ]
+    with pytest.raises(ValueError):
+        arch_capability("cpu")
