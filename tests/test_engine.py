@@ -369,3 +369,26 @@ def test_min_tokens_defers_stop_token_ids_and_stop_strings(tokenizer):
     out = run(engine, {0: [("b", prompt, params)]})["b"].outputs[0]
     assert len(out.token_ids) >= 3
     assert out.text.startswith(full[: len(stop)])  # the early occurrence was not a stop
+
+
+def test_n_greedy_completions_and_abort_of_a_forked_request(tokenizer):
+    llm = LLM.from_engine(fake_engine(tokenizer))
+    (out,) = llm.generate({"prompt_token_ids": prompt_of(4)}, SamplingParams(n=3, **GREEDY))
+    assert [o.index for o in out.outputs] == [0, 1, 2]
+    assert [o.token_ids for o in out.outputs] == [oracle(prompt_of(4), 16)] * 3
+    assert out.finished and all(o.finish_reason == "length" for o in out.outputs)
+
+    engine = fake_engine(tokenizer, max_num_seqs=2)
+    engine.add_request("n", prompt_of(4), SamplingParams(n=3, max_tokens=20, **GREEDY))
+    engine.add_request("other", prompt_of(5), SamplingParams(max_tokens=20, **GREEDY))
+    first, other = engine.step()  # the prompt of "n" forks 3 completions; "other" prefills
+    assert (first.request_id, len(first.outputs), other.request_id) == ("n", 3, "other")
+    assert not first.finished
+    stats = engine.stats()
+    # running: n's parent and "other"; waiting: n's 2 forked completions (max_num_seqs = 2)
+    assert (stats.num_running, stats.num_waiting) == (2, 2)
+    engine.abort_request("n")
+    engine.abort_request("other")
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_free_blocks) == (0, 0, 64)
+    assert engine.step() == [] and not engine.has_unfinished_requests()
