@@ -91,7 +91,8 @@ class KVCacheManager:
         """
         bs = self.block_size
         num_blocks_before = len(seq.block_ids) + len(computed_blocks)
-        total = seq.num_computed_tokens + len(computed_blocks) * bs + num_new_tokens
+        num_computed = seq.num_computed_tokens + len(computed_blocks) * bs
+        total = num_computed + num_new_tokens
         num_needed = max(-(-total // bs) - num_blocks_before, 0)
         pool = self.block_pool
         num_evictable = sum(pool.blocks[b].ref_cnt == 0 for b in computed_blocks)
@@ -102,7 +103,8 @@ class KVCacheManager:
         seq.block_ids.extend(pool.allocate(num_needed))
         if self.enable_prefix_caching:
             self._update_block_hashes(seq)
-            for i in range(min(total // bs, len(seq.block_hashes))):
+            # Blocks full before this step were entered when they filled (or are hits).
+            for i in range(num_computed // bs, min(total // bs, len(seq.block_hashes))):
                 pool.cache_block(seq.block_ids[i], seq.block_hashes[i])
         return True
 
