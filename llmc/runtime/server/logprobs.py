@@ -28,13 +28,18 @@ class TokenTexts:
 
     Args:
         tokenizer: a Hugging Face tokenizer.
+        as_ids: name tokens ``"token_id:<id>"`` instead (vLLM's ``return_tokens_as_token_ids``,
+            for clients that need the ids, e.g. when a token is part of a UTF-8 character).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self._tokenizer = tokenizer
+        self._as_ids = as_ids
         self._cache: dict[int, str] = {}
 
     def __call__(self, token_id: int, logprob: Logprob | None = None) -> str:
+        if self._as_ids:
+            return f"token_id:{token_id}"
         if logprob is not None and logprob.decoded_token is not None:
             return logprob.decoded_token
         text = self._cache.get(token_id)

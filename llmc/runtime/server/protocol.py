@@ -2,10 +2,11 @@
 
 The fields follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions``;
 ``top_k``, ``min_p``, ``min_tokens``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
-``include_stop_str_in_output`` and ``skip_special_tokens`` are vLLM's extensions, with vLLM's
-meanings. Unknown fields are ignored, as OpenAI does. Known OpenAI fields that llmc cannot
-honour (logit_bias, tools, ...) are accepted at their neutral value and refused otherwise, so a
-request is never silently served differently from what it asked for.
+``include_stop_str_in_output``, ``skip_special_tokens`` and ``return_tokens_as_token_ids`` are
+vLLM's extensions, with vLLM's meanings. Unknown fields are ignored, as OpenAI does. Known
+OpenAI fields that llmc cannot honour (logit_bias, tools, ...) are accepted at their neutral
+value and refused otherwise, so a request is never silently served differently from what it
+asked for.
 
 Numbers, booleans and strings are strict: ``"0.5"`` is not a temperature, ``1`` is not ``true``,
 NaN and infinities are refused. Every violation becomes a 400 in OpenAI's error body
@@ -72,6 +73,7 @@ class SamplingFields(BaseModel):
     ignore_eos: Bool = False
     include_stop_str_in_output: Bool = False
     skip_special_tokens: Bool = True
+    return_tokens_as_token_ids: Bool = False
     presence_penalty: Float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: Float | None = Field(default=None, gt=0.0)

@@ -52,7 +52,8 @@ class OpenAIServing:
         self.model_name = model_name
         self.metrics = metrics
         self.retry_after_s = retry_after_s
-        self.texts = TokenTexts(engine.tokenizer)
+        self._texts = TokenTexts(engine.tokenizer)
+        self._ids = TokenTexts(engine.tokenizer, as_ids=True)
 
     async def completion(self, request: CompletionRequest) -> JSONResponse | StreamingResponse:
         """``POST /v1/completions``."""
@@ -68,7 +69,7 @@ class OpenAIServing:
         renderer = CompletionRenderer(
             f"cmpl-{uuid.uuid4().hex}",
             self.model_name,
-            self.texts,
+            self._ids if request.return_tokens_as_token_ids else self._texts,
             logprobs=request.logprobs,
             prefix=prefix,
             prompt_token_ids=prompt_ids,
@@ -85,7 +86,7 @@ class OpenAIServing:
         renderer = ChatRenderer(
             f"chatcmpl-{uuid.uuid4().hex}",
             self.model_name,
-            self.texts,
+            self._ids if request.return_tokens_as_token_ids else self._texts,
             logprobs=request.sampled_logprobs,
         )
         return await self._serve(request, renderer, prompt_ids, text, "messages")
