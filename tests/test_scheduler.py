@@ -274,9 +274,14 @@ def test_random_workload_keeps_invariants_and_finishes_every_request(caching):
     )
     sched = Scheduler(cfg, eos_token_ids={EOS})
     pending = [
-        make_seq(str(i), rng.randint(1, 16), max_tokens=rng.randint(1, 8)) for i in range(30)
+        make_seq(
+            str(i), rng.randint(1, 16), max_tokens=rng.randint(1, 8), n=rng.choice([1, 1, 2, 3])
+        )
+        for i in range(30)
     ]
-    expected_lens = {s.request_id: s.params.max_tokens for s in pending}
+    expected_lens = {
+        (s.request_id, i): s.params.max_tokens for s in pending for i in range(s.params.n)
+    }
     finished = {}
     num_preemptions = 0
     for _ in range(1000):
@@ -286,20 +291,29 @@ def test_random_workload_keeps_invariants_and_finishes_every_request(caching):
         num_preemptions += len(out.preempted_request_ids)
         assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= 10
         assert len(out.scheduled) <= 4 and len(sched.running) <= 4
-        holders = Counter(b for seqs in sched.requests.values() for s in seqs for b in s.block_ids)
+        assert all(s.seq.status is SequenceStatus.RUNNING for s in out.scheduled)
+        # Every live sequence, including completions forked in this step (they join the queues
+        # when the step's tokens come back).
+        live = [s for seqs in sched.requests.values() for s in seqs]
+        live += [f for s in out.scheduled for f in s.forks]
+        holders = Counter(b for s in live for b in s.block_ids)
         assert len(holders) == 12 - sched.block_pool.num_free_blocks
         assert {b: sched.block_pool.blocks[b].ref_cnt for b in holders} == holders
-        if not caching:  # without the prefix cache, no two requests share a block
-            assert set(holders.values()) <= {1}
+        if not caching:  # without the prefix cache, only the completions of a request share
+            owners = {}
+            for seq in live:
+                for b in seq.block_ids:
+                    assert owners.setdefault(b, seq.request_id) == seq.request_id
         for s in out.scheduled:
             assert len(s.seq.block_ids) == -(-(s.num_computed_tokens + s.num_new_tokens) // 4)
         tokens = [rng.randint(2, 500) for _ in out.sampling]
         for seq in sched.update_from_output(out, tokens):
             if seq.is_finished:
-                finished[seq.request_id] = seq
+                assert seq.key not in finished
+                finished[seq.key] = seq
         if not pending and not sched.has_unfinished_requests():
             break
-    assert len(finished) == 30
+    assert len(finished) == len(expected_lens) > 30
     assert {k: s.num_output_tokens for k, s in finished.items()} == expected_lens
     if caching:  # every prompt is a prefix of 100, 101, 102...: most blocks are shared
         stats = sched.stats()
