@@ -3,10 +3,11 @@
 NEVER RUN ON A GPU OR WITH TENSORRT: no machine of ours has either (DESIGN §6). This module is
 written against TensorRT's documented ``tensorrt.plugin`` API. What runs here (tests without
 TensorRT): :class:`PluginAttributes`, :func:`describe_outputs` (the descriptor's checks and
-output shapes), :func:`kernel_signature`, :func:`compile_aot` (Triton compiles the kernel to PTX
-for sm80..sm120 without a GPU) and the error :func:`register_paged_attention_plugin` raises when
-``tensorrt`` is missing. Never run: the registration itself, the JIT implementation, TensorRT
-building an engine with this plugin and launching the AOT kernel.
+output shapes), trt_aot.py's ``compile_aot`` (Triton compiles the kernel to PTX for sm80..sm120
+without a GPU; the tests do for sm80 and sm90) and the error
+:func:`register_paged_attention_plugin` raises when ``tensorrt`` is missing. Never run: the
+registration itself, the JIT implementation, TensorRT building an engine with this plugin and
+launching the AOT kernel.
 
 Sources (TensorRT 11 API; the same ``tensorrt.plugin`` module as 10.x):
 
@@ -37,7 +38,7 @@ their defaults), and three outputs: ``output``, then the key and value caches (a
 
 AOT launch: grid ``(T // BLOCK_M + B, KVH)``, ``num_warps * 32`` threads. Triton 3.9 appends two
 hidden pointer parameters (global and profile scratch) to the PTX entry; the kernel uses neither
-(:func:`compile_aot` checks both sizes are 0), but whether TensorRT launches a PTX entry with
+(``compile_aot`` checks both sizes are 0), but whether TensorRT launches a PTX entry with
 extra trailing parameters is unverified (its sample pins triton 3.2.0).
 """
 
