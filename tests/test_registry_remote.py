@@ -231,6 +231,9 @@ def test_signed_push_verified_pull(built, s3, tmp_path, capsys):
         return registry_cli("pull", "llama", "--registry", str(tmp_path / into),
                             "--verify-key", str(pub), *common)  # fmt: skip
 
+    assert registry_cli("ls", "--json", *common) == 0
+    (listed,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert listed["model_id"] == "llama" and listed["signature"]
     assert pull("ok", Path(f"{key}.pub")) == 0
     assert LocalRegistry(tmp_path / "ok").get("llama").signature is not None
     assert pull("wrong", Path(f"{other}.pub")) == 2

@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     cmds = p.add_subparsers(dest="registry_command", required=True)
     ls = cmds.add_parser("ls", parents=[common], help="list the engines")
     ls.add_argument("--json", action="store_true", help="one JSON entry per line")
+    _add_remote(ls, required=False)
     show = cmds.add_parser("show", parents=[common], help="print an engine's entry and manifest")
     show.add_argument("ref", help="model id, digest prefix or MODEL@PREFIX")
     res = cmds.add_parser(
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     local = LocalRegistry(args.registry)
     if command == "ls":
+        if args.remote:
+            from llmc.registry.s3 import S3Registry
+
+            return _print_entries(S3Registry(args.remote, args.endpoint_url).entries(), args.json)
         return _print_entries(local.entries(), args.json)
     if command == "show":
         entry = local.get(args.ref)
