@@ -150,9 +150,9 @@ class AsyncLLMEngine:
         """Submit a request and yield its outputs until it finishes.
 
         Outputs are cumulative (``outputs[0].text`` is the whole text so far); when the consumer
-        is slower than the engine, intermediate outputs are skipped. Stopping the iteration early
-        (``break``, ``aclose()``, cancellation on client disconnect) aborts the request, which
-        frees its KV blocks.
+        is slower than the engine, intermediate outputs are skipped (never the first). Stopping
+        the iteration early (``break``, ``aclose()``, cancellation on client disconnect) aborts
+        the request, which frees its KV blocks.
 
         Raises (before any output is yielded):
             QueueFullError: ``max_waiting`` requests are already waiting.
@@ -176,8 +176,10 @@ class AsyncLLMEngine:
         try:
             while not finished:
                 item = await stream.queue.get()
-                while not stream.queue.empty() and not _is_final(item):
-                    item = stream.queue.get_nowait()  # outputs are cumulative: keep the latest
+                # Outputs are cumulative: keep the latest. Never skip the first one, which
+                # carries exactly the first token (for TTFT and inter-token latencies).
+                while not waiting and not stream.queue.empty() and not _is_final(item):
+                    item = stream.queue.get_nowait()
                 if waiting:
                     waiting = False
                     self._count_started()
