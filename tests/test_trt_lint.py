@@ -8,8 +8,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
+import llmc.compiler.tensorrt.lower as lower_mod
 from llmc.calibration.collect import collect_stats
 from llmc.compiler.build import float_graph
 from llmc.compiler.model_source import load_model, resolve_model
@@ -17,6 +21,7 @@ from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_
 from llmc.compiler.tensorrt.lint import lint_model
 from llmc.compiler.tensorrt.lower import lower_for_tensorrt
 from llmc.plugins import schema
+from llmc.plugins.paged_attention.reference import paged_attention_reference
 from llmc.runtime.ort_runner import OrtRunner
 from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
 
@@ -209,3 +214,71 @@ def test_planted_mixed_float_types_fail_strict_typing(float_graphs):
     assert errors[0].check == "types"  # later errors are its consequences (float32 q/k/v)
     assert "strict ONNX type inference failed" in errors[0].message
     assert f"op_type:RMSNormalization, node name: {first_norm}" in errors[0].message
+
+
+class PagedAttention(OpRun):  # the class name is the op type the evaluator matches
+    """``llmc::PagedAttention`` for onnx's ReferenceEvaluator: the torch reference, in float32."""
+
+    op_domain = "llmc"
+
+    def _run(self, q, k, v, key_cache, value_cache, seq_lens, qsl, block_tables, slots, **_):
+        def t(x):
+            return torch.from_numpy(np.asarray(x, np.float32))
+
+        out = paged_attention_reference(
+            t(q), t(k), t(v), t(key_cache), t(value_cache), torch.from_numpy(seq_lens),
+            torch.from_numpy(qsl), torch.from_numpy(block_tables), torch.from_numpy(slots),
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            scale=self.scale, sliding_window=self.sliding_window or None,
+            logit_softcap=self.logit_softcap or None,
+        )  # fmt: skip
+        return (out.numpy().astype(q.dtype),)
+
+
+def _logits(model: onnx.ModelProto, start: int, dtype) -> np.ndarray:
+    """Logits of the last of 40 prompt tokens at positions start..start+39 (onnx reference)."""
+    t, block = 40, BLOCK
+    rng = np.random.default_rng(0)
+    p = schema.plugin_nodes(model)[0]
+    attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+    feeds = {
+        "input_ids": rng.integers(3, 500, t).astype(np.int64),
+        "positions": np.arange(start, start + t, dtype=np.int64),
+        "logits_indices": np.array([t - 1], np.int64),
+        "seq_lens": np.array([t], np.int32),
+        "query_start_loc": np.array([0, t], np.int32),
+        "block_tables": np.arange(3, dtype=np.int32)[None],
+        "slot_mapping": np.arange(t, dtype=np.int64),
+    }
+    shape = (3, block, attrs["num_kv_heads"], attrs["head_dim"])
+    for i in model.graph.input:
+        if i.name.startswith(("key_cache", "value_cache")):
+            feeds[i.name] = np.zeros(shape, dtype)
+    return ReferenceEvaluator(model, new_ops=[PagedAttention]).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma"])
+def test_float16_lowering_computes_what_the_float32_graph_does(float_graphs, name, monkeypatch):
+    """Run by onnx's reference evaluator (TensorRT is unavailable): at positions 3000+ the
+    float16 graph stays within float16 rounding of float32, and keeping the rotary angles in
+    float32 is what makes it so (without that region the error grows several-fold)."""
+    reference = _logits(_graph(float_graphs, name, "none"), 3000, np.float32)
+    lowered = _logits(_lowered(float_graphs, name, "none", dtype="float16"), 3000, np.float16)
+    assert lowered.dtype == np.float32 and lowered.shape == reference.shape == (1, 512)
+    error = np.abs(lowered - reference).max()
+    assert error < 0.01 * np.abs(reference).max()
+    assert lowered.argmax() == reference.argmax()
+    monkeypatch.setattr(lower_mod, "_rotary_angle_region", lambda g: set())
+    naive = _logits(_lowered(float_graphs, name, "none", dtype="float16"), 3000, np.float16)
+    assert np.abs(naive - reference).max() > 4 * error
+
+
+def test_planted_unsorted_graph(float_graphs):
+    model = _lowered(float_graphs, "llama", "none")
+    last = model.graph.node[-1]  # the logits Cast, moved before its producer
+    model.graph.node.insert(0, onnx.NodeProto())
+    model.graph.node[0].CopyFrom(last)
+    del model.graph.node[-1]
+    graph_errors = [e for e in lint_model(model, "sm90").errors if e.check == "graph"]
+    assert [(e.node, e.op) for e in graph_errors] == [("logits/cast_float32", "Cast")]
+    assert "input 'logits.compute' is produced by a later node" in graph_errors[0].message

@@ -38,8 +38,8 @@ class TensorRTLintError(LlmcError):
 
 @dataclass(frozen=True)
 class Finding:
-    """One lint result: ``severity`` "error" | "warning"; ``check`` opset | op | types | shape |
-    qdq | int4 | plugin; the node's name and op type when it is about one node."""
+    """One lint result: ``severity`` "error" | "warning"; ``check`` opset | graph | op | types |
+    shape | qdq | int4 | plugin; the node's name and op type when it is about one node."""
 
     severity: str
     check: str
@@ -158,6 +158,7 @@ def lint_model(
     report.op_counts = dict(sorted(Counter(_op_key(n) for n in model.graph.node).items()))
     findings = report.findings
     findings += _check_opsets(model)
+    findings += _check_order(model)
     typed = _infer_types(model, findings)
     view = GraphView(model, base_dir, typed)
     findings += _check_ops(view)
@@ -205,6 +206,22 @@ def _check_opsets(model: onnx.ModelProto) -> list[Finding]:
         elif o.domain not in ("", "ai.onnx", schema.DOMAIN):
             msg = f"opset domain {o.domain!r}: TensorRT has no importer or llmc plugin for it"
             out.append(Finding("error", "opset", None, None, msg))
+    return out
+
+
+def _check_order(model: onnx.ModelProto) -> list[Finding]:
+    """Every node input is a graph input, an initializer or an earlier node's output (ONNX
+    graphs are topologically sorted; the parser imports nodes in order)."""
+    g = model.graph
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    produced_later = {o for n in g.node for o in n.output}
+    out = []
+    for n in g.node:
+        for i in n.input:
+            if i not in defined:
+                why = "is produced by a later node" if i in produced_later else "is never produced"
+                out.append(_node_finding(n)("graph", f"input {i!r} {why} (graph not sorted)"))
+        defined.update(n.output)
     return out
 
 

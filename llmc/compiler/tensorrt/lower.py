@@ -161,19 +161,15 @@ def _convert_floats(g: onnx.GraphProto, dtype: str, keep: set[str]) -> None:
     for vi in [*g.input, *g.output, *g.value_info]:
         if vi.name not in kept_values and vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             vi.type.tensor_type.elem_type = target
-    # region outputs read outside it: Cast to the compute dtype at the boundary
-    casts = []
+    # region outputs read outside it: Cast to the compute dtype right after their producer
     for value in sorted(kept_values & other_inputs):
         cast_out = f"{value}.{dtype}"
-        casts.append(
-            helper.make_node("Cast", [value], [cast_out], f"{value}/cast_{dtype}", to=target)
-        )
+        cast = helper.make_node("Cast", [value], [cast_out], f"{value}/cast_{dtype}", to=target)
         for n in g.node:
             if n.name not in keep:
                 _rename_input(n, value, cast_out)
-    last = max(i for i, n in enumerate(g.node) if n.name in keep) if kept else -1
-    for offset, c in enumerate(casts):
-        g.node.insert(last + 1 + offset, c)
+        at = next(i for i, n in enumerate(g.node) if value in n.output)
+        g.node.insert(at + 1, cast)
 
 
 def _keep_logits_float32(g: onnx.GraphProto, compute_type: int) -> None:
