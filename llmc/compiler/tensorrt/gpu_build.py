@@ -198,4 +198,10 @@ def finish_stage(stage_dir: str | Path, requested: dict, progress=None, remove_s
     out = write_engine(stage_dir, m, config, report, stage)
     if remove_stage:
         shutil.rmtree(stage_dir, ignore_errors=True)
-    return BuildResult(out, m.pass_report, report.op_counts, m.quantization, None)
+    entry = None
+    if config.registry:
+        from llmc.registry.local import LocalRegistry
+
+        with stage("publish to the registry"):
+            entry = LocalRegistry(Path(config.registry)).publish(out)
+    return BuildResult(out, m.pass_report, report.op_counts, m.quantization, None, entry)
