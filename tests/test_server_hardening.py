@@ -95,6 +95,18 @@ CASES: list[tuple[str, str, object, dict[str, str], int, str | None, str | None]
         "temperature",
         None,
     ),
+    ("deeply nested json", C, b"[" * 30_000 + b"]" * 30_000, JSON, 400, None, None),
+    ("invalid utf-8, no content type", C, b'{"model": "\xff"}', {}, 400, None, None),
+    (
+        "huge max_tokens",
+        C,
+        CMPL | {"max_tokens": 10**30},
+        {},
+        400,
+        "prompt",
+        "context_length_exceeded",
+    ),
+    ("huge seed", C, CMPL | {"seed": 10**30}, {}, 400, "seed", None),
     ("missing model", C, {"prompt": "a"}, {}, 400, "model", None),
     ("unknown model", C, CMPL | {"model": "gpt-4"}, {}, 404, "model", "model_not_found"),
     ("missing prompt", C, {"model": MODEL}, {}, 400, "prompt", None),
@@ -213,7 +225,11 @@ def _check_error(
     return error
 
 
-@pytest.mark.parametrize(("name", "path", "body", "headers", "status", "param", "code"), CASES)
+@pytest.mark.parametrize(
+    ("name", "path", "body", "headers", "status", "param", "code"),
+    CASES,
+    ids=[case[0] for case in CASES],
+)
 def test_hostile_request_gets_its_4xx_and_the_server_still_serves(
     http: httpx.Client,
     name: str,
