@@ -24,6 +24,8 @@ from llmc.runtime.server.drain import DrainingServer
 from tests.test_server import MODEL, _wait_until, tiny_llama_and_engine
 
 NUM_STREAMS = 6
+KEY = "sesame"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_TOKENS = 60
 
 
@@ -43,7 +45,9 @@ def _status(url: str) -> int | None:
 def _stream(url: str, body: dict, first: threading.Event, results: list) -> None:
     """Read one streamed completion; append (finish_reason, last line, tokens) to results."""
     try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+        with httpx.stream(
+            "POST", url + "/v1/completions", json=body, headers=AUTH, timeout=120
+        ) as response:
             lines = [line for line in response.iter_lines() if line]
             first.set()
         chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
@@ -54,6 +58,21 @@ def _stream(url: str, body: dict, first: threading.Event, results: list) -> None
         results.append(exc)
 
 
+def _check_serve_flags(url: str) -> None:
+    """The `llmc serve` flags reach the server: API key, body cap, CORS, no prefix caching."""
+    post = url + "/v1/completions"
+    body = {"model": MODEL, "prompt": list(range(10, 50)), "max_tokens": 2}
+    assert httpx.post(post, json=body).status_code == 401
+    assert httpx.post(post, json=body | {"prompt": "x" * 3000}, headers=AUTH).status_code == 413
+    origin = {"Origin": "https://a.example"}
+    models = httpx.get(url + "/v1/models", headers=AUTH | origin)
+    assert models.headers["access-control-allow-origin"] == "https://a.example"
+    for _ in range(2):  # the same 40-token prompt twice: two full blocks to share, if caching
+        assert httpx.post(post, json=body, headers=AUTH).status_code == 200
+    metrics = httpx.get(url + "/metrics").text
+    assert 'vllm:prefix_cache_hits_total{model_name="tiny-llama"} 0.0' in metrics
+
+
 def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> None:
     _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
     port = _free_port()
@@ -62,6 +81,8 @@ def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> 
     # are queued or running when the signal comes.
     command = [sys.executable, "-m", "llmc.cli", "serve", str(engine_dir), "--port", str(port)]
     command += ["--served-model-name", MODEL, "--max-num-seqs", "2", "--shutdown-timeout", "120"]
+    command += ["--no-prefix-caching", "--max-request-body-bytes", "2000"]
+    command += ["--allowed-origins", "https://a.example", "--api-key", KEY]
     proc = subprocess.Popen(
         command,
         cwd=root,
@@ -72,6 +93,7 @@ def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_until(lambda: _status(url + "/ready") == 200, "the server is ready", 120)
+        _check_serve_flags(url)
         body = {"model": MODEL, "prompt": "Hi", "max_tokens": MAX_TOKENS, "stream": True}
         body |= {"ignore_eos": True, "stream_options": {"include_usage": True}}
         results: list = []
@@ -87,7 +109,9 @@ def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> 
         time.sleep(0.3)  # the signal handler runs on the server's event loop
         assert _status(url + "/ready") == 503
         assert _status(url + "/health") == 200
-        refused = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi"})
+        refused = httpx.post(
+            url + "/v1/completions", json={"model": MODEL, "prompt": "Hi"}, headers=AUTH
+        )
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "server_shutting_down"
         in_flight = sum(t.is_alive() for t in threads)
