@@ -380,3 +380,31 @@ def test_disconnect_mid_stream_returns_every_block(hardened: Hardened, http: htt
     _wait_until(lambda: len(hardened.aborted) > num_aborted, "the request is aborted")
     _wait_until(lambda: _pool_is_free(engine), "every block is back in the pool")
     assert hardened.aborted[-1].startswith("cmpl-") and hardened.aborted[-1] != request_id
+
+
+def test_full_waiting_queue_gets_503_with_retry_after(
+    hardened: Hardened, http: httpx.Client
+) -> None:
+    """max_waiting=8: with the engine held, eight requests wait and the ninth is refused."""
+    engine = hardened.engine
+    body = {"model": MODEL, "prompt": "Hello there", "max_tokens": 3, "ignore_eos": True}
+    statuses: list[int] = []
+    hardened.steps.clear()
+    try:
+        waiting = [
+            threading.Thread(target=lambda: statuses.append(http.post(C, json=body).status_code))
+            for _ in range(8)
+        ]
+        for t in waiting:
+            t.start()
+        _wait_until(lambda: engine.num_waiting == 8, "eight requests wait")
+        refused = http.post(C, json=body)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        error = refused.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "server_overloaded")
+    finally:
+        hardened.steps.set()
+    for t in waiting:
+        t.join(60)
+    assert statuses == [200] * 8
+    _wait_until(lambda: _pool_is_free(engine), "every block is back in the pool")
