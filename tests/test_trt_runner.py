@@ -155,3 +155,33 @@ def test_arch_capability():
     ]
     with pytest.raises(ValueError):
         arch_capability("cpu")
+
+
+def test_ctrl_c_during_a_build_cancels_through_the_monitor():
+    """A stand-in for build_serialized_network that, like TensorRT, calls step_complete from
+    its own thread and returns None once asked to stop; a real SIGINT arrives meanwhile."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from llmc.compiler.tensorrt.builder import _build_cancellable
+
+    phases = BuildPhases()
+    steps = []
+
+    def build():
+        phases.start("Building engine", None, 1000)
+        for i in range(1000):
+            time.sleep(0.01)
+            steps.append(i)
+            if not phases.step("Building engine", i):
+                return None
+        return b"plan"
+
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    assert _build_cancellable(build, phases) is None
+    assert phases.cancelled and 5 < len(steps) < 1000
+    assert _build_cancellable(lambda: b"plan", BuildPhases()) == b"plan"
+    with pytest.raises(ValueError, match="parser"):
+        _build_cancellable(lambda: (_ for _ in ()).throw(ValueError("parser")), BuildPhases())

@@ -140,7 +140,10 @@ class TrtRunner:
         self.vocab_size = manifest.vocab_size
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
-        self._np_types = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        # step inputs are integer tensors (numpy has no bfloat16: caches and logits are torch)
+        self._np_types = {
+            n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in _STEP_INPUTS
+        }
         cache_dtype = getattr(torch, _CACHE_TORCH_DTYPES[manifest.kv_cache_dtype])
         shape = (num_blocks, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
         self.kv_caches = {

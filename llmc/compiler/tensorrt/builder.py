@@ -19,7 +19,8 @@ API used, per the TensorRT Python API reference (docs.nvidia.com/deeplearning/te
 - ``builder.create_optimization_profile()``, ``IOptimizationProfile.set_shape(name, min, opt,
   max)``, ``config.add_optimization_profile(profile)``;
 - ``builder.build_serialized_network(network, config)`` -> ``IHostMemory`` or None (failure or
-  cancellation: ``IProgressMonitor.step_complete`` returned False).
+  cancellation: ``IProgressMonitor.step_complete`` returned False); run in a worker thread so
+  Ctrl-C in the main thread can cancel it (``_build_cancellable``).
 The paged-attention plugin registers itself through
 ``llmc.plugins.paged_attention.trt_plugin.register_paged_attention_plugin()``.
 """
@@ -27,7 +28,6 @@ The paged-attention plugin registers itself through
 from __future__ import annotations
 
 import math
-import signal
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -158,6 +158,31 @@ def _monitor_class(trt):
     return RichProgressMonitor
 
 
+def _build_cancellable(build, phases: BuildPhases):
+    """Run ``build()`` in a worker thread while the main thread waits in short joins, so Ctrl-C
+    (KeyboardInterrupt, raised only in the main thread) arrives during the build whichever
+    thread TensorRT calls the monitor on; it cancels through ``phases`` and the build returns
+    None at TensorRT's next step."""
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["plan"] = build()
+        except BaseException as e:  # re-raised in the caller's thread
+            result["error"] = e
+
+    worker = threading.Thread(target=work, name="tensorrt-build", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        try:
+            worker.join(0.2)
+        except KeyboardInterrupt:
+            phases.cancel()
+    if "error" in result:
+        raise result["error"]
+    return result.get("plan")
+
+
 def build_plan(
     onnx_path: Path,
     plan_path: Path,
@@ -207,11 +232,7 @@ def build_plan(
     phases = BuildPhases(tick)
     monitor = _monitor_class(trt)(phases)
     config.progress_monitor = monitor
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: phases.cancel())
-    try:
-        plan = builder.build_serialized_network(network, config)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    plan = _build_cancellable(lambda: builder.build_serialized_network(network, config), phases)
     if plan is None:
         if phases.cancelled:
             raise KeyboardInterrupt("TensorRT build cancelled")
