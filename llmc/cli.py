@@ -183,9 +183,9 @@ def _add_serve(sub) -> None:
     )
     p.add_argument(
         "--allowed-origins",
-        nargs="+",
+        action="append",
         default=None,
-        help="CORS origins allowed to call the API ('*' for any); default: CORS off",
+        help="a CORS origin allowed to call the API ('*' for any; repeatable); default: CORS off",
     )
     p.add_argument(
         "--max-request-body-bytes",
