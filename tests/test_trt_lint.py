@@ -45,7 +45,7 @@ def _graph(float_graphs, name: str, quant: str, kv: str = "auto") -> onnx.ModelP
     proto.CopyFrom(float_graphs[name])
     if quant == "none":
         return proto
-    spec = QuantSpec(quant=quant, int4_block_size=32, weight_only8=("lm_head",), kv_cache_dtype=kv)
+    spec = QuantSpec(quant=quant, int4_block_size=64, weight_only8=("lm_head",), kv_cache_dtype=kv)
     graph = ir.from_proto(proto)
     tensors = calibration_tensors(graph, spec)
     runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors.values()))
@@ -175,14 +175,19 @@ def test_planted_plugin_missing_attribute_and_wrong_version(float_graphs):
     assert errors[1].message == "missing attribute(s) sliding_window"
 
 
-def test_planted_int4_per_channel_and_int4_activation(float_graphs):
+def test_planted_int4_per_channel_and_small_blocks(float_graphs):
     model = _lowered(float_graphs, "llama", "int4")
-    dq = _find(model, "DequantizeLinear")
+    dq, dq2 = _find(model, "DequantizeLinear"), _find(model, "DequantizeLinear", 1)
     kept = [a for a in dq.attribute if a.name != "block_size"]
     del dq.attribute[:]
     dq.attribute.extend(kept)
-    errors = lint_model(model, "sm90").errors
-    assert any(e.node == dq.name and "must be block-wise" in e.message for e in errors)
+    next(a for a in dq2.attribute if a.name == "block_size").i = 32
+    int4 = [(e.node, e.message) for e in lint_model(model, "sm90").errors if e.check == "int4"]
+    assert int4 == [
+        (dq.name, "INT4 weights must be block-wise (DequantizeLinear block_size, opset 21); "
+         "this one is per-tensor or per-channel"),
+        (dq2.name, "INT4 block size 32: TensorRT supports 64 and 128"),
+    ]  # fmt: skip
 
 
 def test_planted_data_dependent_shape(float_graphs):

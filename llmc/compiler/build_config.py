@@ -164,6 +164,11 @@ class BuildConfig:
                 f"--dtype {self.dtype} needs a GPU target (--arch sm80 ...); cpu engines are "
                 f"{' or '.join(CPU_DTYPES)}"
             )
+        if self.arch != CPU_TARGET and self.quant == "int4" and self.int4_block_size < 64:
+            raise BuildConfigError(
+                f"--int4-block-size {self.int4_block_size}: TensorRT supports INT4 blocks of 64 "
+                "or 128 input channels; use --int4-block-size 64 or 128"
+            )
         if self.builder_opt_level not in BUILDER_OPT_LEVELS:
             raise BuildConfigError(
                 f"--builder-opt-level must be 0-5 (TensorRT's range), got {self.builder_opt_level}"

@@ -10,8 +10,11 @@ NVFP4 sm100+):
 - scales are constants, finite and > 0 (a float16 scale that underflowed is an error);
 - quantized types are INT8, FP8 E4M3FN, INT4 or FP4: no UINT8/UINT4 (asymmetric grids);
 - activations (non-constant Q inputs) use one scale (per-tensor) and INT8 or FP8;
-- INT4 is weight-only: a DequantizeLinear of a constant, block-wise (``block_size`` > 0), read
-  as the B input of a MatMul/Gemm; no QuantizeLinear produces INT4.
+- INT4 is weight-only: a DequantizeLinear of a constant, block-wise with a block size of 64 or
+  128 ("INT4 quantization requires per-block scales. The supported block sizes are {64, 128}",
+  TensorRT "Quantization Schemes"), read as the B input of a MatMul/Gemm; no QuantizeLinear
+  produces INT4. Block-wise INT8/FP8 weights are accepted (TensorRT's Quantize operator: block
+  quantization "supported for kINT4, kFP4, kFP8 and kINT8").
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from onnx import TensorProto, helper
 FP8_ARCHS = ("sm89", "sm90", "sm100", "sm120")
 FP4_ARCHS = ("sm100", "sm120")
 _Q_TYPES = {"INT8", "FP8", "INT4", "FP4"}
+INT4_BLOCK_SIZES = (64, 128)
 
 
 def check_qdq(view, target: str | None) -> list:
@@ -140,7 +144,8 @@ def _check_int4(view, n, attrs: dict, err) -> list:
     out = []
     if not view.is_constant(n.input[0]):
         out.append(err("int4", f"INT4 data {n.input[0]!r} is not a constant weight (weight-only)"))
-    if not attrs.get("block_size"):
+    block = attrs.get("block_size")
+    if not block:
         out.append(
             err(
                 "int4",
@@ -148,6 +153,8 @@ def _check_int4(view, n, attrs: dict, err) -> list:
                 "opset 21); this one is per-tensor or per-channel",
             )
         )
+    elif block not in INT4_BLOCK_SIZES:
+        out.append(err("int4", f"INT4 block size {block}: TensorRT supports 64 and 128"))
     readers = view.consumers.get(n.output[0], [])
     bad = [c for c in readers if c.op_type not in ("MatMul", "Gemm") or c.input[1] != n.output[0]]
     if bad or not readers:
