@@ -7,7 +7,8 @@ per-channel, INT4/FP4 weights block-wise and weight-only), and DESIGN §5 (FP8 n
 NVFP4 sm100+):
 
 - zero points, when present, are constants equal to 0 (symmetric), of a signed type;
-- scales are constants, finite and > 0 (a float16 scale that underflowed is an error);
+- scales are constants, finite and > 0 (a float16 scale that underflowed is an error), of the
+  quantized input's type (TensorRT's Quantize operator: input and scale are both T1);
 - quantized types are INT8, FP8 E4M3FN, INT4 or FP4: no UINT8/UINT4 (asymmetric grids);
 - activations (non-constant Q inputs) use one scale (per-tensor) and INT8 or FP8;
 - INT4 is weight-only: a DequantizeLinear of a constant, block-wise with a block size of 64 or
@@ -53,6 +54,10 @@ def check_qdq(view, target: str | None) -> list:
                 )
             )
         out += _check_scale(view, n, err, warn)
+        x, scale = view.type_name(n.input[0]), view.type_name(n.input[1])
+        if n.op_type == "QuantizeLinear" and x and scale and x != scale:
+            # TensorRT's Quantize operator: input and scale are both of type T1
+            out.append(err("qdq", f"input is {x} but scale {n.input[1]!r} is {scale}"))
         out += _check_zero_point(view, n, err)
         arch_needed = {"FP8": FP8_ARCHS, "FP4": FP4_ARCHS}.get(qtype)
         if target is not None and arch_needed and target not in arch_needed:
