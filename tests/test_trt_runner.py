@@ -185,3 +185,22 @@ def test_ctrl_c_during_a_build_cancels_through_the_monitor():
     assert _build_cancellable(lambda: b"plan", BuildPhases()) == b"plan"
     with pytest.raises(ValueError, match="parser"):
         _build_cancellable(lambda: (_ for _ in ()).throw(ValueError("parser")), BuildPhases())
+
+
+def test_inspect_a_tensorrt_engine_reports_its_record(tmp_path, capsys):
+    from llmc.cli import main
+
+    m = _manifest()
+    m.tensorrt |= {
+        "compute_capability": "9.0",
+        "lint": {"passed": False, "errors": 2, "warnings": 0},
+    }
+    write_manifest(m, tmp_path)
+    assert main(["inspect", str(tmp_path)]) == 1  # the recorded lint failed
+    out = capsys.readouterr().out
+    assert "tensorrt-engine" in out and "compute_capability: 9.0" in out
+    assert "TensorRT lint (recorded at build) FAILED: 2 errors, 0 warnings" in out
+    assert main(["inspect", str(tmp_path / "nothing")]) == 2
+    assert (
+        "is not an engine directory, a portable stage or an .onnx file" in capsys.readouterr().err
+    )
