@@ -10,7 +10,8 @@ import pytest
 from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_stats, load_stats, save_stats
-from llmc.compiler.build import float_graph
+from llmc.compiler.build import float_graph, int8_reduce_range
+from llmc.compiler.isa import detect_host_isa
 from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.model_source import load_model, resolve_model
 from llmc.compiler.quantize import pipeline
@@ -50,7 +51,12 @@ def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("quant", ["int8", "fp8", "int4"])
 def test_qdq_graph_is_valid_symmetric_and_fused(tiny_float, tmp_path, quant):
     proto, windows, heldout = tiny_float
-    spec = QuantSpec(quant=quant, int4_block_size=32, weight_only8=("lm_head",))
+    spec = QuantSpec(
+        quant=quant,
+        int4_block_size=32,
+        weight_only8=("lm_head",),
+        reduce_range=int8_reduce_range(detect_host_isa().features),
+    )
     qproto, report = _quantize(proto, windows, spec)
     onnx.checker.check_model(qproto)
     inits = _initializers(qproto)

@@ -120,3 +120,67 @@ def test_awq_clip_shrinks_blocks_with_an_outlier_weight():
         return float(((x @ (w - q)) ** 2).mean())
 
     assert block_error(clip) <= block_error(None)
+
+
+def test_int8_weights_this_host_runs_exactly_on_orts_integer_gemm():
+    """ORT fuses W8A8 Q/DQ into MatMulIntegerToFloat; without VNNI its u8 x s8 pair sums
+    saturate int16 on 8-bit weights, so the build gives such hosts 7-bit weights. Whatever this
+    host is, the fused kernel must then agree with the Q/DQ arithmetic done in float64."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from llmc.compiler.build import int8_reduce_range
+    from llmc.compiler.isa import detect_host_isa
+    from llmc.compiler.quantize.formats import quantize_weight_per_channel
+    from llmc.runtime.ort_env import session_options
+
+    k, n, m = 640, 256, 8
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xs = np.float32(np.abs(x).max() / 127)
+    qw = quantize_weight_per_channel(w, "int8", int8_reduce_range(detect_host_isa().features))
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=1),
+        helper.make_node("MatMul", ["xd", "wd"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(xs, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.int8), "xz"),
+        numpy_helper.from_array(qw.data, "wq"),
+        numpy_helper.from_array(qw.scale, "ws"),
+        numpy_helper.from_array(np.zeros(n, np.int8), "wz"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "w8a8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    session = ort.InferenceSession(
+        model.SerializeToString(), session_options(2), providers=["CPUExecutionProvider"]
+    )
+    assert "MatMulIntegerToFloat" in _optimized_ops(model)
+    y = session.run(None, {"x": x})[0]
+    xq = np.clip(np.rint(x / xs), -127, 127).astype(np.float64)
+    exact = (xq * xs) @ (qw.data.astype(np.float64) * qw.scale)
+    assert np.abs(y - exact).max() / np.abs(exact).max() < 1e-5
+
+
+def _optimized_ops(model) -> set[str]:
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    from llmc.runtime.ort_env import session_options
+
+    with tempfile.TemporaryDirectory() as d:
+        opts = session_options(2)
+        opts.optimized_model_filepath = f"{d}/opt.onnx"
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return {node.op_type for node in onnx.load(f"{d}/opt.onnx").graph.node}

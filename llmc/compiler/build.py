@@ -92,7 +92,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     if config.quant != "none":
         calib_source, heldout_source = qp.text_sources(config)  # bad files fail before work
     host = detect_host_isa()
-    required_isa = engine_isa(host.features, choice)
+    required_isa = engine_isa(host.features, choice, config.quant)
     missing = [f for f in required_isa if f not in host.features]
     if missing:
         raise BuildConfigError(
@@ -108,7 +108,14 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     if config.quant != "none":
         reference = proto
         proto, quant_report = qp.quantize(
-            config, reference, model, tokenizer, checkpoint_digest, calib_source, stage
+            config,
+            reference,
+            model,
+            tokenizer,
+            checkpoint_digest,
+            calib_source,
+            stage,
+            reduce_range=int8_reduce_range(host.features),
         )
         if config.quant == "fp8":
             qp.emulate_fp8_weights(proto)
@@ -221,18 +228,27 @@ def float_graph(model, block_size: int, stage=None) -> tuple[onnx.ModelProto, di
     return proto, pass_report
 
 
-def engine_isa(host_features: tuple[str, ...], choice) -> list[str]:
-    """The ISA features a CPU engine depends on: the SIMD width ORT laid its graph out for, and
-    AVX-512 BF16 for bf16 compute.
+def int8_reduce_range(host_features: tuple[str, ...]) -> bool:
+    """Whether int8 W8A8 weights must use 7 bits on this host: ORT's int8 GEMM without
+    AVX-512 VNNI saturates on 8-bit weights (``quantize.formats``)."""
+    return "avx512-vnni" not in host_features
+
+
+def engine_isa(host_features: tuple[str, ...], choice, quant: str = "none") -> list[str]:
+    """The ISA features a CPU engine depends on: the SIMD width ORT laid its graph out for,
+    AVX-512 BF16 for bf16 compute, and AVX-512 VNNI for int8 W8A8 with full 8-bit weights.
 
     ORT's optimizer picks blocked layouts by vector width (AVX-512 vs AVX2); its kernels dispatch
-    at run time, so the host's other features (VNNI, AMX) are not requirements of the saved
-    graph and are not recorded as such.
+    at run time. Without VNNI, ORT's int8 GEMM saturates on 8-bit weights, so an int8 engine
+    built on a VNNI host (8-bit weights) requires VNNI, and one built elsewhere uses 7-bit
+    weights that run correctly anywhere (``quantize.formats``).
     """
     width = next((w for w in ("avx512", "avx2", "neon") if w in host_features), None)
     required = [width] if width else []
     if choice.precision == "bf16":
         required.append("avx512-bf16")
+    if quant == "int8" and "avx512-vnni" in host_features:
+        required.append("avx512-vnni")
     return required
 
 
