@@ -168,7 +168,7 @@ def run_all(args: argparse.Namespace) -> dict:
     sizes = {"s1": 1, "s16": args.concurrency}
     results: dict = {"engines": {}, "hf": {}}
     for path in args.engine:
-        engine = LLMEngine.from_engine_dir(path)
+        engine = LLMEngine.from_engine_dir(path, enable_prefix_caching=False)  # §10: no caching
         prompts = make_prompts(engine.tokenizer, max(sizes.values()) + 1, args.prompt_len)
         warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
         run_llmc(engine, warmup, 4)
