@@ -10,7 +10,7 @@ import pytest
 from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_stats, load_stats, save_stats
-from llmc.compiler.build import float_graph, int8_reduce_range
+from llmc.compiler.build import float_graph, int8_bound_pairs
 from llmc.compiler.isa import detect_host_isa
 from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.model_source import load_model, resolve_model
@@ -55,7 +55,7 @@ def test_qdq_graph_is_valid_symmetric_and_fused(tiny_float, tmp_path, quant):
         quant=quant,
         int4_block_size=32,
         weight_only8=("lm_head",),
-        reduce_range=int8_reduce_range(detect_host_isa().features),
+        bound_pairs=int8_bound_pairs(detect_host_isa().features),
     )
     qproto, report = _quantize(proto, windows, spec)
     onnx.checker.check_model(qproto)

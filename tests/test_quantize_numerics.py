@@ -124,12 +124,12 @@ def test_awq_clip_shrinks_blocks_with_an_outlier_weight():
 
 def test_int8_weights_this_host_runs_exactly_on_orts_integer_gemm():
     """ORT fuses W8A8 Q/DQ into MatMulIntegerToFloat; without VNNI its u8 x s8 pair sums
-    saturate int16 on 8-bit weights, so the build gives such hosts 7-bit weights. Whatever this
-    host is, the fused kernel must then agree with the Q/DQ arithmetic done in float64."""
+    saturate int16 on plain 8-bit weights, so the build bounds adjacent weight pairs there.
+    Whatever this host is, the fused kernel must then agree with the Q/DQ arithmetic in float64."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmc.compiler.build import int8_reduce_range
+    from llmc.compiler.build import int8_bound_pairs
     from llmc.compiler.isa import detect_host_isa
     from llmc.compiler.quantize.formats import quantize_weight_per_channel
     from llmc.runtime.ort_env import session_options
@@ -139,7 +139,7 @@ def test_int8_weights_this_host_runs_exactly_on_orts_integer_gemm():
     w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
     x = rng.standard_normal((m, k)).astype(np.float32)
     xs = np.float32(np.abs(x).max() / 127)
-    qw = quantize_weight_per_channel(w, "int8", int8_reduce_range(detect_host_isa().features))
+    qw = quantize_weight_per_channel(w, "int8", int8_bound_pairs(detect_host_isa().features))
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
@@ -184,3 +184,23 @@ def _optimized_ops(model) -> set[str]:
         opts.optimized_model_filepath = f"{d}/opt.onnx"
         ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         return {node.op_type for node in onnx.load(f"{d}/opt.onnx").graph.node}
+
+
+@pytest.mark.parametrize("k", [64, 65])
+def test_bound_pairs_keeps_every_adjacent_pair_within_128(k):
+    rng = np.random.default_rng(k)
+    w = (rng.standard_t(2, (k, 32)) * 0.05).astype(np.float32)
+    w[10, 3], w[11, 3] = 1.0, -1.0  # a pair of two maxima: plain 8-bit gives |q| sum 254
+    plain = formats.quantize_weight_per_channel(w, "int8")
+    bounded = formats.quantize_weight_per_channel(w, "int8", bound_pairs=True)
+
+    def pair_sums(q: np.ndarray) -> np.ndarray:
+        a = np.abs(q.astype(np.int32))
+        a = np.concatenate([a, np.zeros((a.shape[0] % 2, a.shape[1]), np.int32)])
+        return a[0::2] + a[1::2]
+
+    assert pair_sums(plain.data).max() == 254
+    assert pair_sums(bounded.data).max() <= 128
+    assert np.abs(bounded.data).max() <= 127
+    err = np.abs(bounded.data * bounded.scale - w).max(axis=0)
+    assert np.all(err <= bounded.scale / 2 + 1e-7)  # still round-to-nearest on its own grid

@@ -115,7 +115,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
             checkpoint_digest,
             calib_source,
             stage,
-            reduce_range=int8_reduce_range(host.features),
+            bound_pairs=int8_bound_pairs(host.features),
         )
         if config.quant == "fp8":
             qp.emulate_fp8_weights(proto)
@@ -228,9 +228,9 @@ def float_graph(model, block_size: int, stage=None) -> tuple[onnx.ModelProto, di
     return proto, pass_report
 
 
-def int8_reduce_range(host_features: tuple[str, ...]) -> bool:
-    """Whether int8 W8A8 weights must use 7 bits on this host: ORT's int8 GEMM without
-    AVX-512 VNNI saturates on 8-bit weights (``quantize.formats``)."""
+def int8_bound_pairs(host_features: tuple[str, ...]) -> bool:
+    """Whether int8 W8A8 weights need adjacent pairs bounded on this host: ORT's int8 GEMM
+    without AVX-512 VNNI saturates on plain 8-bit weights (``quantize.formats``)."""
     return "avx512-vnni" not in host_features
 
 
@@ -239,9 +239,9 @@ def engine_isa(host_features: tuple[str, ...], choice, quant: str = "none") -> l
     AVX-512 BF16 for bf16 compute, and AVX-512 VNNI for int8 W8A8 with full 8-bit weights.
 
     ORT's optimizer picks blocked layouts by vector width (AVX-512 vs AVX2); its kernels dispatch
-    at run time. Without VNNI, ORT's int8 GEMM saturates on 8-bit weights, so an int8 engine
-    built on a VNNI host (8-bit weights) requires VNNI, and one built elsewhere uses 7-bit
-    weights that run correctly anywhere (``quantize.formats``).
+    at run time. Without VNNI, ORT's int8 GEMM saturates on plain 8-bit weights, so an int8
+    engine built on a VNNI host requires VNNI, and one built elsewhere bounds its weight pairs
+    so that it runs exactly anywhere (``quantize.formats``).
     """
     width = next((w for w in ("avx512", "avx2", "neon") if w in host_features), None)
     required = [width] if width else []

@@ -53,7 +53,7 @@ class TextSource:
         return hashlib.sha256(Path(self.path).read_bytes()).hexdigest() + ":" + self.part
 
 
-def spec_of(config: BuildConfig, reduce_range: bool = False) -> QuantSpec:
+def spec_of(config: BuildConfig, bound_pairs: bool = False) -> QuantSpec:
     return QuantSpec(
         quant=config.quant,
         calib_method=config.calib_method_for_quant,
@@ -63,7 +63,7 @@ def spec_of(config: BuildConfig, reduce_range: bool = False) -> QuantSpec:
         weight_only8=config.weight_only8_patterns,
         exclude=config.exclude_patterns,
         kv_cache_dtype=config.kv_cache_dtype,
-        reduce_range=reduce_range,
+        bound_pairs=bound_pairs,
     )
 
 
@@ -96,10 +96,10 @@ def quantize(
     checkpoint_digest: str,
     calib_source: TextSource,
     stage,
-    reduce_range: bool = False,
+    bound_pairs: bool = False,
 ) -> tuple[onnx.ModelProto, QuantReport]:
     """Calibrate (or load cached statistics) and return the Q/DQ graph and its report.
-    ``reduce_range``: 7-bit W8A8 weights (CPU hosts without VNNI, see ``formats``)."""
+    ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without VNNI, see ``formats``)."""
     import onnx_ir as ir
 
     from llmc.calibration.collect import calibration_key, collect_stats, load_stats, save_stats
@@ -107,7 +107,7 @@ def quantize(
     from llmc.runtime.ort_runner import OrtRunner
     from llmc.version import __version__
 
-    spec = spec_of(config, reduce_range)
+    spec = spec_of(config, bound_pairs)
     graph = ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
     key = calibration_key(

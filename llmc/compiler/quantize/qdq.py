@@ -44,7 +44,7 @@ class QuantSpec:
     weight_only8: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     kv_cache_dtype: str = "auto"
-    reduce_range: bool = False  # 7-bit W8A8 weights, for int8 GEMMs without VNNI (formats.py)
+    bound_pairs: bool = False  # int8 weight pairs within 128, for GEMMs without VNNI (formats)
 
 
 @dataclass
@@ -149,9 +149,9 @@ def _quantize_target(
     entry.update(format="int8_w8a8" if fmt == "int8" else "fp8_w8a8", act_amax=amax)
     x = _smooth_input(graph, t, s, names)
     x = _fake_quant_activation(graph, t.node, x, amax, fmt, f"{prefix}.input", names)
-    qw = formats.quantize_weight_per_channel(_scaled(w, s), fmt, spec.reduce_range)
-    if fmt == "int8" and spec.reduce_range:
-        entry["weight_bits"] = 7
+    qw = formats.quantize_weight_per_channel(_scaled(w, s), fmt, spec.bound_pairs)
+    if fmt == "int8" and spec.bound_pairs:
+        entry["bound_pairs"] = True
     _replace_weight(graph, t, x, qw, names)
     return entry
 
