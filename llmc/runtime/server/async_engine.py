@@ -236,7 +236,10 @@ class AsyncLLMEngine:
                 for command in commands:
                     self._apply(command, streams)
                 if self._engine.has_unfinished_requests():
-                    for output in self._engine.step():
+                    outputs = self._engine.step()
+                    # Before any output reaches a client, so what it then reads is this step's.
+                    self._stats = self._engine.stats()
+                    for output in outputs:
                         entry = streams.get(output.request_id)
                         if entry is None:  # aborted while the step ran
                             continue
