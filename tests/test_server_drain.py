@@ -23,10 +23,10 @@ from llmc.runtime.server import AsyncLLMEngine, build_app
 from llmc.runtime.server.drain import DrainingServer
 from tests.test_server import MODEL, _wait_until, tiny_llama_and_engine
 
-NUM_STREAMS = 6
+NUM_STREAMS = 12
 KEY = "sesame"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-MAX_TOKENS = 60
+MAX_TOKENS = 100  # with the prompt, within the engine's max_seq_len of 128
 
 
 def _free_port() -> int:
@@ -80,7 +80,7 @@ def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> 
     # Two sequences at a time: six 60-token streams take about 180 steps, so most
     # are queued or running when the signal comes.
     command = [sys.executable, "-m", "llmc.cli", "serve", str(engine_dir), "--port", str(port)]
-    command += ["--served-model-name", MODEL, "--max-num-seqs", "2", "--shutdown-timeout", "120"]
+    command += ["--served-model-name", MODEL, "--max-num-seqs", "1", "--shutdown-timeout", "120"]
     command += ["--no-prefix-caching", "--max-request-body-bytes", "2000"]
     command += ["--allowed-origins", "https://a.example", "--api-key", KEY]
     proc = subprocess.Popen(
