@@ -8,8 +8,6 @@ never leaves a half-written engine where the runtime would find it.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import onnx
 
 from llmc.compiler.build_config import CPU_TARGET, BuildConfig
+from llmc.compiler.staged_dir import staged_dir
 from llmc.errors import BuildConfigError
 
 
@@ -121,9 +120,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
             qp.emulate_fp8_weights(proto)
 
     out = config.output_dir(src.model_id)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         with stage("lower to ONNX Runtime (cpu)") as tick:
             _, optimized_ops = lower_to_cpu(
                 proto,
@@ -186,12 +183,6 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             )
             mf.write_manifest(manifest, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     entry = publish(config, out, stage)
     return BuildResult(out, pass_report, optimized_ops, quantization, accuracy, entry)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import platform
 import shutil
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+
+from llmc.compiler.staged_dir import staged_dir
 
 _PRECISION = {"float32": "f32", "float16": "fp16", "bfloat16": "bf16"}
 
@@ -31,8 +32,6 @@ def write_engine(stage_dir: Path, m, config, lint_report, stage) -> Path:
     from llmc.version import __version__
 
     out = config.output_dir(m.model_id)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     profile = optimization_profile(
         m.num_kv_heads,
         m.head_dim,
@@ -42,7 +41,7 @@ def write_engine(stage_dir: Path, m, config, lint_report, stage) -> Path:
         config.max_batch,
         config.max_seq_len,
     )
-    try:
+    with staged_dir(out) as tmp:
         with stage(f"TensorRT build ({m.target})") as tick:
             record = build_plan(
                 stage_dir / MODEL_FILE,
@@ -96,10 +95,4 @@ def write_engine(stage_dir: Path, m, config, lint_report, stage) -> Path:
             tensorrt=record,
         )
         mf.write_manifest(manifest, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

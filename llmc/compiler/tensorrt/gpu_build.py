@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import tempfile
 from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 
 from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.staged_dir import staged_dir
 from llmc.compiler.tensorrt import stage as st
 from llmc.errors import BuildConfigError, LlmcError
 
@@ -97,9 +97,7 @@ def _prepare(config: BuildConfig, progress, final: bool) -> Path:
     out = config.output_dir(src.model_id)
     if final or config.output is None:
         out = out.with_name(out.name + (".stage" if final else "-stage"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         with stage("portable stage"):
             _save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
             stats = None
@@ -140,12 +138,6 @@ def _prepare(config: BuildConfig, progress, final: bool) -> Path:
             )
             del model
             st.write_stage(proto, manifest, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
