@@ -70,10 +70,13 @@ def event_gaps(result: RequestResult) -> list[tuple[float, float]]:
 
 
 def p95_ms(gaps_s: list[float]) -> float | None:
+    """95th percentile of gaps given in seconds, in milliseconds; None for no gaps."""
     return float(np.percentile(np.asarray(gaps_s) * 1e3, 95)) if gaps_s else None
 
 
 def run_budget(args: argparse.Namespace, tokenizer, budget: int) -> dict:
+    """Both phases (alone, with the long prompt) against one ``llmc serve
+    --max-num-batched-tokens budget``; returns their ITL figures (ms) and ratios."""
     serve_args = ["--max-num-batched-tokens", str(budget)]
     with ServeProcess(args.engine, serve_args) as server:
         target = Target(server.url, first_model(server.url), ignore_eos=True)
@@ -118,6 +121,7 @@ def run_budget(args: argparse.Namespace, tokenizer, budget: int) -> dict:
 
 
 def main() -> None:
+    """Command line: see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", required=True, help="engine directory")
     parser.add_argument("--streams", type=int, default=8)

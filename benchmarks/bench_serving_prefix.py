@@ -79,6 +79,7 @@ def run_server(
 
 
 def main() -> None:
+    """Command line: see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", required=True, help="engine directory")
     parser.add_argument("--num-requests", type=int, default=16)

@@ -54,6 +54,8 @@ class TextSource:
 
 
 def spec_of(config: BuildConfig, bound_pairs: bool = False) -> QuantSpec:
+    """The quantization options of ``config`` (defaults per ``--quant`` resolved) as a
+    ``QuantSpec``; ``bound_pairs`` as in ``quantize``."""
     return QuantSpec(
         quant=config.quant,
         calib_method=config.calib_method_for_quant,

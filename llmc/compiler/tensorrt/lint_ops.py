@@ -13,6 +13,8 @@ from llmc.plugins import schema
 
 
 def check_opsets(model: onnx.ModelProto) -> list[Finding]:
+    """An error for each default-domain opset outside the parser's range
+    (``support_table.OPSET_MIN``..``OPSET_MAX``)."""
     out = []
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx") and not st.OPSET_MIN <= o.version <= st.OPSET_MAX:
@@ -54,6 +56,8 @@ def _data_input(n: onnx.NodeProto) -> str | None:
 
 
 def check_ops(view: GraphView) -> list[Finding]:
+    """Findings for standard-domain nodes: ops missing from TensorRT's ONNX parser table, and
+    the attributes and input types the table restricts (plugin nodes: ``lint_plugin``)."""
     out = []
     for n in view.model.graph.node:
         if n.domain not in ("", "ai.onnx"):

@@ -201,6 +201,13 @@ def paged_attention_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """One program: BLOCK_M query tokens of one sequence x the GROUP query heads of KV head
+    ``program_id(1)``; grid (T // BLOCK_M + B, KVH), launched by ``triton_launch``. Writes the
+    tile's new K/V rows into the cache at ``slot_mapping`` (quantized per CACHE_QUANT with
+    K_SCALE/V_SCALE) and out [T, H*D] = softmax(soft-capped, windowed, causal QK^T * SCALE) V,
+    computed with FlashAttention-2's online softmax (Dao 2023) over BLOCK_N keys at a time read
+    through the block table (vLLM's PagedAttention, Kwon et al. 2023). Shapes are in the
+    argument comments; the module docstring gives the tiling."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     # The sequence of this query tile: the last b with query_start_loc[b] // BLOCK_M + b <= pid.
