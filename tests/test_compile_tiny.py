@@ -195,3 +195,65 @@ def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
     rel = np.abs(bf16 - f32).max() / np.abs(f32).max()
     assert 0 < rel < 0.1  # not bit-identical (bf16 really ran), within bf16 error
     assert (bf16.argmax(-1) == f32.argmax(-1)).mean() >= 0.8
+
+
+def test_build_chose_the_provider_by_measurement(tiny, capsys):
+    """The manifest records the measured CPU EP, the OpenVINO EP's real reason on a host where
+    it exposes no CPU device, and ``llmc inspect`` prints both."""
+    from llmc.cli import main
+    from llmc.compiler.manifest import read_manifest
+    from llmc.compiler.provider_choice import ProviderSelection
+    from llmc.runtime.execution_provider import openvino_cpu_devices
+
+    _, _, result = tiny
+    manifest = read_manifest(result.engine_dir)
+    selection = ProviderSelection.from_dict(manifest.provider_selection)
+    assert (manifest.execution_provider, manifest.execution_precision) == (
+        "CPUExecutionProvider",
+        "f32",
+    )
+    cpu, openvino = selection.candidates
+    assert (selection.mode, selection.provider, cpu.status) == ("auto", cpu.provider, "accepted")
+    # max_seq_len 128: a 127-token prefill; max_batch 16.
+    assert list(cpu.step_ms) == ["prefill_127", "decode_1", "decode_16"]
+    assert all(t > 0 for t in cpu.step_ms.values()) and cpu.max_rel_diff == 0.0
+    assert openvino.provider == "OpenVINOExecutionProvider"
+    devices, reason = openvino_cpu_devices()
+    if not devices:
+        assert (openvino.status, openvino.reason) == ("unavailable", reason)
+    assert main(["inspect", str(result.engine_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "provider selection (--execution-provider auto):" in out
+    assert "CPUExecutionProvider f32: accepted, score" in out
+
+
+def test_probe_steps_are_what_a_real_prefill_and_decode_compute(tiny):
+    """On the real CPU EP runner: the decode at position P equals a P+1-token prefill's last
+    logits, and with P a multiple of the block size every decode sequence (shared prefix blocks,
+    a private block for position P) equals it too. ``--execution-provider cpu`` measures only the
+    CPU EP."""
+    import numpy as np
+
+    from llmc.compiler.provider_choice import select_provider
+    from llmc.compiler.provider_timing import probe_steps, time_steps
+    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.step_inputs import single_prefill
+
+    _, _, result = tiny
+    probe = probe_steps(
+        block_size=4, vocab_size=512, max_seq_len=65, max_num_tokens=64, max_batch=5
+    )
+    assert list(probe.steps) == ["prefill_64", "decode_1", "decode_5"]
+    logits, step_ms = time_steps(OrtRunner(result.engine_dir, probe.num_blocks), probe, repeats=1)
+    assert list(step_ms) == list(probe.steps)
+    warmup_only, none = time_steps(OrtRunner(result.engine_dir, probe.num_blocks), probe, 0)
+    assert none == {} and all(np.array_equal(logits[k], warmup_only[k]) for k in logits)
+    prefill, decode = probe.steps["prefill_64"], probe.steps["decode_1"]
+    ids = np.concatenate([prefill.input_ids, decode.input_ids])
+    whole = OrtRunner(result.engine_dir, 17).execute(single_prefill(ids, 4, all_logits=False))
+    np.testing.assert_allclose(logits["decode_1"], whole, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits["decode_5"], np.repeat(whole, 5, 0), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(logits["decode_1"], logits["prefill_64"], atol=1e-3)
+    selection = select_provider(result.engine_dir, "float32", "cpu", probe)
+    assert [c.provider for c in selection.candidates] == ["CPUExecutionProvider"]
+    assert selection.candidates[0].status == "accepted"

@@ -62,11 +62,11 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         resolve_model,
         sha256_files,
     )
+    from llmc.compiler.provider_choice import check_requested
     from llmc.compiler.quantize import pipeline as qp
     from llmc.plugins import schema
     from llmc.runtime.execution_provider import (
-        OPENVINO_EP,
-        OPENVINO_PACKAGE,
+        ProviderChoice,
         provider_for_dtype,
         provider_version,
     )
@@ -77,17 +77,15 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
         from llmc.compiler.tensorrt.gpu_build import build_gpu
 
         return build_gpu(config, progress)  # TensorRT: portable stage, then the plan
+    check_requested(config.dtype, config.execution_provider)  # before any work: a clear error
     stage = progress.stage if progress is not None else _no_stage
     with stage("resolve model"):
         src = resolve_model(config.model)
         tokenizer = load_tokenizer(src)
         checkpoint_digest = sha256_files(src.weight_files)
+    # The graph's form (optimized for the CPU EP, or portable) and precision follow the dtype;
+    # which provider runs it is measured once it is built (``provider_choice``).
     choice = provider_for_dtype(config.dtype)
-    if choice.name == OPENVINO_EP and provider_version(choice) is None:
-        raise BuildConfigError(
-            f"--dtype {config.dtype} engines run on ONNX Runtime's OpenVINO execution provider; "
-            f"pip install {OPENVINO_PACKAGE} (or build with --dtype float32)"
-        )
     if config.quant != "none":
         calib_source, heldout_source = qp.text_sources(config)  # bad files fail before work
     host = detect_host_isa()
@@ -140,6 +138,9 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 accuracy = qp.accuracy_report(
                     config, reference, tmp, model, tokenizer, heldout_source, tick
                 )
+        with stage("choose execution provider"):
+            selection = choose_provider(config, tmp, int(model.config.vocab_size))
+        choice = ProviderChoice(selection.provider, selection.precision)
         with stage("tokenizer and manifest"):
             _save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
             tok_digest = sha256_files(sorted((tmp / "tokenizer").iterdir()))
@@ -174,6 +175,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 execution_provider=choice.name,
                 execution_precision=choice.precision,
                 execution_provider_version=provider_version(choice),
+                provider_selection=selection.to_dict(),
                 build_config=config.to_dict(),
                 build_config_hash=config.hash(),
                 pass_report=pass_report,
@@ -185,6 +187,20 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
             mf.write_manifest(manifest, tmp)
     entry = publish(config, out, stage)
     return BuildResult(out, pass_report, optimized_ops, quantization, accuracy, entry)
+
+
+def choose_provider(config: BuildConfig, engine_dir: Path, vocab_size: int):
+    """Measure the execution-provider candidates on the engine just lowered into
+    ``engine_dir`` and choose one (``provider_choice.select_provider``)."""
+    from llmc.compiler.provider_choice import select_provider
+    from llmc.compiler.provider_timing import probe_steps
+
+    probe = probe_steps(
+        config.block_size, vocab_size, config.max_seq_len, config.max_num_tokens, config.max_batch
+    )
+    return select_provider(
+        engine_dir, config.dtype, config.execution_provider, probe, config.threads
+    )
 
 
 def publish(config: BuildConfig, engine_dir: Path, stage=None):

@@ -37,6 +37,7 @@ DEFAULT_CALIB_METHOD = {"int8": "percentile", "fp8": "max", "int4": "max"}
 DEFAULT_WEIGHT_ONLY8 = {"int8": "*.down_proj", "fp8": "lm_head", "int4": "lm_head"}
 # FP8 tensor cores arrive with Ada (sm89); the CPU target runs FP8 Q/DQ as emulation.
 FP8_TARGETS = ("cpu", "sm89", "sm90", "sm100", "sm120")
+EXECUTION_PROVIDERS = ("auto", "cpu", "openvino")
 
 
 def _opt(default, help: str, choices: tuple | None = None):
@@ -117,6 +118,13 @@ class BuildConfig:
         "(any sm80+ GPU, slower), same-cc (GPUs of the builder's compute capability)",
         HARDWARE_COMPAT,
     )
+    execution_provider: str = _opt(
+        "auto",
+        "cpu engines: ONNX Runtime execution provider; auto measures every provider that runs "
+        "here and keeps the fastest whose logits agree with the CPU EP's; cpu or openvino force "
+        "one (still checked and timed)",
+        EXECUTION_PROVIDERS,
+    )
     registry: str | None = _opt(
         None, "after the build, publish the engine into this registry root (e.g. engines)"
     )
@@ -173,6 +181,16 @@ class BuildConfig:
             raise BuildConfigError(
                 f"--builder-opt-level must be 0-5 (TensorRT's range), got {self.builder_opt_level}"
             )
+        if self.execution_provider != "auto" and self.arch != CPU_TARGET:
+            raise BuildConfigError(
+                f"--execution-provider {self.execution_provider} applies to cpu engines; "
+                f"{self.arch} engines run on TensorRT"
+            )
+        if self.execution_provider == "cpu" and self.dtype == "bfloat16":
+            raise BuildConfigError(
+                "--execution-provider cpu cannot run --dtype bfloat16: ONNX Runtime's CPU EP has "
+                "no bf16 GEMM; use --execution-provider auto or openvino, or --dtype float32"
+            )
         if self.arch == CPU_TARGET and self.quant != "none" and self.dtype != "float32":
             raise BuildConfigError(
                 f"--quant {self.quant} builds run their unquantized parts in float32 on cpu; "
@@ -208,7 +226,8 @@ class BuildConfig:
 
     def hash(self) -> str:
         """sha256 of the options that change the engine's bytes (not where it is written)."""
-        skip = {"output", "registry", "timing_cache"}
+        # The provider is recorded beside the hash (manifest, registry index), not in the graph.
+        skip = {"output", "registry", "timing_cache", "execution_provider"}
         if self.arch == CPU_TARGET:  # TensorRT options do not touch cpu engines
             skip |= {"builder_opt_level", "hardware_compat"}
         d = {k: v for k, v in self.to_dict().items() if k not in skip}

@@ -67,6 +67,7 @@ class EngineManifest:
     execution_provider: str  # e.g. "CPUExecutionProvider"
     execution_precision: str = "f32"  # compute precision asked of the provider: "f32" | "bf16"
     execution_provider_version: str | None = None  # plugin EP package version, if any
+    provider_selection: dict | None = None  # cpu: candidates measured (provider_choice)
     build_config: dict = field(default_factory=dict)
     build_config_hash: str
     pass_report: dict[str, int] = field(default_factory=dict)  # pass name -> rewrites made
@@ -80,7 +81,7 @@ class EngineManifest:
 
 
 #: Fields added after format 1 shipped: a manifest without them reads as their default.
-_OPTIONAL_FIELDS = {"tensorrt"}
+_OPTIONAL_FIELDS = {"tensorrt", "provider_selection"}
 
 
 def write_manifest(m: EngineManifest, engine_dir: str | Path) -> Path:

@@ -4,7 +4,8 @@
 build time. ``OpenVINOExecutionProvider`` (PyPI ``onnxruntime-ep-openvino``, a plugin EP) runs
 the same graph with bfloat16 compute on AVX-512 BF16 hosts: measured 1.5-2.8x the CPU EP's speed
 on Gemma 3 270M here (DESIGN §9), at up to ~0.1 relative difference in logits, so it serves
-``--dtype bfloat16`` engines only.
+``--dtype bfloat16`` engines only. Which provider an engine runs on is chosen at build time by
+measurement (``llmc.compiler.provider_choice``) and recorded in its manifest.
 """
 
 from __future__ import annotations
@@ -43,31 +44,53 @@ def bind_provider(opts, choice: ProviderChoice) -> list[str] | None:
     """Attach ``choice`` to ``opts`` (``onnxruntime.SessionOptions``).
 
     Returns the ``providers`` argument for ``InferenceSession`` (None when the provider is bound
-    through ``opts``). Raises EngineError when the OpenVINO plugin package is missing.
+    through ``opts``). Raises EngineError when the OpenVINO plugin package is missing or exposes
+    no CPU device on this host.
     """
     if choice.name == CPU_EP:
         return [CPU_EP]
+    devices, reason = openvino_cpu_devices()
+    if reason is not None:
+        raise EngineError(
+            f"this engine runs on ONNX Runtime's OpenVINO execution provider, but {reason}; "
+            "rebuild it on this host (`llmc build` measures the providers that run here; "
+            "--dtype float32 runs on the CPU EP)"
+        )
+    config = {"CPU": {"INFERENCE_PRECISION_HINT": choice.precision}}
+    opts.add_provider_for_devices(devices, {"load_config": json.dumps(config)})
+    return None
+
+
+def openvino_cpu_devices() -> tuple[list, str | None]:
+    """The OpenVINO EP's CPU devices (``onnxruntime.OrtEpDevice``), registering the plugin
+    library once per process; or ``([], reason)`` saying why there are none.
+
+    Observed on an AVX2-only AMD EPYC host with onnxruntime 1.31.1 and the plugin 1.8.1: the
+    library registers without error, yet ``get_ep_devices()`` lists only the CPU EP's device, so
+    nothing here can bind the OpenVINO EP.
+    """
     import onnxruntime as ort
 
     try:
         import onnxruntime_ep_openvino as ov
-    except ImportError as e:
-        raise EngineError(
-            f"this engine runs on ONNX Runtime's OpenVINO execution provider; "
-            f"pip install {OPENVINO_PACKAGE} (or rebuild with --dtype float32)"
-        ) from e
-    if not any(d.ep_name == OPENVINO_EP for d in ort.get_ep_devices()):
+    except ImportError:
+        return [], f"{OPENVINO_PACKAGE} is not installed (pip install {OPENVINO_PACKAGE})"
+    try:
         ort.register_execution_provider_library(OPENVINO_EP, ov.get_library_path())
+    except Exception as e:  # a plain Fail; a second registration in a process is one too
+        if "already registered" not in str(e):
+            return [], f"{OPENVINO_PACKAGE} did not register with onnxruntime: {e}"
     devices = [
         d
         for d in ort.get_ep_devices()
         if d.ep_name == OPENVINO_EP and d.device.type == ort.OrtHardwareDeviceType.CPU
     ]
     if not devices:
-        raise EngineError("the OpenVINO execution provider found no CPU device on this host")
-    config = {"CPU": {"INFERENCE_PRECISION_HINT": choice.precision}}
-    opts.add_provider_for_devices(devices, {"load_config": json.dumps(config)})
-    return None
+        return [], (
+            f"{OPENVINO_PACKAGE} {provider_version(ProviderChoice(OPENVINO_EP, 'f32'))} "
+            "exposes no CPU device on this host"
+        )
+    return devices, None
 
 
 def provider_version(choice: ProviderChoice) -> str | None:

@@ -27,6 +27,7 @@ class Inspection:
     facts: dict = field(default_factory=dict)
     lint: LintReport | None = None
     recorded_lint: dict | None = None  # TensorRT engines: the lint stored in the manifest
+    provider_selection: dict | None = None  # CPU engines: how the execution provider was chosen
 
     @property
     def passed(self) -> bool:
@@ -37,6 +38,11 @@ class Inspection:
     def format(self) -> str:
         lines = [f"{self.path}: {self.kind}"]
         lines += [f"  {k}: {v}" for k, v in self.facts.items()]
+        if self.provider_selection is not None:
+            from llmc.compiler.provider_choice import ProviderSelection
+
+            text = ProviderSelection.from_dict(self.provider_selection).format()
+            lines += [f"  {line}" for line in text.splitlines()]
         if self.lint is not None:
             lines.append(self.lint.format())
         elif self.recorded_lint is not None:
@@ -51,7 +57,8 @@ class Inspection:
 
     def to_dict(self) -> dict:
         lint = self.lint.to_dict() if self.lint is not None else self.recorded_lint
-        return {"path": self.path, "kind": self.kind, "facts": self.facts, "lint": lint}
+        out = {"path": self.path, "kind": self.kind, "facts": self.facts, "lint": lint}
+        return out | {"provider_selection": self.provider_selection}
 
 
 _FACTS = ("model_id", "target", "dtype", "quant", "kv_cache_dtype", "max_seq_len")
@@ -83,7 +90,8 @@ def inspect_path(path: str | Path, target: str | None = None) -> Inspection:
         facts = {k: getattr(m, k) for k in _FACTS} | {"backend": m.backend}
         facts["backend_version"] = m.backend_version
         if m.backend != "tensorrt":
-            return Inspection(str(p), "cpu-engine", facts)
+            facts["execution_provider"] = f"{m.execution_provider} {m.execution_precision}"
+            return Inspection(str(p), "cpu-engine", facts, provider_selection=m.provider_selection)
         trt = m.tensorrt or {}
         for key in ("compute_capability", "cuda_version", "hardware_compatibility", "plan"):
             facts[key] = trt.get(key)

@@ -1,0 +1,214 @@
+"""Choose the ONNX Runtime execution provider of a CPU engine by measurement (DESIGN §9-10).
+
+The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32)
+and the OpenVINO EP (f32). bfloat16 engines: the OpenVINO EP (bf16) only, since the CPU EP has
+no bf16 GEMM. The engine graph is lowered once, by dtype (``lower_cpu``), and every candidate
+runs that same graph: what is measured is what ships.
+
+For each candidate, ``select_provider`` records why it cannot run here (plugin missing, no CPU
+device, the graph does not load) or measures it: the engine's segments through ``OrtRunner``
+bound to it, on the steps of ``provider_timing`` (decode at batch 1 and 16, a 128-token
+prefill; one warmup, median of 3). A candidate is rejected when its logits differ from the CPU
+EP's (f32) by more than ``TOLERANCE`` of its precision, relative to the logits' scale. Score:
+the geometric mean of its median step times in ms, so halving any one step's time counts the
+same. The lowest score wins, except that a later candidate must beat an earlier one by more
+than ``MARGIN`` (noise on this 2-core host is about ±10%), so ties go to the CPU EP, which needs
+no plugin. On Gemma 3 270M this costs a few seconds per available candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from llmc.compiler.provider_timing import ProbeSteps
+from llmc.errors import BuildConfigError
+from llmc.runtime.execution_provider import CPU_EP, OPENVINO_EP, ProviderChoice
+
+#: Largest accepted max|logits - cpu_ep| / max|cpu_ep|, by compute precision. f32: the OpenVINO
+#: EP measured 2e-5 on Gemma 3 270M, 1e-3 leaves room for summation order; bf16: measured up to
+#: ~0.1 there (8-bit mantissa), 0.15 rejects only a provider computing something else.
+TOLERANCE = {"f32": 1e-3, "bf16": 0.15}
+MARGIN = 0.05
+PENDING, ACCEPTED, REJECTED, UNAVAILABLE = "pending", "accepted", "rejected", "unavailable"
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One candidate provider and what became of it.
+
+    ``status``: "unavailable" (cannot run on this host; ``reason`` says why), "pending" (runs
+    here, not measured yet), "rejected" (failed to run, or disagreed with the CPU EP;
+    ``reason``), or "accepted". ``step_ms``: median
+    wall time per probe step in ms; ``score_ms``: their geometric mean; ``max_rel_diff``: its
+    logits' largest difference from the CPU EP's relative to their scale, with ``tolerance``.
+    """
+
+    provider: str
+    precision: str  # "f32" | "bf16"
+    status: str
+    reason: str | None = None
+    max_rel_diff: float | None = None
+    tolerance: float | None = None
+    step_ms: dict[str, float] = field(default_factory=dict)
+    score_ms: float | None = None
+
+    @property
+    def choice(self) -> ProviderChoice:
+        return ProviderChoice(self.provider, self.precision)
+
+    def format(self) -> str:
+        """One line: ``OpenVINOExecutionProvider bf16: accepted, score 41.2 ms (...)``."""
+        head = f"{self.provider} {self.precision}: {self.status}"
+        if self.score_ms is not None:
+            steps = ", ".join(f"{k} {v:.2f}" for k, v in self.step_ms.items())
+            head += f", score {self.score_ms:.2f} ms ({steps})"
+        if self.max_rel_diff is not None:
+            head += f", logits rel diff {self.max_rel_diff:.1e} (max {self.tolerance:.0e})"
+        return head + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class ProviderSelection:
+    """How an engine's execution provider was chosen: ``mode`` ("auto", "cpu", "openvino"), the
+    winner, and every candidate in preference order (``manifest.provider_selection``)."""
+
+    mode: str
+    provider: str
+    precision: str
+    candidates: list[CandidateResult]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ProviderSelection:
+        candidates = [CandidateResult(**c) for c in d["candidates"]]
+        return cls(d["mode"], d["provider"], d["precision"], candidates)
+
+    def format(self) -> str:
+        lines = [f"provider selection (--execution-provider {self.mode}):"]
+        return "\n".join(lines + [f"  {c.format()}" for c in self.candidates])
+
+
+def candidates(dtype: str, mode: str = "auto") -> list[CandidateResult]:
+    """The candidates of a ``dtype`` engine under ``mode``, in preference order, each
+    "unavailable" with a reason or "pending" (runs here, not measured yet)."""
+    from llmc.runtime.execution_provider import openvino_cpu_devices
+
+    precision = "bf16" if dtype == "bfloat16" else "f32"
+    names = [OPENVINO_EP] if precision == "bf16" else [CPU_EP, OPENVINO_EP]
+    wanted = {"auto": names, "cpu": [CPU_EP], "openvino": [OPENVINO_EP]}[mode]
+    out = []
+    for name in (n for n in names if n in wanted):
+        reason = openvino_cpu_devices()[1] if name == OPENVINO_EP else None
+        out.append(CandidateResult(name, precision, UNAVAILABLE if reason else PENDING, reason))
+    return out
+
+
+def check_requested(dtype: str, mode: str) -> None:
+    """Before any build work: raise BuildConfigError unless some candidate runs on this host
+    (the message names each candidate and why it cannot)."""
+    found = candidates(dtype, mode)
+    if not any(c.status == PENDING for c in found):
+        raise BuildConfigError(_none_usable(dtype, mode, found))
+
+
+def choose(results: list[CandidateResult]) -> CandidateResult:
+    """The winner among ``results`` (preference order): the accepted candidate with the lowest
+    ``score_ms``, where a later one must beat an earlier one by more than ``MARGIN``. Raises
+    ValueError when none is accepted."""
+    best: CandidateResult | None = None
+    for r in results:
+        if r.status != ACCEPTED or r.score_ms is None:
+            continue
+        if best is None or r.score_ms < best.score_ms * (1.0 - MARGIN):
+            best = r
+    if best is None:
+        raise ValueError("no accepted candidate")
+    return best
+
+
+def judge(
+    candidate: CandidateResult, step_ms: dict[str, float], rel_diff: float
+) -> CandidateResult:
+    """``candidate`` measured: accepted with its score, or rejected when ``rel_diff`` exceeds
+    the tolerance of its precision."""
+    tolerance = TOLERANCE[candidate.precision]
+    score = math.exp(sum(math.log(max(t, 1e-6)) for t in step_ms.values()) / len(step_ms))
+    ok = rel_diff <= tolerance
+    reason = None if ok else "logits disagree with the CPU EP's beyond the tolerance"
+    return CandidateResult(
+        candidate.provider,
+        candidate.precision,
+        ACCEPTED if ok else REJECTED,
+        reason,
+        rel_diff,
+        tolerance,
+        dict(step_ms),
+        score,
+    )
+
+
+def select_provider(
+    engine_dir: Path,
+    dtype: str,
+    mode: str,
+    probe: ProbeSteps,
+    threads: int = 2,
+) -> ProviderSelection:
+    """Measure the candidates of a ``dtype`` engine under ``mode`` on the built engine in
+    ``engine_dir``, on the steps of ``probe`` (``provider_timing.probe_steps``), and choose one.
+
+    Raises BuildConfigError when no candidate is accepted (the message lists each and why).
+    """
+    from llmc.compiler.provider_timing import max_relative_diff, time_steps
+
+    reference = None  # the CPU EP's (f32) warmup logits per step
+    results = []
+    for c in candidates(dtype, mode):
+        if c.status == UNAVAILABLE:
+            results.append(c)
+            continue
+        if reference is None and c.provider != CPU_EP:
+            runner = _runner(engine_dir, probe, threads, ProviderChoice(CPU_EP, "f32"))
+            reference, _ = time_steps(runner, probe, repeats=0)
+            del runner
+        try:
+            runner = _runner(engine_dir, probe, threads, c.choice)
+            logits, step_ms = time_steps(runner, probe)
+            del runner
+        except Exception as e:  # an ORT or plugin error: this provider cannot run the graph
+            if c.provider == CPU_EP:  # the reference: a failure here is a build bug, not a choice
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            results.append(
+                CandidateResult(c.provider, c.precision, REJECTED, f"failed to run: {first}")
+            )
+            continue
+        if reference is None:  # the CPU EP itself is the reference
+            reference = logits
+        results.append(judge(c, step_ms, max_relative_diff(logits, reference)))
+    try:
+        winner = choose(results)
+    except ValueError:
+        raise BuildConfigError(_none_usable(dtype, mode, results)) from None
+    return ProviderSelection(mode, winner.provider, winner.precision, results)
+
+
+def _runner(engine_dir: Path, probe: ProbeSteps, threads: int, choice: ProviderChoice):
+    from llmc.runtime.ort_runner import OrtRunner
+
+    return OrtRunner(engine_dir, probe.num_blocks, threads=threads, provider=choice)
+
+
+def _none_usable(dtype: str, mode: str, results: list[CandidateResult]) -> str:
+    why = "; ".join(c.format() for c in results) or "none"
+    todo = "build with --dtype float32 (it runs on the CPU EP)"
+    if dtype == "float32":
+        todo = "use --execution-provider cpu" if mode != "cpu" else "report this as a bug"
+    return (
+        f"no ONNX Runtime execution provider can run this --dtype {dtype} engine here "
+        f"(--execution-provider {mode}): {why}; {todo}"
+    )
