@@ -1,0 +1,7 @@
+"""``python -m llmc``: the ``llmc`` command."""
+
+import sys
+
+from llmc.cli import main
+
+sys.exit(main())
