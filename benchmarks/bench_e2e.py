@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -151,7 +150,6 @@ def machine_info() -> dict:
         "nproc": os.cpu_count(),
         "loadavg_1m_at_end": os.getloadavg()[0],  # includes this run: ~2 is a quiet machine
         "cpu_model": cpu or platform.processor(),
-        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),  # huge pages: llmc.runtime.huge_pages
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -224,10 +222,6 @@ def print_table(results: dict) -> None:
 
 def main() -> None:
     """Parse the command line, run the scenarios on llmc then HF, print and save."""
-    from llmc.runtime.huge_pages import reexec_with_huge_pages
-
-    # The same huge-page setting as `llmc serve`, for llmc and HF alike (one process).
-    reexec_with_huge_pages([sys.executable, *sys.argv])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
         "--engine",

@@ -329,14 +329,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``llmc`` command; returns the process exit code.
-
-    Run as the program (``argv`` None), it first re-executes itself with glibc's huge-page
-    tunable where that speeds up decode (``llmc.runtime.huge_pages``)."""
-    if argv is None:
-        from llmc.runtime.huge_pages import reexec_with_huge_pages
-
-        reexec_with_huge_pages([sys.executable, "-m", "llmc", *sys.argv[1:]])
+    """Entry point of the ``llmc`` command; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="llmc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_build(sub)
