@@ -394,6 +394,28 @@ def test_runner_allocates_the_cache_dtype_and_passes_the_scales(tmp_path, kv_cac
     assert as_bytes(runner.kv_caches["key_cache.1"]).any()  # the step did write
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "int8"])
+def test_pool_sizing_counts_the_bytes_the_runner_allocates(tmp_path, kv_cache_dtype: str):
+    """A block costs what the runner allocates for it, so one budget holds 4x as many blocks of a
+    1-byte (fp8, int8) cache as of a float32 one."""
+    from types import SimpleNamespace
+
+    from llmc.runtime.engine_loader import kv_bytes_per_block, plan_num_blocks
+    from llmc.runtime.ort_runner import OrtRunner
+
+    write_engine(tmp_path, kv_cache_dtype)
+    runner = OrtRunner(tmp_path, num_blocks=6)
+    manifest = SimpleNamespace(  # the fields sizing reads; a build records "auto" as float32
+        kv_cache_dtype="float32" if kv_cache_dtype == "auto" else kv_cache_dtype,
+        num_layers=2, block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+        max_seq_len=4 * BLOCK_SIZE, max_batch=64,
+    )  # fmt: skip
+    assert 6 * kv_bytes_per_block(manifest) == sum(c.nbytes for c in runner.kv_caches.values())
+    float32_blocks = 10 * 2 * 2 * BLOCK_SIZE * KV_HEADS * HEAD_DIM * 4  # bytes
+    expected = 10 if kv_cache_dtype == "auto" else 40
+    assert plan_num_blocks(manifest, None, float32_blocks) == expected
+
+
 def test_runner_refuses_an_unknown_cache_dtype(tmp_path) -> None:
     from llmc.runtime.ort_runner import OrtRunner
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -103,6 +103,32 @@ def test_manifest_records_tensorrt_and_reads_manifests_without_it(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     assert read_manifest(tmp_path).tensorrt is None
     assert asdict(read_manifest(tmp_path)) == asdict(m) | {"tensorrt": None}
+
+
+def test_kv_pool_of_a_plan_is_sized_by_the_cache_dtype_the_runner_allocates():
+    import torch
+
+    from llmc.errors import EngineCorruptError
+    from llmc.runtime.engine_loader import kv_bytes_per_block, kv_cache_dtype_of, plan_num_blocks
+
+    m = _manifest()  # a bfloat16 cache of 2 layers, blocks of 8, 1 KV head of 32
+    elements = 2 * 2 * 8 * 1 * 32
+    sizes = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "int8": 1}
+    manifests = {d: replace(m, kv_cache_dtype=d) for d in sizes}
+    assert {d: kv_bytes_per_block(mf) for d, mf in manifests.items()} == {
+        d: elements * size for d, size in sizes.items()
+    }
+    # TrtRunner allocates its torch caches in this dtype.
+    assert {d: getattr(torch, kv_cache_dtype_of(mf).name) for d, mf in manifests.items()} == {
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "float32": torch.float32,
+        "fp8": torch.float8_e4m3fn,
+        "int8": torch.int8,
+    }
+    assert plan_num_blocks(m, None, 20 * elements * 2) == 20
+    with pytest.raises(EngineCorruptError, match="kv_cache_dtype 'fp16'"):
+        kv_bytes_per_block(replace(m, kv_cache_dtype="fp16"))
 
 
 def test_optimization_profile_covers_the_serving_limits():

@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmc.errors import EngineError, EngineNotFoundError
+import numpy as np
+
+from llmc.errors import EngineCorruptError, EngineError, EngineNotFoundError
 
 #: Default KV-cache memory budget when neither ``num_blocks`` nor ``kv_cache_memory`` is given.
 DEFAULT_KV_CACHE_BYTES = 2 << 30
@@ -28,15 +30,42 @@ class LoadedEngine:
     block_size: int
 
 
+def kv_cache_dtype_of(manifest) -> np.dtype:
+    """The element type the runner allocates the engine's KV cache in, from the manifest's
+    ``kv_cache_dtype``: a compute dtype ("float32"; TensorRT plans also "float16", "bfloat16")
+    or a quantized one ("fp8": float8_e4m3fn, "int8", as the CPU kernel's ``KV_CACHE_DTYPES``).
+    The one source of the cache's element size: pool sizing and ``TrtRunner`` read it here,
+    and ``OrtRunner`` allocates from the same ``KV_CACHE_DTYPES`` by the plan's attribute.
+
+    Raises:
+        EngineCorruptError: for a name llmc does not know.
+    """
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
+
+    from llmc.plugins.paged_attention.cpu import KV_CACHE_DTYPES
+
+    name = manifest.kv_cache_dtype
+    if name in KV_CACHE_DTYPES:
+        return KV_CACHE_DTYPES[name]
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise EngineCorruptError(
+            f"the manifest's kv_cache_dtype {name!r} is not one llmc knows; rebuild the engine"
+        ) from None
+
+
 def kv_bytes_per_block(manifest) -> int:
-    """Bytes one KV block takes over all layers: 2 * layers * block_size * KVH * D * 4 (fp32)."""
+    """Bytes one KV block takes over all layers:
+    2 (key, value) * layers * block_size * KVH * D * the cache element's size
+    (``kv_cache_dtype_of``: 4 for float32, 2 for bfloat16/float16, 1 for fp8/int8)."""
     return (
         2
         * manifest.num_layers
         * manifest.block_size
         * manifest.num_kv_heads
         * manifest.head_dim
-        * 4
+        * kv_cache_dtype_of(manifest).itemsize
     )
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from llmc.compiler.tensorrt.host import GpuInfo, arch_capability, capability_name, detect_gpus
 from llmc.compiler.tensorrt.host import tensorrt_version as installed_tensorrt_version
 from llmc.errors import EngineCorruptError, EngineError, EngineMismatchError
+from llmc.runtime.engine_loader import kv_cache_dtype_of
 from llmc.runtime.step_inputs import StepInputs
 
 _STEP_INPUTS = (
@@ -36,13 +37,6 @@ _STEP_INPUTS = (
     "block_tables",
     "slot_mapping",
 )
-_CACHE_TORCH_DTYPES = {
-    "float32": "float32",
-    "float16": "float16",
-    "bfloat16": "bfloat16",
-    "fp8": "float8_e4m3fn",
-    "int8": "int8",
-}
 
 
 def check_gpu_host(manifest, gpus: list[GpuInfo], trt_version: str | None) -> GpuInfo:
@@ -144,7 +138,8 @@ class TrtRunner:
         self._np_types = {
             n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in _STEP_INPUTS
         }
-        cache_dtype = getattr(torch, _CACHE_TORCH_DTYPES[manifest.kv_cache_dtype])
+        # The dtype the pool was sized for (numpy and torch share the names).
+        cache_dtype = getattr(torch, kv_cache_dtype_of(manifest).name)
         shape = (num_blocks, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
         self.kv_caches = {
             n: torch.zeros(shape, dtype=cache_dtype, device=self.device)
