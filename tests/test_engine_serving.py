@@ -161,7 +161,24 @@ def test_logprobs_and_prompt_logprobs_match_hf_across_prompt_chunks(engine_dir):
 
 
 def test_startup_refuses_a_pool_smaller_than_one_max_len_sequence(engine_dir):
-    with pytest.raises(EngineError, match="cannot hold one sequence of max_seq_len=64"):
+    with pytest.raises(
+        EngineError, match=r"cannot hold one sequence of max_model_len=64 .*lower --max-model-len"
+    ):
         engine(engine_dir, num_blocks=15)
     with pytest.raises(EngineConfigError, match=r"lower max_model_len \(--max-model-len\)"):
         EngineConfig(block_size=4, num_blocks=15, max_model_len=64).scheduler_config()
+
+
+def test_a_smaller_max_model_len_is_served_from_a_pool_too_small_for_max_seq_len(engine_dir):
+    from llmc.compiler.manifest import read_manifest
+    from llmc.runtime.engine_loader import kv_bytes_per_block
+
+    per_block = kv_bytes_per_block(read_manifest(engine_dir))
+    # 8 blocks of 4 tokens hold one 32-token sequence, not one of the build's 64.
+    short = engine(engine_dir, num_blocks=None, kv_cache_memory=8 * per_block, max_model_len=32)
+    assert (short.config.num_blocks, short.max_model_len) == (8, 32)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12)
+    arrivals = {0: [("0", tokens(100, 20), params)]}
+    assert token_ids(run(short, arrivals), 1) == token_ids(run(engine(engine_dir), arrivals), 1)
+    with pytest.raises(EngineError, match=r"max_model_len=32 \(8 blocks\).*lower --max-model-len"):
+        engine(engine_dir, num_blocks=None, kv_cache_memory=7 * per_block, max_model_len=32)

@@ -107,7 +107,8 @@ class LLMEngine:
         Args:
             path: the engine directory (``manifest.json`` and engine files).
             num_blocks: KV blocks the runner allocates; None sizes the cache from
-                ``kv_cache_memory`` (see ``engine_loader.plan_num_blocks``).
+                ``kv_cache_memory`` (see ``engine_loader.plan_num_blocks``). Either way the pool
+                must hold one sequence of ``max_model_len`` tokens.
             kv_cache_memory: KV cache budget in bytes when ``num_blocks`` is None.
             threads: runner threads; None lets the runner choose.
             overrides: other `EngineConfig` fields (``max_model_len``, ``max_num_seqs``,
@@ -116,8 +117,10 @@ class LLMEngine:
 
         Raises:
             TypeError: for an override that is not an `EngineConfig` field.
-            ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``, or as `__init__`.
-            llmc.errors.EngineError: from the loader (no engine, built for another host, corrupt).
+            ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``
+                (``EngineConfigError``), or as `__init__`.
+            llmc.errors.EngineError: from the loader (no engine, built for another host, corrupt,
+                a KV pool smaller than one ``max_model_len`` sequence).
         """
         from llmc.runtime.engine_loader import load_engine
 
@@ -126,19 +129,17 @@ class LLMEngine:
         if unknown:
             raise TypeError(f"unknown engine options {unknown}; known: {sorted(known)}")
         loaded = load_engine(
-            path, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory, threads=threads
+            path,
+            num_blocks=num_blocks,
+            kv_cache_memory=kv_cache_memory,
+            threads=threads,
+            max_model_len=overrides.get("max_model_len"),
         )
-        max_seq_len = loaded.manifest.max_seq_len
-        if overrides.get("max_model_len", max_seq_len) > max_seq_len:
-            raise ValueError(
-                f"max_model_len {overrides['max_model_len']} exceeds the engine's max_seq_len "
-                f"{max_seq_len}; rebuild the engine with a larger max_seq_len"
-            )
         manifest = loaded.manifest
         defaults = {
             "block_size": loaded.block_size,
             "num_blocks": loaded.runner.num_blocks,
-            "max_model_len": max_seq_len,
+            "max_model_len": manifest.max_seq_len,
             # The engine's build limits are the serving defaults (a TensorRT plan's profiles
             # cannot run past them).
             "max_num_seqs": manifest.max_batch,

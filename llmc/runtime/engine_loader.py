@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc.errors import EngineCorruptError, EngineError, EngineNotFoundError
+from llmc.errors import EngineConfigError, EngineCorruptError, EngineError, EngineNotFoundError
 
 #: Default KV-cache memory budget when neither ``num_blocks`` nor ``kv_cache_memory`` is given.
 DEFAULT_KV_CACHE_BYTES = 2 << 30
@@ -69,22 +69,44 @@ def kv_bytes_per_block(manifest) -> int:
     )
 
 
-def plan_num_blocks(manifest, num_blocks: int | None, kv_cache_memory: int | None) -> int:
+def plan_num_blocks(
+    manifest,
+    num_blocks: int | None,
+    kv_cache_memory: int | None,
+    max_model_len: int | None = None,
+) -> int:
     """How many KV blocks to allocate.
 
-    Default: enough for ``max_batch`` sequences of ``max_seq_len``, capped by the memory budget
-    (bytes). Raises EngineError when the pool cannot hold one ``max_seq_len`` sequence, naming
-    the setting to change.
+    Default: enough for ``max_batch`` sequences of the build's ``max_seq_len``, capped by the
+    memory budget (``kv_cache_memory`` bytes, default ``DEFAULT_KV_CACHE_BYTES``). The pool must
+    hold one sequence of ``max_model_len`` tokens, the longest the engine will serve (None:
+    ``max_seq_len``).
+
+    Raises:
+        EngineConfigError: (a ValueError) ``max_model_len`` exceeds the build's ``max_seq_len``.
+        EngineError: the pool cannot hold one ``max_model_len`` sequence; the message names the
+            settings to change.
     """
-    per_seq = math.ceil(manifest.max_seq_len / manifest.block_size)
+    max_seq_len = manifest.max_seq_len
+    if max_model_len is None:
+        max_model_len = max_seq_len
+    if max_model_len > max_seq_len:
+        raise EngineConfigError(
+            f"max_model_len {max_model_len} exceeds the engine's max_seq_len {max_seq_len}; "
+            "rebuild the engine with a larger max_seq_len"
+        )
+    block_size = manifest.block_size
     if num_blocks is None:
         budget = kv_cache_memory or DEFAULT_KV_CACHE_BYTES
+        per_seq = math.ceil(max_seq_len / block_size)
         num_blocks = min(per_seq * manifest.max_batch, budget // kv_bytes_per_block(manifest))
-    if num_blocks < per_seq:
+    needed = math.ceil(max_model_len / block_size)
+    if num_blocks < needed:
         raise EngineError(
-            f"a KV pool of {num_blocks} blocks of {manifest.block_size} tokens cannot hold one "
-            f"sequence of max_seq_len={manifest.max_seq_len} ({per_seq} blocks); raise "
-            "--kv-cache-memory / --num-blocks, or rebuild with a smaller --max-seq-len"
+            f"a KV pool of {num_blocks} blocks of {block_size} tokens cannot hold one "
+            f"sequence of max_model_len={max_model_len} ({needed} blocks); raise "
+            "--kv-cache-memory (num_blocks), lower --max-model-len, or rebuild with a smaller "
+            "--max-seq-len"
         )
     return num_blocks
 
@@ -96,11 +118,14 @@ def load_engine(
     kv_cache_memory: int | None = None,
     threads: int | None = None,
     verify_digests: bool = True,
+    max_model_len: int | None = None,
 ) -> LoadedEngine:
-    """Check and load the engine at ``path``.
+    """Check and load the engine at ``path``, its KV pool sized by ``plan_num_blocks`` for
+    sequences of at most ``max_model_len`` tokens (None: the build's ``max_seq_len``).
 
     Raises EngineNotFoundError (no engine there), EngineMismatchError (built for another
-    target/ISA/backend; says what to rebuild), EngineCorruptError (a file's digest differs).
+    target/ISA/backend; says what to rebuild), EngineCorruptError (a file's digest differs),
+    EngineConfigError or EngineError (see ``plan_num_blocks``; before any engine file is read).
     """
     from llmc.compiler.manifest import read_manifest, verify_files
 
@@ -115,13 +140,13 @@ def load_engine(
     from llmc.runtime.execution_provider import ProviderChoice
 
     provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
+    blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory, max_model_len)
     if verify_digests:
         verify_files(manifest, engine_dir)
     from transformers import AutoTokenizer
 
     from llmc.runtime.ort_runner import OrtRunner
 
-    blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory)
     if manifest.backend == "tensorrt":
         from llmc.runtime.trt_runner import TrtRunner
 
