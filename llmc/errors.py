@@ -47,6 +47,21 @@ class ContextLengthError(LlmcError, ValueError):
         self.num_tokens = num_tokens
 
 
+class StepFailedError(LlmcError):
+    """A model step raised (the runner, or sampling its logits). The requests it carried were
+    aborted: their blocks are freed, and the blocks the step was to fill are out of the prefix
+    cache. The engine's other requests are untouched and it can keep stepping; the failed
+    requests may be submitted again. The original exception is the ``__cause__``.
+
+    Attributes:
+        request_ids: the aborted requests, in step order.
+    """
+
+    def __init__(self, message: str, *, request_ids: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.request_ids = request_ids
+
+
 class RegistryError(LlmcError):
     """The engine registry (local or remote) cannot do what was asked: unknown engine, bad URL."""
 

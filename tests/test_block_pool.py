@@ -108,3 +108,16 @@ def test_a_prefix_already_cached_is_not_cached_twice():
     assert pool.get_cached_block(b"same") == x and pool.blocks[y].block_hash is None
     pool.cache_block(x, b"other")  # a cached block keeps its first hash
     assert pool.blocks[x].block_hash == b"same" and pool.get_cached_block(b"other") is None
+
+
+def test_uncached_blocks_are_not_found_and_keep_their_holders():
+    pool = BlockPool(4)
+    x, y = pool.allocate(2)
+    pool.cache_block(x, b"hx")
+    pool.cache_block(y, b"hy")
+    pool.uncache([x, 2])  # block 2 is free and uncached: left alone
+    assert pool.get_cached_block(b"hx") is None and pool.blocks[x].block_hash is None
+    assert pool.get_cached_block(b"hy") == y and pool.num_cached_blocks == 1
+    assert pool.blocks[x].ref_cnt == 1 and pool.num_free_blocks == 2
+    pool.cache_block(x, b"hx2")  # a block out of the cache can be entered again
+    assert pool.get_cached_block(b"hx2") == x

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from llmc.errors import StepFailedError
 from llmc.runtime.engine import EngineConfig, LLMEngine
 from llmc.runtime.llm import LLM
 from llmc.runtime.sampling_params import SamplingParams
@@ -238,6 +239,30 @@ def test_llm_generate_keeps_input_order_and_accepts_token_prompts(tokenizer):
     with pytest.raises(ValueError, match="max_model_len"):
         llm.generate(["ok", {"prompt_token_ids": [5] * 70}])
     assert not llm.engine.has_unfinished_requests()  # the valid first prompt was withdrawn
+
+
+def test_llm_generate_aborts_all_its_requests_when_a_step_fails(tokenizer):
+    engine = fake_engine(tokenizer, max_num_seqs=1)  # "1" waits while "0" runs
+    execute = engine.runner.execute
+    calls = []
+
+    def fail_third_step(step: StepInputs) -> np.ndarray:
+        calls.append(step)
+        if len(calls) == 3:
+            raise RuntimeError("injected runner failure")
+        return execute(step)
+
+    engine.runner.execute = fail_third_step
+    llm = LLM.from_engine(engine)
+    prompts = [{"prompt_token_ids": prompt_of(1)}, {"prompt_token_ids": prompt_of(2)}]
+    params = SamplingParams(max_tokens=5, **GREEDY)
+    with pytest.raises(StepFailedError, match="injected runner failure") as failure:
+        llm.generate(prompts, params)
+    assert failure.value.request_ids == ("0",)  # the step's; "1" was waiting
+    assert isinstance(failure.value.__cause__, RuntimeError)
+    assert not engine.has_unfinished_requests() and engine.stats().num_free_blocks == 64
+    out = llm.generate(prompts, params)  # the engine keeps serving
+    assert [o.outputs[0].token_ids for o in out] == [oracle(prompt_of(i), 5) for i in (1, 2)]
 
 
 def test_from_engine_dir_defaults_and_overrides(llama_dir, tmp_path):

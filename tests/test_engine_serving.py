@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmc.errors import EngineConfigError, EngineError
+from llmc.errors import EngineConfigError, EngineError, StepFailedError
 from llmc.runtime.engine import EngineConfig, LLMEngine
 from llmc.runtime.sampling_params import SamplingParams
 from tests.test_engine import prompt_of, run
@@ -83,6 +83,40 @@ def test_prefix_cache_hits_give_the_same_outputs_and_count_cached_tokens(engine_
         again.num_cached_tokens == 28
         and again.outputs[0].token_ids == expected["0"].outputs[0].token_ids
     )
+
+
+def test_a_failed_step_aborts_its_requests_and_leaves_no_unwritten_block_in_the_prefix_cache(
+    engine_dir,
+):
+    system = tokens(110, 24)  # 6 full blocks, computed by a first request
+    prompt = system + tokens(111, 17)  # then 4 full blocks the failing step is to fill, 1 token
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
+    expected = run(engine(engine_dir), {0: [("b", prompt, params)]})["b"].outputs[0].token_ids
+    eng = engine(engine_dir)
+    run(eng, {0: [("warm", system + tokens(112, 3), params)]})
+    execute = eng.runner.execute
+    calls = []
+
+    def fail_once(step):
+        calls.append(len(step.input_ids))
+        if len(calls) == 1:
+            raise RuntimeError("injected runner failure")
+        return execute(step)  # the real runner
+
+    eng.runner.execute = fail_once
+    eng.add_request("a", prompt, params)
+    eng.add_request("a2", prompt, params)  # admitted with "a": shares the blocks "a" fills
+    with pytest.raises(StepFailedError, match="injected runner failure") as failure:
+        eng.step()
+    assert calls == [17 + 1]  # "a" after its 24 cached tokens, "a2" after a's 40
+    assert failure.value.request_ids == ("a", "a2")
+    stats = eng.stats()
+    assert not eng.has_unfinished_requests() and stats.num_free_blocks == 128
+
+    again = run(eng, {0: [("b", prompt, params)]})["b"]
+    assert again.num_cached_tokens == 24  # the first request's blocks, none of the failed step's
+    assert again.outputs[0].token_ids == expected
+    assert len(calls) > 1  # the real runner ran the later steps
 
 
 def test_seeded_request_gives_the_same_tokens_alone_and_in_a_mixed_batch(engine_dir):

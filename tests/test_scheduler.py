@@ -371,6 +371,32 @@ def test_n_completions_fork_after_the_prompt_and_share_its_full_blocks():
     assert sched.block_pool.num_free_blocks == 16
 
 
+def test_a_failed_step_uncaches_the_blocks_it_was_to_fill_and_aborts_its_requests():
+    sched = make_scheduler(enable_prefix_caching=True)
+    sched.add_request(make_seq("a", 9, max_tokens=10))
+    run_step(sched)  # a's blocks 0 and 1 are full and cached, 2 holds 1 token
+    sched.add_request(make_seq("b", 13, n=2))
+    sched.add_request(make_seq("c", 13))
+    out = sched.schedule()  # the step that fails
+    assert plan(out) == [("a", 9, 1, True), ("b", 8, 5, True), ("c", 12, 1, True)]
+    b, c = sched.requests["b"][0], sched.requests["c"][0]
+    # b fills block 3 and c shares it in the same step, as does b's forked completion.
+    assert (b.block_ids, c.block_ids, out.scheduled[1].forks[0].block_ids) == (
+        [0, 1, 3, 4], [0, 1, 3, 5], [0, 1, 3]
+    )  # fmt: skip
+    assert sched.block_pool.get_cached_block(b.block_hashes[2]) == 3
+
+    assert sched.fail_step(out) == ("a", "b", "c")
+    assert not sched.has_unfinished_requests() and not sched.running
+    pool = sched.block_pool
+    assert pool.num_free_blocks == 16 and pool.get_cached_block(b.block_hashes[2]) is None
+    assert [pool.get_cached_block(h) for h in b.block_hashes[:2]] == [0, 1]  # earlier steps'
+    d = make_seq("d", 13)
+    sched.add_request(d)
+    assert plan(run_step(sched)) == [("d", 8, 5, True)]  # only blocks 0 and 1 hit
+    assert d.block_ids[:2] == [0, 1] and 3 not in d.block_ids
+
+
 def test_prompt_logprob_rows_cover_every_prompt_position_once_across_chunks():
     sched = make_scheduler(max_num_batched_tokens=4)
     sched.add_request(make_seq("a", 10, prompt_logprobs=2))

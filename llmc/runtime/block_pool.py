@@ -117,6 +117,16 @@ class BlockPool:
             block.block_hash = block_hash
             self._cached[block_hash] = block_id
 
+    def uncache(self, block_ids: Iterable[int]) -> None:
+        """Take blocks out of the prefix cache: their KV is not what their hash says (the step
+        that was to write it failed). Held blocks stay held, free ones free; blocks not in the
+        cache are left alone."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference to each block; blocks left with none go to the back of the queue.
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from llmc.errors import ContextLengthError
+from llmc.errors import ContextLengthError, StepFailedError
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.runner import Runner
 from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.scheduler import Scheduler, SchedulerConfig
+from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmc.runtime.sequence import Sequence, SequenceStatus
 from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
@@ -205,10 +205,45 @@ class LLMEngine:
             One output for every request that got a token in this step (finished or not), in
             step order; an n > 1 request's output holds all its completions so far. Prompt chunks
             that do not reach the end of their prompt produce none.
+
+        Raises:
+            StepFailedError: the runner or the sampler raised (the ``__cause__``). The step's
+                requests are aborted (``Scheduler.fail_step``: their blocks are freed and the
+                blocks the step was to fill are out of the prefix cache); other requests keep
+                their state, and the engine can keep stepping.
         """
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled:
             return []
+        try:
+            token_ids = self._execute(scheduler_output)
+        except Exception as exc:
+            failed = self.scheduler.fail_step(scheduler_output)
+            for request_id in failed:
+                self.outputs.abort_request(request_id)
+            raise StepFailedError(
+                f"the model step failed ({exc!r}); its requests {list(failed)} were aborted",
+                request_ids=failed,
+            ) from exc
+        updated = self.scheduler.update_from_output(scheduler_output, token_ids)
+        touched: dict[str, None] = {}
+        for seq in updated:
+            stop = self.outputs.update(seq)
+            if stop is not None:
+                seq.stop_reason = stop
+                if seq.is_finished:
+                    # A stop string in the last token wins over the length limit (as in vLLM).
+                    seq.status = SequenceStatus.FINISHED_STOPPED
+                else:
+                    self.scheduler.finish_request(
+                        seq.request_id, SequenceStatus.FINISHED_STOPPED, seq.index
+                    )
+            touched[seq.request_id] = None
+        return self.outputs.make_outputs(touched)
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> np.ndarray:
+        """Run the planned step and sample: the sampled tokens [S] int64, one per sequence of
+        ``scheduler_output.sampling``, in order. Changes no scheduler state."""
         step_inputs = build_step_inputs(scheduler_output, self.config.block_size)
         logits = self.runner.execute(step_inputs)  # logits: [R, V], R = sum of num_logits_rows
         sample_rows = []
@@ -226,18 +261,4 @@ class LLMEngine:
             logits = logits[sample_rows]  # logits: [S, V]
         token_ids = self.sampler(logits, sampling) if sampling else np.empty(0, np.int64)
         self.outputs.record_logprobs(sampling, logits, token_ids)
-        updated = self.scheduler.update_from_output(scheduler_output, token_ids)
-        touched: dict[str, None] = {}
-        for seq in updated:
-            stop = self.outputs.update(seq)
-            if stop is not None:
-                seq.stop_reason = stop
-                if seq.is_finished:
-                    # A stop string in the last token wins over the length limit (as in vLLM).
-                    seq.status = SequenceStatus.FINISHED_STOPPED
-                else:
-                    self.scheduler.finish_request(
-                        seq.request_id, SequenceStatus.FINISHED_STOPPED, seq.index
-                    )
-            touched[seq.request_id] = None
-        return self.outputs.make_outputs(touched)
+        return token_ids

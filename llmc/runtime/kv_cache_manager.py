@@ -87,7 +87,9 @@ class KVCacheManager:
         ``num_computed_tokens`` past them), new blocks after them, and the blocks that this step
         fills are entered in the prefix cache - before they are computed, as in vLLM: a request
         admitted later in the same step may share them, because a step writes every new token's
-        KV before any attention reads the cache.
+        KV before any attention reads the cache. The contract that makes this safe: if the step
+        does not run to the end, the caller takes those blocks out again with `uncache_step`
+        before anything frees them (``Scheduler.fail_step``), so no hash names unwritten KV.
         """
         bs = self.block_size
         num_blocks_before = len(seq.block_ids) + len(computed_blocks)
@@ -107,6 +109,16 @@ class KVCacheManager:
             for i in range(num_computed // bs, min(total // bs, len(seq.block_hashes))):
                 pool.cache_block(seq.block_ids[i], seq.block_hashes[i])
         return True
+
+    def uncache_step(self, seq: Sequence, num_computed_tokens: int, num_new_tokens: int) -> None:
+        """Undo the prefix caching of a step that failed: the blocks that tokens
+        ``num_computed_tokens .. num_computed_tokens + num_new_tokens`` of ``seq`` were to fill
+        (those `allocate_slots` entered in the cache early) leave the cache. Blocks full before
+        the step were written by an earlier step and stay cached. Call it while ``seq`` still
+        holds its blocks."""
+        bs = self.block_size
+        end = min((num_computed_tokens + num_new_tokens) // bs, len(seq.block_ids))
+        self.block_pool.uncache(seq.block_ids[num_computed_tokens // bs : end])
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share the parent's full prompt blocks with a new completion of the same request.

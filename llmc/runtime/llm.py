@@ -61,6 +61,8 @@ class LLM:
         Raises:
             ValueError: if the number of sampling params differs from the number of prompts, or
                 a request is invalid (nothing is left queued then).
+            llmc.errors.StepFailedError: a model step failed; every request of this call is
+                aborted (see `LLMEngine.step`).
         """
         if isinstance(prompts, str | dict):
             prompts = [prompts]
@@ -88,14 +90,20 @@ class LLM:
 
         finished: dict[str, RequestOutput] = {}
         progress = _progress_bar(len(request_ids)) if use_tqdm else None
-        while len(finished) < len(request_ids) and self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-                    if progress is not None:
-                        progress.update(1)
-        if progress is not None:
-            progress.close()
+        try:
+            while len(finished) < len(request_ids) and self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        if progress is not None:
+                            progress.update(1)
+        except Exception:
+            for request_id in request_ids:  # the step's own were aborted by the engine
+                self.engine.abort_request(request_id)
+            raise
+        finally:
+            if progress is not None:
+                progress.close()
         return [finished[request_id] for request_id in request_ids]
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:

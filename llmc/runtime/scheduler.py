@@ -211,6 +211,33 @@ class Scheduler:
             self.waiting.extendleft(c for c in reversed(planned.forks) if not c.is_finished)
         return updated
 
+    def fail_step(self, scheduler_output: SchedulerOutput) -> tuple[str, ...]:
+        """Undo a step that did not run to the end (the model raised), instead of
+        `update_from_output`, and abort the requests it carried.
+
+        The blocks the step was to fill entered the prefix cache when they were allocated
+        (`KVCacheManager.allocate_slots`), before their KV was written; they leave it here, so a
+        later request with the same prefix computes them again instead of reading garbage.
+        Forked completions created for the step are dropped, then every request with a sequence
+        in the step is aborted (all its completions), which frees its blocks. Requests not in
+        the step keep their state: a step writes only its own tokens' slots. Call it before
+        anything else touches the step's requests (an abort in between would free blocks that
+        are still cached).
+
+        Returns:
+            The ids of the aborted requests, in step order.
+        """
+        kv = self.kv_cache_manager
+        failed: dict[str, None] = {}
+        for planned in scheduler_output.scheduled:
+            kv.uncache_step(planned.seq, planned.num_computed_tokens, planned.num_new_tokens)
+            for child in planned.forks:  # not yet in `requests`: nothing else frees them
+                kv.free(child)
+            failed[planned.seq.request_id] = None
+        for request_id in failed:
+            self.abort_request(request_id)
+        return tuple(failed)
+
     def finish_request(
         self, request_id: str, status: SequenceStatus, index: int | None = None
     ) -> None:
