@@ -60,6 +60,20 @@ def test_pool_too_small_for_all_running_requests_gives_the_same_greedy_outputs(e
     assert stats.num_free_blocks == stats.num_total_blocks == 16 and stats.kv_cache_usage == 0.0
 
 
+def test_the_warmup_step_leaves_outputs_and_pool_as_without_it(engine_dir):
+    # The warm-up writes keys and values into blocks 0..n-1; requests then get those very
+    # blocks, so a kernel or pool that read a stale slot would change the outputs here.
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=16)
+    arrivals = {0: [(str(i), tokens(60 + i, 12 + i), params) for i in range(4)]}
+    cold = engine(engine_dir, warmup=False)
+    warm = engine(engine_dir)
+    assert warm.stats().num_free_blocks == warm.stats().num_total_blocks
+    # It ran: block 0 of every layer's key cache holds its keys (a new pool is zeros).
+    for name, cache in warm.runner.kv_caches.items():
+        assert np.abs(cache[0]).max() > 0 and np.abs(cold.runner.kv_caches[name]).max() == 0
+    assert token_ids(run(warm, arrivals), 4) == token_ids(run(cold, arrivals), 4)
+
+
 def test_prefix_cache_hits_give_the_same_outputs_and_count_cached_tokens(engine_dir):
     system = tokens(50, 24)  # 6 full blocks shared by every request
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)

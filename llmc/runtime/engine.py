@@ -100,6 +100,7 @@ class LLMEngine:
         num_blocks: int | None = None,
         kv_cache_memory: int | None = None,
         threads: int | None = None,
+        warmup: bool = True,
         **overrides: Any,
     ) -> LLMEngine:
         """Load an engine directory and serve it.
@@ -111,6 +112,7 @@ class LLMEngine:
                 must hold one sequence of ``max_model_len`` tokens.
             kv_cache_memory: KV cache budget in bytes when ``num_blocks`` is None.
             threads: runner threads; None lets the runner choose.
+            warmup: run `warm_up` before returning (a few seconds on Gemma 3 270M).
             overrides: other `EngineConfig` fields (``max_model_len``, ``max_num_seqs``,
                 ``max_num_batched_tokens``, ``seed``); by default the engine's block size and
                 ``max_seq_len`` and the whole cache are used.
@@ -146,7 +148,28 @@ class LLMEngine:
             "max_num_batched_tokens": manifest.max_num_tokens,
         }
         config = EngineConfig(**{**defaults, **overrides})
-        return cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids)
+        engine = cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids)
+        if warmup:
+            engine.warm_up()
+        return engine
+
+    def warm_up(self) -> None:
+        """Run the largest step the limits allow (``max_num_batched_tokens`` tokens over up to
+        ``max_num_seqs`` prefills) once, outside the scheduler, so that the runner's memory is
+        in place before the first request (see ``llmc.runtime.warmup``). Call it before any
+        request: it writes into KV blocks that must be free. Raises what the runner raises."""
+        from llmc.runtime.warmup import warmup_step
+
+        c = self.config
+        self.runner.execute(
+            warmup_step(
+                c.max_num_batched_tokens,
+                c.max_num_seqs,
+                c.max_model_len,
+                c.block_size,
+                c.num_blocks,
+            )  # fmt: skip
+        )
 
     def add_request(
         self,
