@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.step_inputs import StepInputs, single_prefill
 
 PREFILL_TOKENS = 128
 DECODE_BATCH = 16
@@ -52,15 +52,7 @@ def probe_steps(
     token = int(rng.integers(3, vocab_size))
     nb = -(-(p + 1) // block_size)
     full = p // block_size
-    prefill = StepInputs(
-        input_ids=prompt,
-        positions=np.arange(p, dtype=np.int64),
-        seq_lens=np.array([p], np.int32),
-        query_start_loc=np.array([0, p], np.int32),
-        block_tables=np.arange(nb, dtype=np.int32)[None, :],
-        slot_mapping=np.arange(p, dtype=np.int64),
-        logits_indices=np.array([p - 1], np.int64),
-    )
+    prefill = single_prefill(prompt, block_size, all_logits=False)
     tables = np.zeros((b, nb), np.int32)
     tables[0] = np.arange(nb)
     slots = np.full(b, p, np.int64)
