@@ -2,24 +2,26 @@
 
     python benchmarks/bench_e2e.py --engine /tmp/eng_real --json e2e.json
     python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/int8 --engine engines/int4
+    python benchmarks/bench_e2e.py --engine engines/f32 --repeat 3
 
-Several engines run one after another in the same process (the first is the baseline the
-others are compared with, e.g. float32 against its quantized builds), then HF eager.
+All engines and HF eager are loaded in one process and run one after another, never at once
+(the first engine is the baseline the others are compared with, e.g. float32 against its
+quantized builds). With --repeat N every scenario runs N rounds on every system, interleaved;
+each figure is the median over rounds and each ratio the median of the rounds' own ratios.
 
 Workload (DESIGN.md §10): prompts of exactly --prompt-len tokens cut from tinyshakespeare (a
 different offset per request, BOS included), --new-tokens greedy tokens with EOS ignored, no
 prompt caching. S1 = one request: TTFT and decode tok/s (tokens after the first / time after the
 first). S16 = --concurrency requests at once: total output tok/s (all tokens / wall time) and mean
 TTFT. llmc runs in-process through `LLMEngine`; the baseline is the same weights (the Gemma 3 270M
-GGUF, dequantized to float32) in transformers eager, run after llmc in the same process because
-the two would share 2 cores. Absolute numbers are noisy on a shared machine; the ratios hold.
+GGUF, dequantized to float32) in transformers eager. Absolute numbers are noisy on a shared
+machine; the ratios within a round hold.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
@@ -159,35 +161,69 @@ def machine_info() -> dict:
 
 
 def run_all(args: argparse.Namespace) -> dict:
-    """Warm up, then run each scenario on llmc, then (after freeing the engine) on HF."""
+    """Load every engine and HF eager, warm each up, then run ``--repeat`` rounds: in each round
+    every scenario on every engine, then on HF. Rounds interleave the systems so that a slow
+    spell of a shared machine hits them alike; the reported figure is the median over rounds."""
     import torch
 
     from llmc.runtime.engine import LLMEngine
 
     torch.set_num_threads(2)
     sizes = {"s1": 1, "s16": args.concurrency}
-    results: dict = {"engines": {}, "hf": {}}
+    engines = {}
     for path in args.engine:
-        engine = LLMEngine.from_engine_dir(path, enable_prefix_caching=False)  # §10: no caching
-        prompts = make_prompts(engine.tokenizer, max(sizes.values()) + 1, args.prompt_len)
-        warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
+        engines[Path(path).name] = LLMEngine.from_engine_dir(path, enable_prefix_caching=False)
+    tokenizer = next(iter(engines.values())).tokenizer
+    prompts = make_prompts(tokenizer, max(sizes.values()) + 1, args.prompt_len)
+    warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
+    for engine in engines.values():
         run_llmc(engine, warmup, 4)
-        label = Path(path).name
-        results["engines"][label] = {
-            s: run_llmc(engine, prompts[: sizes[s]], args.new_tokens) for s in args.scenarios
-        }
-        del engine
-        gc.collect()
+    model = None
     if not args.skip_hf:
         model = load_hf()
         run_hf(model, warmup, 4)
+    rounds = []
+    for _ in range(args.repeat):
+        done: dict = {"engines": {name: {} for name in engines}, "hf": {}}
         for s in args.scenarios:
-            results["hf"][s] = run_hf(model, prompts[: sizes[s]], args.new_tokens)
+            for name, engine in engines.items():
+                done["engines"][name][s] = run_llmc(engine, prompts[: sizes[s]], args.new_tokens)
+            if model is not None:
+                done["hf"][s] = run_hf(model, prompts[: sizes[s]], args.new_tokens)
+        rounds.append(done)
+    results = median_of(rounds)
+    results["rounds"] = rounds
     return results
 
 
+def median_of(rounds: list[dict]) -> dict:
+    """Per system, scenario and metric: the median over rounds."""
+
+    def med(values: list) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    def merge(per_round: list[dict]) -> dict:
+        return {
+            s: {k: med([r[s][k] for r in per_round]) for k in per_round[0][s]} for s in per_round[0]
+        }
+
+    names = rounds[0]["engines"]
+    return {
+        "engines": {n: merge([r["engines"][n] for r in rounds]) for n in names},
+        "hf": merge([r["hf"] for r in rounds]) if rounds[0]["hf"] else {},
+    }
+
+
 def ratios(results: dict) -> dict:
-    """Each engine's metric over HF eager's (``/hf``) and over the first engine's (``/base``)."""
+    """Each engine's metric over HF eager's (``/hf``) and over the first engine's (``/base``):
+    computed within each round, then the median over rounds (a paired ratio)."""
+    per_round = [ratios_of(r) for r in results.get("rounds", [results])]
+    return {k: statistics.median(r[k] for r in per_round) for k in per_round[0]}
+
+
+def ratios_of(results: dict) -> dict:
+    """The ratios of one round."""
     out: dict = {}
     engines = results["engines"]
     base = next(iter(engines.values()))
@@ -216,8 +252,11 @@ def print_table(results: dict) -> None:
         hf = f"{b:10.1f}" if b is not None else f"{'-':>10}"
         cells = " ".join(f"{v:22.1f}" if v is not None else f"{'-':>22}" for v in vals)
         print(f"{label:<18} {cells} {hf}")
+    per_round = [ratios_of(r) for r in results.get("rounds", [results])]
+    print(f"ratios: median over {len(per_round)} round(s) [each round's]")
     for k, v in ratios(results).items():
-        print(f"  {k:<60} {v:6.2f}")
+        each = " ".join(f"{r[k]:.2f}" for r in per_round)
+        print(f"  {k:<60} {v:6.2f}  [{each}]")
 
 
 def main() -> None:
@@ -235,6 +274,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt (BOS included)")
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per request")
     p.add_argument("--concurrency", type=int, default=16, help="requests submitted at once in S16")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="rounds of all scenarios on every system; medians"
+    )
     args = p.parse_args()
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = sorted(set(args.scenarios) - {"s1", "s16"})
