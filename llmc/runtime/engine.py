@@ -168,7 +168,7 @@ class LLMEngine:
                 c.max_model_len,
                 c.block_size,
                 c.num_blocks,
-            )  # fmt: skip
+            )
         )
 
     def add_request(
