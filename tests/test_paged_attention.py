@@ -4,6 +4,9 @@ dense attention computed without paging (DESIGN §3)."""
 from __future__ import annotations
 
 import math
+import platform
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 import numpy as np
@@ -288,3 +291,29 @@ def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(cpu.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="no C compiler was found"):
         cpu._compile("1" * 64)
+
+
+@pytest.fixture(scope="module")
+def portable_library(tmp_path_factory) -> cpu._KernelLibrary:
+    """The kernel built for baseline x86-64 (no AVX2/FMA): its portable C loops, which an AVX2
+    host's own build never runs."""
+    if platform.machine() != "x86_64" or shutil.which("gcc") is None:
+        pytest.skip("needs gcc on x86-64")
+    path = tmp_path_factory.mktemp("portable") / "paged_attention_portable.so"
+    flags = [f for f in cpu.COMPILE_FLAGS if not f.startswith("-march")] + ["-march=x86-64"]
+    command = ["gcc", *flags, "-shared", "-fPIC", "-o", str(path), str(cpu._SOURCE)]
+    subprocess.run(command, check=True, capture_output=True)
+    return cpu._KernelLibrary(path)
+
+
+@pytest.mark.parametrize(("case", "seed"), PARAMS)
+def test_portable_build_matches_reference(case: Case, seed: int, portable_library,
+                                          monkeypatch) -> None:  # fmt: skip
+    monkeypatch.setattr(cpu, "load_library", lambda: portable_library)
+    batch = make_batch(case, seed)
+    expected, ref_keys, _ = run_reference(case, batch)
+
+    out = paged_attention_cpu(*batch.arrays(), **attention_kwargs(case))
+
+    np.testing.assert_allclose(out, expected.numpy(), atol=1e-5, rtol=1e-4)
+    np.testing.assert_array_equal(batch.kv_pool[0], ref_keys.numpy())

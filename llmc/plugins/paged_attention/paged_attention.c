@@ -738,12 +738,149 @@ static void attend_group(const float *restrict q, float *restrict out,
  * instead of 4, while the masked triangle on the diagonal stays small. */
 #define QUERY_ROWS 32
 
+#ifdef LLMC_PA_AVX2
+/* score_tile with AVX2 (QUERY_ROWS = 32: four vectors per key). Why by hand: as plain C the 4 keys
+ * x 32 rows of sums spill; here two keys x 32 rows = 8 sums stay in registers, and each query
+ * vector loaded serves both keys. */
+static void score_tile_avx2(const float *restrict qt, int head_dim, const float *restrict keys,
+                            int64_t row_stride, int n, float (*restrict s)[QUERY_ROWS]) {
+  int i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const float *k0 = keys + i * row_stride, *k1 = k0 + row_stride;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int d = 0; d < head_dim; ++d) {
+      const float *qd = qt + d * QUERY_ROWS;
+      __m256 q0 = _mm256_loadu_ps(qd), q1 = _mm256_loadu_ps(qd + 8);
+      __m256 q2 = _mm256_loadu_ps(qd + 16), q3 = _mm256_loadu_ps(qd + 24);
+      __m256 x = _mm256_broadcast_ss(k0 + d), y = _mm256_broadcast_ss(k1 + d);
+      a0 = _mm256_fmadd_ps(x, q0, a0);
+      a1 = _mm256_fmadd_ps(x, q1, a1);
+      a2 = _mm256_fmadd_ps(x, q2, a2);
+      a3 = _mm256_fmadd_ps(x, q3, a3);
+      b0 = _mm256_fmadd_ps(y, q0, b0);
+      b1 = _mm256_fmadd_ps(y, q1, b1);
+      b2 = _mm256_fmadd_ps(y, q2, b2);
+      b3 = _mm256_fmadd_ps(y, q3, b3);
+    }
+    _mm256_storeu_ps(s[i], a0);
+    _mm256_storeu_ps(s[i] + 8, a1);
+    _mm256_storeu_ps(s[i] + 16, a2);
+    _mm256_storeu_ps(s[i] + 24, a3);
+    _mm256_storeu_ps(s[i + 1], b0);
+    _mm256_storeu_ps(s[i + 1] + 8, b1);
+    _mm256_storeu_ps(s[i + 1] + 16, b2);
+    _mm256_storeu_ps(s[i + 1] + 24, b3);
+  }
+  for (; i < n; ++i) {
+    const float *key = keys + i * row_stride;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int d = 0; d < head_dim; ++d) {
+      const float *qd = qt + d * QUERY_ROWS;
+      __m256 x = _mm256_broadcast_ss(key + d);
+      a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(qd), a0);
+      a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(qd + 8), a1);
+      a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(qd + 16), a2);
+      a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(qd + 24), a3);
+    }
+    _mm256_storeu_ps(s[i], a0);
+    _mm256_storeu_ps(s[i] + 8, a1);
+    _mm256_storeu_ps(s[i] + 16, a2);
+    _mm256_storeu_ps(s[i] + 24, a3);
+  }
+}
+
+/* qt[d * QUERY_ROWS + r0 + j] = rows[j][d] * scale for the 8 rows j of one group, head_dim % 8
+ * == 0: 8 x 8 blocks transposed in registers instead of 64 scalar stores 128 bytes apart. */
+static void transpose_rows8_avx2(const float *const *rows, int head_dim, float scale, int r0,
+                                 float *restrict qt) {
+  __m256 vscale = _mm256_set1_ps(scale);
+  for (int d = 0; d < head_dim; d += 8) {
+    __m256 x0 = _mm256_loadu_ps(rows[0] + d), x1 = _mm256_loadu_ps(rows[1] + d);
+    __m256 x2 = _mm256_loadu_ps(rows[2] + d), x3 = _mm256_loadu_ps(rows[3] + d);
+    __m256 x4 = _mm256_loadu_ps(rows[4] + d), x5 = _mm256_loadu_ps(rows[5] + d);
+    __m256 x6 = _mm256_loadu_ps(rows[6] + d), x7 = _mm256_loadu_ps(rows[7] + d);
+    __m256 t0 = _mm256_unpacklo_ps(x0, x1), t1 = _mm256_unpackhi_ps(x0, x1);
+    __m256 t2 = _mm256_unpacklo_ps(x2, x3), t3 = _mm256_unpackhi_ps(x2, x3);
+    __m256 t4 = _mm256_unpacklo_ps(x4, x5), t5 = _mm256_unpackhi_ps(x4, x5);
+    __m256 t6 = _mm256_unpacklo_ps(x6, x7), t7 = _mm256_unpackhi_ps(x6, x7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    float *out = qt + (int64_t)d * QUERY_ROWS + r0;
+    _mm256_storeu_ps(out + 0 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u0, u4, 0x20), vscale));
+    _mm256_storeu_ps(out + 1 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u1, u5, 0x20), vscale));
+    _mm256_storeu_ps(out + 2 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u2, u6, 0x20), vscale));
+    _mm256_storeu_ps(out + 3 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u3, u7, 0x20), vscale));
+    _mm256_storeu_ps(out + 4 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u0, u4, 0x31), vscale));
+    _mm256_storeu_ps(out + 5 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u1, u5, 0x31), vscale));
+    _mm256_storeu_ps(out + 6 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u2, u6, 0x31), vscale));
+    _mm256_storeu_ps(out + 7 * QUERY_ROWS, _mm256_mul_ps(_mm256_permute2f128_ps(u3, u7, 0x31), vscale));
+  }
+}
+
+/* accumulate_tile with AVX2 for head_dim % 16 == 0: four rows x 16 columns of out (8 vectors)
+ * stay in registers over all n value rows. */
+static void accumulate_tile_avx2(const float (*restrict p)[QUERY_ROWS], int num_rows,
+                                 const float *restrict values, int64_t row_stride, int n,
+                                 int head_dim, float *const *rows) {
+  for (int r = 0; r < num_rows; r += 4) {
+    int m = num_rows - r < 4 ? num_rows - r : 4;
+    /* Spare rows of a last group of fewer than four compute into a scratch row. */
+    float scratch[16] __attribute__((aligned(32)));
+    for (int d = 0; d < head_dim; d += 16) {
+      float *o0 = rows[r] + d;
+      float *o1 = m > 1 ? rows[r + 1] + d : scratch;
+      float *o2 = m > 2 ? rows[r + 2] + d : scratch;
+      float *o3 = m > 3 ? rows[r + 3] + d : scratch;
+      __m256 c00 = _mm256_loadu_ps(o0), c01 = _mm256_loadu_ps(o0 + 8);
+      __m256 c10 = _mm256_loadu_ps(o1), c11 = _mm256_loadu_ps(o1 + 8);
+      __m256 c20 = _mm256_loadu_ps(o2), c21 = _mm256_loadu_ps(o2 + 8);
+      __m256 c30 = _mm256_loadu_ps(o3), c31 = _mm256_loadu_ps(o3 + 8);
+      for (int i = 0; i < n; ++i) {
+        const float *v = values + i * row_stride + d, *pi = p[i] + r;
+        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), w;
+        w = _mm256_broadcast_ss(pi);
+        c00 = _mm256_fmadd_ps(w, v0, c00);
+        c01 = _mm256_fmadd_ps(w, v1, c01);
+        w = _mm256_broadcast_ss(pi + 1);
+        c10 = _mm256_fmadd_ps(w, v0, c10);
+        c11 = _mm256_fmadd_ps(w, v1, c11);
+        w = _mm256_broadcast_ss(pi + 2);
+        c20 = _mm256_fmadd_ps(w, v0, c20);
+        c21 = _mm256_fmadd_ps(w, v1, c21);
+        w = _mm256_broadcast_ss(pi + 3);
+        c30 = _mm256_fmadd_ps(w, v0, c30);
+        c31 = _mm256_fmadd_ps(w, v1, c31);
+      }
+      /* Stores in reverse row order: a spare row's scratch store never lands last on a real
+       * row, and o0 is always real. */
+      _mm256_storeu_ps(o3, c30);
+      _mm256_storeu_ps(o3 + 8, c31);
+      _mm256_storeu_ps(o2, c20);
+      _mm256_storeu_ps(o2 + 8, c21);
+      _mm256_storeu_ps(o1, c10);
+      _mm256_storeu_ps(o1 + 8, c11);
+      _mm256_storeu_ps(o0, c00);
+      _mm256_storeu_ps(o0 + 8, c01);
+    }
+  }
+}
+#endif
+
 /* s[i][r] = key_i . qt[:, r] for n keys row_stride apart, qt being the tile's queries transposed
  * ([D][QUERY_ROWS], unused rows zero). Why transposed: each key element is broadcast against 32
  * queries with no horizontal sum, and the scores come out one query row per lane, the layout the
  * softmax of attend_tile runs in. Why four keys per pass: 4 x 32 sums stay in registers. */
 static void score_tile(const float *restrict qt, int head_dim, const float *restrict keys,
                        int64_t row_stride, int n, float (*restrict s)[QUERY_ROWS]) {
+#ifdef LLMC_PA_AVX2
+  if (QUERY_ROWS == 32) {
+    score_tile_avx2(qt, head_dim, keys, row_stride, n, s);
+    return;
+  }
+#endif
   int i = 0;
   for (; i + 4 <= n; i += 4) {
     const float *k0 = keys + i * row_stride, *k1 = k0 + row_stride;
@@ -784,6 +921,12 @@ static void score_tile(const float *restrict qt, int head_dim, const float *rest
 static void accumulate_tile(const float (*restrict p)[QUERY_ROWS], int num_rows,
                             const float *restrict values, int64_t row_stride, int n,
                             int head_dim, float *const *rows) {
+#ifdef LLMC_PA_AVX2
+  if (head_dim % 16 == 0) {
+    accumulate_tile_avx2(p, num_rows, values, row_stride, n, head_dim, rows);
+    return;
+  }
+#endif
   int r = 0;
   for (; r + 4 <= num_rows; r += 4) {
     float *restrict o0 = rows[r], *restrict o1 = rows[r + 1];
@@ -850,9 +993,24 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
     running_max[r] = -INFINITY;
     running_sum[r] = 0.0f;
   }
+  int transposed = 0; /* rows already in qt */
+#ifdef LLMC_PA_AVX2
+  if (head_dim % 8 == 0) {
+    for (; transposed + 8 <= num_rows; transposed += 8) {
+      const float *q_rows[8];
+      for (int j = 0; j < 8; ++j) {
+        int r = transposed + j;
+        q_rows[j] = q + (r / group) * q_stride + (r % group) * head_dim;
+      }
+      transpose_rows8_avx2(q_rows, head_dim, scale, transposed, qt);
+    }
+  }
+#endif
   for (int r = 0; r < num_rows; ++r) {
     const float *qr = q + (r / group) * q_stride + (r % group) * head_dim;
-    for (int d = 0; d < head_dim; ++d) qt[d * QUERY_ROWS + r] = qr[d] * scale;
+    if (r >= transposed) {
+      for (int d = 0; d < head_dim; ++d) qt[d * QUERY_ROWS + r] = qr[d] * scale;
+    }
     rows[r] = out + (r / group) * out_stride + (r % group) * head_dim;
     memset(rows[r], 0, sizeof(float) * head_dim);
   }
