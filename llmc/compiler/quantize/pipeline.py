@@ -40,12 +40,12 @@ class TextSource:
     seed: int
 
     def describe(self) -> str:
-        if self.path:
-            where = "first 80%" if self.part == "calibration" else "last 20%"
-        return f"{Path(self.path).resolve()} ({where})"
-        from llmc.calibration.data import sampled_label
+        if self.path is None:
+            from llmc.calibration.data import sampled_label
 
-        return sampled_label(self.seed)
+            return sampled_label(self.seed)
+        where = "first 80%" if self.part == "calibration" else "last 20%"
+        return f"{Path(self.path).resolve()} ({where})"
 
     def digest(self) -> str:
         if self.path is None:

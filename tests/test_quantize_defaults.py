@@ -1,0 +1,23 @@
+"""Quantization defaults and the text sources of calibration and the accuracy report."""
+
+from __future__ import annotations
+
+from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.quantize.pipeline import TextSource, spec_of
+
+
+def test_text_sources_describe_file_part_or_sampling_seed(tmp_path):
+    data = tmp_path / "text.txt"
+    data.write_text("some words " * 10)
+    assert TextSource(str(data), "calibration", 0).describe() == f"{data} (first 80%)"
+    assert TextSource(str(data), "heldout", 1).describe() == f"{data} (last 20%)"
+    # no file: the label says which seed the model sampled with (was an UnboundLocalError)
+    assert TextSource(None, "heldout", 1).describe() == "sampled from the model (seed 1)"
+
+
+def test_vocabulary_projection_is_never_float_by_default():
+    for quant in ("fp8", "int8", "int4"):
+        spec = spec_of(BuildConfig(quant=quant))
+        assert "lm_head" not in spec.exclude
+        assert "lm_head" in spec.weight_only8  # 8-bit weights, not float32
+    assert spec_of(BuildConfig(quant="int8", exclude="lm_head")).exclude == ("lm_head",)
