@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.quantize.pipeline import TextSource, spec_of
+from llmc.errors import BuildConfigError
 
 
 def test_text_sources_describe_file_part_or_sampling_seed(tmp_path):
@@ -24,3 +27,16 @@ def test_vocabulary_projection_is_never_float_by_default():
     # MatMulNBits, twice as slow at 16 decodes on AVX2 (README)
     assert "lm_head" not in spec_of(BuildConfig(quant="int8")).weight_only8
     assert spec_of(BuildConfig(quant="int8", exclude="lm_head")).exclude == ("lm_head",)
+
+
+def test_smoothquant_alpha_grid_parses_and_refuses_bad_values():
+    assert BuildConfig(quant="int8").smoothquant_alphas == ()
+    assert BuildConfig(smoothquant_alpha_grid="auto").smoothquant_alphas[-1] == 1.0
+    assert len(BuildConfig(smoothquant_alpha_grid="auto").smoothquant_alphas) == 11
+    assert BuildConfig(smoothquant_alpha_grid="0.3, 0.9").smoothquant_alphas == (0.3, 0.9)
+    assert spec_of(BuildConfig(quant="int8", smoothquant_alpha_grid="0.2")).smoothquant_alphas == (
+        0.2,
+    )
+    for bad in ("1.5", "x"):
+        with pytest.raises(BuildConfigError, match="smoothquant-alpha-grid"):
+            BuildConfig(quant="int8", smoothquant_alpha_grid=bad).validate()

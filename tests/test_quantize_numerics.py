@@ -8,7 +8,7 @@ import pytest
 
 from llmc.calibration.awq import awq_clip, awq_search
 from llmc.calibration.observers import TensorStats, observe_amax
-from llmc.calibration.smoothquant import smoothquant_scales
+from llmc.calibration.smoothquant import search_alpha, smoothquant_scales
 from llmc.compiler.quantize import formats
 
 
@@ -89,6 +89,41 @@ def test_smoothquant_balances_activation_and_weight_ranges():
     assert np.allclose(act / s, w_max * s, rtol=1e-5)
     with pytest.raises(ValueError):
         smoothquant_scales(act, w, alpha=1.5)
+
+
+def test_smoothquant_alpha_search_takes_the_grid_point_of_least_error():
+    rng = np.random.default_rng(6)
+    act = np.array([50.0, 1.0, 0.5, 0.1], np.float32)
+    w = rng.standard_normal((4, 6)).astype(np.float32)
+    target = smoothquant_scales(act, w, 0.7)
+    errors = []
+
+    def error(s):  # distance to alpha 0.7's scales: least at 0.7 itself
+        errors.append(float(np.abs(s - target).sum()))
+        return errors[-1]
+
+    alpha, s = search_alpha(act, w, [0.0, 0.5, 0.7, 1.0], error)
+    assert alpha == 0.7 and np.array_equal(s, target) and len(errors) == 4
+    with pytest.raises(ValueError, match="at least one alpha"):
+        search_alpha(act, w, [], error)
+
+
+def test_w8a8_alpha_search_lowers_the_layer_error_against_alpha_one_half():
+    """On a layer whose input has one outlier channel, the searched alpha's W8A8 output error
+    (qdq's measure on the calibration sample) is at most alpha 0.5's."""
+    from llmc.compiler.quantize.qdq import QuantSpec, _w8a8_output_error
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2000, 64)).astype(np.float32)
+    x[:, 5] *= 80.0
+    w = (rng.standard_normal((64, 32)) * 0.05).astype(np.float32)
+    stats = _stats(x)
+    spec = QuantSpec(quant="int8", calib_method="max")
+    error = _w8a8_output_error(stats, w, spec)
+    grid = [i / 10 for i in range(11)]
+    alpha, s = search_alpha(stats.channel_absmax, w, grid, error)
+    assert error(s) <= error(smoothquant_scales(stats.channel_absmax, w, 0.5))
+    assert error(s) == min(error(smoothquant_scales(stats.channel_absmax, w, a)) for a in grid)
 
 
 def test_awq_beats_rtn_when_few_input_channels_carry_the_signal():

@@ -8,6 +8,8 @@ alpha = 0.5 by default (the paper's choice for most models; ``--smoothquant-alph
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 _FLOOR = 1e-5
@@ -29,3 +31,26 @@ def smoothquant_scales(
     w = np.maximum(np.abs(weight).max(axis=1).astype(np.float64), _FLOOR)
     s = a**alpha / w ** (1.0 - alpha)
     return np.maximum(s, _FLOOR).astype(np.float32)
+
+
+def search_alpha(
+    act_channel_absmax: np.ndarray,
+    weight: np.ndarray,
+    alphas: Sequence[float],
+    error: Callable[[np.ndarray], float],
+) -> tuple[float, np.ndarray]:
+    """The alpha of ``alphas`` whose scales give the smallest ``error(s)`` (the caller's measure
+    of the quantized layer's output error with smoothing ``s``; ties keep the first), and those
+    scales [K] float32. A per-layer grid search of SmoothQuant's alpha: the paper picks one alpha
+    per model on a held-out set (sec. 4.1); a layer's error moves with its own outliers, so one
+    alpha for all layers fits few of them. Raises ValueError if ``alphas`` is empty or outside
+    [0, 1]."""
+    if not alphas:
+        raise ValueError("search_alpha needs at least one alpha")
+    best: tuple[float, float, np.ndarray] | None = None
+    for alpha in alphas:
+        s = smoothquant_scales(act_channel_absmax, weight, alpha)
+        e = float(error(s))
+        if best is None or e < best[0]:
+            best = (e, float(alpha), s)
+    return best[1], best[2]

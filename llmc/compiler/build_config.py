@@ -75,6 +75,12 @@ class BuildConfig:
         + " ('' for none)",
     )
     smoothquant_alpha: float = _opt(0.5, "int8: SmoothQuant migration strength in [0, 1]")
+    smoothquant_alpha_grid: str = _opt(
+        "",
+        "int8: comma-separated alphas in [0, 1] (or 'auto' for 0, 0.1, ..., 1) to choose from per "
+        "layer, by the layer's output error on the calibration sample; replaces "
+        "--smoothquant-alpha ('' for none)",
+    )
     exclude: str = _opt(
         "",
         "comma-separated module patterns kept unquantized (fnmatch on checkpoint names, e.g. "
@@ -156,6 +162,7 @@ class BuildConfig:
                 raise BuildConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if self.calib_seq_len < 2:
             raise BuildConfigError("--calib-seq-len must be >= 2")
+        _ = self.smoothquant_alphas  # BuildConfigError if the grid does not parse
         if not 0.0 <= self.smoothquant_alpha <= 1.0:
             raise BuildConfigError(
                 f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}"
@@ -209,6 +216,26 @@ class BuildConfig:
         if value is None:
             value = DEFAULT_WEIGHT_ONLY8.get(self.quant, "")
         return tuple(p.strip() for p in value.split(",") if p.strip())
+
+    @property
+    def smoothquant_alphas(self) -> tuple[float, ...]:
+        """``--smoothquant-alpha-grid`` as floats (empty: one fixed alpha). Raises
+        BuildConfigError for a value that is not a number in [0, 1]."""
+        text = self.smoothquant_alpha_grid.strip()
+        if text == "auto":
+            return tuple(i / 10 for i in range(11))
+        alphas = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            try:
+                alpha = float(part)
+            except ValueError:
+                alpha = -1.0
+            if not 0.0 <= alpha <= 1.0:
+                raise BuildConfigError(
+                    f"--smoothquant-alpha-grid takes numbers in [0, 1] or 'auto', got {part!r}"
+                )
+            alphas.append(alpha)
+        return tuple(alphas)
 
     @property
     def exclude_patterns(self) -> tuple[str, ...]:

@@ -60,6 +60,7 @@ def spec_of(config: BuildConfig, bound_pairs: bool = False) -> QuantSpec:
         quant=config.quant,
         calib_method=config.calib_method_for_quant,
         smoothquant_alpha=config.smoothquant_alpha,
+        smoothquant_alphas=config.smoothquant_alphas,
         int4_block_size=config.int4_block_size,
         int4_method=config.int4_method,
         weight_only8=config.weight_only8_patterns,

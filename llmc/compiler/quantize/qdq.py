@@ -26,7 +26,7 @@ import onnx_ir as ir
 
 from llmc.calibration.awq import awq_clip, awq_search
 from llmc.calibration.observers import TensorStats, observe_amax
-from llmc.calibration.smoothquant import smoothquant_scales
+from llmc.calibration.smoothquant import search_alpha, smoothquant_scales
 from llmc.compiler.quantize import formats
 from llmc.compiler.quantize.targets import QuantTarget, find_targets, is_excluded
 from llmc.plugins import schema
@@ -39,6 +39,7 @@ class QuantSpec:
     quant: str  # "int8" | "fp8" | "int4"
     calib_method: str = "max"
     smoothquant_alpha: float = 0.5
+    smoothquant_alphas: tuple[float, ...] = ()  # per-layer choice among these (search_alpha)
     int4_block_size: int = 128
     int4_method: str = "awq"  # "awq" | "rtn"
     weight_only8: tuple[str, ...] = ()
@@ -142,7 +143,11 @@ def _quantize_target(
         return entry
     fmt = spec.quant
     s = None
-    if fmt == "int8":
+    if fmt == "int8" and spec.smoothquant_alphas:
+        error = _w8a8_output_error(stats, w, spec)
+        alpha, s = search_alpha(stats.channel_absmax, w, spec.smoothquant_alphas, error)
+        entry["smoothquant_alpha"] = alpha
+    elif fmt == "int8":
         s = smoothquant_scales(stats.channel_absmax, w, spec.smoothquant_alpha)
         entry["smoothquant_alpha"] = spec.smoothquant_alpha
     amax = observe_amax(stats, spec.calib_method, fmt, smoothing=s)
@@ -154,6 +159,24 @@ def _quantize_target(
         entry["bound_pairs"] = True
     _replace_weight(graph, t, x, qw, names)
     return entry
+
+
+def _w8a8_output_error(stats: TensorStats, w: np.ndarray, spec: QuantSpec):
+    """error(s): mean squared difference between X W and its int8 W8A8 version with smoothing s,
+    X the calibration sample; W cut to <= 4096 evenly spaced columns (the vocabulary projection
+    has 262,144)."""
+    x = stats.sample.astype(np.float32)
+    cols = np.arange(w.shape[1])[:: max(1, w.shape[1] // 4096)][:4096]
+    wc = w[:, cols]
+    reference = x @ wc
+
+    def error(s: np.ndarray) -> float:
+        amax = observe_amax(stats, spec.calib_method, "int8", smoothing=s)
+        xq = formats.fake_quant_activation(x / s[None, :], amax, "int8")
+        qw = formats.quantize_weight_per_channel(wc * s[:, None], "int8", spec.bound_pairs)
+        return float(np.mean((xq @ formats.dequantize(qw) - reference) ** 2))
+
+    return error
 
 
 def _scaled(w: np.ndarray, s: np.ndarray | None) -> np.ndarray:
