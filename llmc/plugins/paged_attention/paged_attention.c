@@ -501,44 +501,53 @@ static inline float softmax_tile_avx2(float *restrict s, int n, float scale, flo
   return tile_max;
 }
 
+/* o_g[0:16] += sum_i w(i, g) * values_i[0:16] for four output rows g, with w(i, g) =
+ * p[i * p_key + g * p_row]: the 8 accumulators stay in registers over all n value rows. Stores
+ * go in reverse row order, so when spare rows alias one scratch row, o[0] is stored last. */
+static inline void accumulate_4x16_avx2(float *const o[4], const float *restrict values,
+                                        int64_t row_stride, int n, const float *restrict p,
+                                        int64_t p_key, int64_t p_row) {
+  __m256 c00 = _mm256_loadu_ps(o[0]), c01 = _mm256_loadu_ps(o[0] + 8);
+  __m256 c10 = _mm256_loadu_ps(o[1]), c11 = _mm256_loadu_ps(o[1] + 8);
+  __m256 c20 = _mm256_loadu_ps(o[2]), c21 = _mm256_loadu_ps(o[2] + 8);
+  __m256 c30 = _mm256_loadu_ps(o[3]), c31 = _mm256_loadu_ps(o[3] + 8);
+  for (int i = 0; i < n; ++i) {
+    const float *v = values + i * row_stride, *pi = p + i * p_key;
+    __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), w;
+    w = _mm256_broadcast_ss(pi);
+    c00 = _mm256_fmadd_ps(w, v0, c00);
+    c01 = _mm256_fmadd_ps(w, v1, c01);
+    w = _mm256_broadcast_ss(pi + p_row);
+    c10 = _mm256_fmadd_ps(w, v0, c10);
+    c11 = _mm256_fmadd_ps(w, v1, c11);
+    w = _mm256_broadcast_ss(pi + 2 * p_row);
+    c20 = _mm256_fmadd_ps(w, v0, c20);
+    c21 = _mm256_fmadd_ps(w, v1, c21);
+    w = _mm256_broadcast_ss(pi + 3 * p_row);
+    c30 = _mm256_fmadd_ps(w, v0, c30);
+    c31 = _mm256_fmadd_ps(w, v1, c31);
+  }
+  _mm256_storeu_ps(o[3], c30);
+  _mm256_storeu_ps(o[3] + 8, c31);
+  _mm256_storeu_ps(o[2], c20);
+  _mm256_storeu_ps(o[2] + 8, c21);
+  _mm256_storeu_ps(o[1], c10);
+  _mm256_storeu_ps(o[1] + 8, c11);
+  _mm256_storeu_ps(o[0], c00);
+  _mm256_storeu_ps(o[0] + 8, c01);
+}
+
 /* accumulate_values_4heads with AVX2 for head_dim % 16 == 0: for each 16 columns, the four
- * heads' accumulators (8 vectors) stay in registers over all n value rows, so acc is read and
- * written once per tile instead of once per four rows. */
+ * heads' accumulators stay in registers over all n value rows, so acc is read and written once
+ * per tile instead of once per four rows. */
 static void accumulate_values_4heads_avx2(float (*restrict p)[TILE],
                                           const float *restrict values, int64_t row_stride,
                                           int n, int head_dim, float *restrict acc,
                                           const struct prefetch_rows *pf) {
   for (int d = 0; d < head_dim; d += 16) {
     prefetch_rows(pf, d / 16, 1); /* one row per 16 columns: spread over the tile */
-    float *o0 = acc + d, *o1 = o0 + head_dim, *o2 = o1 + head_dim, *o3 = o2 + head_dim;
-    __m256 c00 = _mm256_loadu_ps(o0), c01 = _mm256_loadu_ps(o0 + 8);
-    __m256 c10 = _mm256_loadu_ps(o1), c11 = _mm256_loadu_ps(o1 + 8);
-    __m256 c20 = _mm256_loadu_ps(o2), c21 = _mm256_loadu_ps(o2 + 8);
-    __m256 c30 = _mm256_loadu_ps(o3), c31 = _mm256_loadu_ps(o3 + 8);
-    for (int i = 0; i < n; ++i) {
-      const float *v = values + i * row_stride + d;
-      __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), w;
-      w = _mm256_broadcast_ss(p[0] + i);
-      c00 = _mm256_fmadd_ps(w, v0, c00);
-      c01 = _mm256_fmadd_ps(w, v1, c01);
-      w = _mm256_broadcast_ss(p[1] + i);
-      c10 = _mm256_fmadd_ps(w, v0, c10);
-      c11 = _mm256_fmadd_ps(w, v1, c11);
-      w = _mm256_broadcast_ss(p[2] + i);
-      c20 = _mm256_fmadd_ps(w, v0, c20);
-      c21 = _mm256_fmadd_ps(w, v1, c21);
-      w = _mm256_broadcast_ss(p[3] + i);
-      c30 = _mm256_fmadd_ps(w, v0, c30);
-      c31 = _mm256_fmadd_ps(w, v1, c31);
-    }
-    _mm256_storeu_ps(o0, c00);
-    _mm256_storeu_ps(o0 + 8, c01);
-    _mm256_storeu_ps(o1, c10);
-    _mm256_storeu_ps(o1 + 8, c11);
-    _mm256_storeu_ps(o2, c20);
-    _mm256_storeu_ps(o2 + 8, c21);
-    _mm256_storeu_ps(o3, c30);
-    _mm256_storeu_ps(o3 + 8, c31);
+    float *o[4] = {acc + d, acc + head_dim + d, acc + 2 * head_dim + d, acc + 3 * head_dim + d};
+    accumulate_4x16_avx2(o, values + d, row_stride, n, p[0], 1, TILE);
   }
   prefetch_rows(pf, head_dim / 16, pf->rows - head_dim / 16);
 }
@@ -820,50 +829,18 @@ static void transpose_rows8_avx2(const float *const *rows, int head_dim, float s
   }
 }
 
-/* accumulate_tile with AVX2 for head_dim % 16 == 0: four rows x 16 columns of out (8 vectors)
- * stay in registers over all n value rows. */
+/* accumulate_tile with AVX2 for head_dim % 16 == 0: four rows x 16 columns of out at a time
+ * (accumulate_4x16_avx2). */
 static void accumulate_tile_avx2(const float (*restrict p)[QUERY_ROWS], int num_rows,
                                  const float *restrict values, int64_t row_stride, int n,
                                  int head_dim, float *const *rows) {
+  float scratch[16] __attribute__((aligned(32))) = {0}; /* spare rows of a last partial group */
   for (int r = 0; r < num_rows; r += 4) {
     int m = num_rows - r < 4 ? num_rows - r : 4;
-    /* Spare rows of a last group of fewer than four compute into a scratch row. */
-    float scratch[16] __attribute__((aligned(32)));
     for (int d = 0; d < head_dim; d += 16) {
-      float *o0 = rows[r] + d;
-      float *o1 = m > 1 ? rows[r + 1] + d : scratch;
-      float *o2 = m > 2 ? rows[r + 2] + d : scratch;
-      float *o3 = m > 3 ? rows[r + 3] + d : scratch;
-      __m256 c00 = _mm256_loadu_ps(o0), c01 = _mm256_loadu_ps(o0 + 8);
-      __m256 c10 = _mm256_loadu_ps(o1), c11 = _mm256_loadu_ps(o1 + 8);
-      __m256 c20 = _mm256_loadu_ps(o2), c21 = _mm256_loadu_ps(o2 + 8);
-      __m256 c30 = _mm256_loadu_ps(o3), c31 = _mm256_loadu_ps(o3 + 8);
-      for (int i = 0; i < n; ++i) {
-        const float *v = values + i * row_stride + d, *pi = p[i] + r;
-        __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), w;
-        w = _mm256_broadcast_ss(pi);
-        c00 = _mm256_fmadd_ps(w, v0, c00);
-        c01 = _mm256_fmadd_ps(w, v1, c01);
-        w = _mm256_broadcast_ss(pi + 1);
-        c10 = _mm256_fmadd_ps(w, v0, c10);
-        c11 = _mm256_fmadd_ps(w, v1, c11);
-        w = _mm256_broadcast_ss(pi + 2);
-        c20 = _mm256_fmadd_ps(w, v0, c20);
-        c21 = _mm256_fmadd_ps(w, v1, c21);
-        w = _mm256_broadcast_ss(pi + 3);
-        c30 = _mm256_fmadd_ps(w, v0, c30);
-        c31 = _mm256_fmadd_ps(w, v1, c31);
-      }
-      /* Stores in reverse row order: a spare row's scratch store never lands last on a real
-       * row, and o0 is always real. */
-      _mm256_storeu_ps(o3, c30);
-      _mm256_storeu_ps(o3 + 8, c31);
-      _mm256_storeu_ps(o2, c20);
-      _mm256_storeu_ps(o2 + 8, c21);
-      _mm256_storeu_ps(o1, c10);
-      _mm256_storeu_ps(o1 + 8, c11);
-      _mm256_storeu_ps(o0, c00);
-      _mm256_storeu_ps(o0 + 8, c01);
+      float *o[4];
+      for (int g = 0; g < 4; ++g) o[g] = g < m ? rows[r + g] + d : scratch;
+      accumulate_4x16_avx2(o, values + d, row_stride, n, p[0] + r, QUERY_ROWS, 1);
     }
   }
 }
