@@ -257,3 +257,38 @@ def test_probe_steps_are_what_a_real_prefill_and_decode_compute(tiny):
     selection = select_provider(result.engine_dir, "float32", "cpu", probe)
     assert [c.provider for c in selection.candidates] == ["CPUExecutionProvider"]
     assert selection.candidates[0].status == "accepted"
+
+
+def test_single_graph_and_segments_run_the_same_step(tiny):
+    """engine.onnx (the custom op inside ORT) and the segments (the ctypes kernel between ORT
+    runs) are two forms of the same optimized nodes: equal logits and caches over a prefill of
+    two sequences, then a decode of both, crossing blocks."""
+    import numpy as np
+
+    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.step_inputs import StepInputs
+
+    _, _, result = tiny
+    graph = OrtRunner(result.engine_dir, 12)
+    segments = OrtRunner(result.engine_dir, 12, single_graph=False)
+    assert graph.single_graph and not segments.single_graph
+
+    def step(lens: list[int], new: list[int]) -> StepInputs:
+        tables = np.array([[1, 5, 3, 0], [2, 4, 7, 9]], np.int32)
+        pos = np.concatenate([np.arange(n - k, n) for n, k in zip(lens, new, strict=True)])
+        seq = np.repeat([0, 1], new)
+        return StepInputs(
+            input_ids=(pos * 13 + seq * 5 + 7).astype(np.int64) % 256,
+            positions=pos.astype(np.int64),
+            seq_lens=np.array(lens, np.int32),
+            query_start_loc=np.array([0, *np.cumsum(new)], np.int32),
+            block_tables=tables,
+            slot_mapping=(tables[seq, pos // 4] * 4 + pos % 4).astype(np.int64),
+            logits_indices=(np.cumsum(new) - 1).astype(np.int64),
+        )
+
+    for s in (step([9, 6], [9, 6]), step([10, 7], [1, 1])):
+        np.testing.assert_array_equal(graph.execute(s), segments.execute(s))
+        for name, cache in graph.kv_caches.items():
+            np.testing.assert_array_equal(cache, segments.kv_caches[name])
+    assert any(c.any() for c in graph.kv_caches.values())

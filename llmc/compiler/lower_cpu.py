@@ -9,11 +9,13 @@ the runtime loads the saved graphs with graph optimizations off.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
 
 from llmc.compiler.segment import ExecutionPlan, save_plan, split_at_plugins
+from llmc.compiler.single_graph import write_single_graph
 
 SEGMENT_DIR = "segments"
 
@@ -77,7 +79,8 @@ def lower_to_cpu(
     choice=None,
     session_config: dict[str, str] | None = None,
 ) -> tuple[ExecutionPlan, dict[str, int]]:
-    """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``.
+    """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``, and
+    for the CPU EP ``engine.onnx``, the segments joined into one graph (``single_graph.py``).
 
     ``choice`` (``execution_provider.ProviderChoice``, default: the CPU EP) decides whether the
     segments are optimized by ORT now (CPU EP) or saved portable for the provider to compile at
@@ -105,5 +108,7 @@ def lower_to_cpu(
             ops += _save_portable_segment(seg, engine_dir / spec.file, choice, threads)
         if progress is not None:
             progress(i + 1, len(segments))
+    if choice.optimize_at_build:
+        plan = replace(plan, graph=write_single_graph(engine_dir, plan))
     save_plan(plan, engine_dir)
     return plan, dict(sorted(ops.items()))

@@ -54,11 +54,17 @@ class SegmentSpec:
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """How a runner executes the engine: segment i, then plugin i, for every i; logits last."""
+    """How a runner executes the engine: segment i, then plugin i, for every i; logits last.
+
+    ``graph`` names the same step as one graph with the plugin nodes in place
+    (``single_graph.py``; "" for an engine built without one), which a runner with the
+    PagedAttention ORT custom op runs instead of the segments.
+    """
 
     segments: list[SegmentSpec]
     plugins: list[PluginCall]
     logits: str
+    graph: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -70,6 +76,7 @@ class ExecutionPlan:
             segments=[SegmentSpec(**s) for s in d["segments"]],
             plugins=[PluginCall(**p) for p in d["plugins"]],
             logits=d["logits"],
+            graph=d.get("graph", ""),
         )
 
 

@@ -27,15 +27,6 @@ _SOURCE = Path(__file__).with_name("paged_attention.c")
 # Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
 COMPILE_FLAGS = ("-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno")
 
-# Status codes returned by the C function (its PA_* enum), as the input they blame.
-_BAD_INPUT = {
-    1: "query_start_loc must start at 0, end at num_tokens and never decrease",
-    2: "every seq_lens[b] must be at least its sequence's new-token count and fit its block table",
-    3: "block_tables holds a block id outside [0, num_blocks) within a sequence's context",
-    4: "slot_mapping holds a slot outside [0, num_blocks * block_size)",
-    5: "the cache dtype code is not one the kernel knows",
-}
-
 #: numpy dtype of the KV cache for each ``kv_cache_dtype`` attribute value (DESIGN §3).
 KV_CACHE_DTYPES: dict[str, np.dtype] = {
     "auto": np.dtype(np.float32),  # the compute dtype, float32 on the CPU
@@ -77,6 +68,9 @@ class _KernelLibrary:
             f32, i32, f32,  # scale, sliding_window, softcap
             i32, f32, f32,  # cache dtype code, k_scale, v_scale
         ]  # fmt: skip
+        self.status_message = library.llmc_pa_status_message
+        self.status_message.restype = ctypes.c_char_p
+        self.status_message.argtypes = [ctypes.c_int]
         # (values, codes or out, n, cache dtype code, scale): the kernel's cache write and read.
         self.quantize = library.llmc_pa_quantize
         self.dequantize = library.llmc_pa_dequantize
@@ -326,5 +320,6 @@ def paged_attention_cpu(
         cache_dtype, k_scale, v_scale,
     )  # fmt: skip
     if status != 0:
-        raise ValueError(f"bad attention metadata: {_BAD_INPUT.get(status, f'status {status}')}")
+        message = load_library().status_message(status).decode()
+        raise ValueError(f"bad attention metadata: {message}")
     return out

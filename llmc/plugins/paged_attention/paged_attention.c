@@ -24,6 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "paged_attention.h"
+
 #ifndef LLMC_PA_SOURCE_SHA256
 #define LLMC_PA_SOURCE_SHA256 "unknown"
 #endif
@@ -36,25 +38,6 @@
  * waking the worker threads costs about as much, and far more when the cores are busy. */
 #define PARALLEL_MIN_WORK (1 << 18)
 
-enum {
-  PA_OK = 0,
-  PA_BAD_QUERY_START_LOC = 1, /* not 0 .. T, or decreasing */
-  PA_BAD_SEQ_LEN = 2,         /* shorter than its new tokens, or longer than its block table */
-  PA_BAD_BLOCK_ID = 3,        /* a block id the context uses is outside the cache */
-  PA_BAD_SLOT = 4,            /* a slot outside the cache */
-  PA_BAD_CACHE_DTYPE = 5,     /* not one of the PA_CACHE_* below */
-};
-
-/* Element types of the KV cache (cpu.py's _CACHE_DTYPE_CODES). */
-enum {
-  PA_CACHE_F32 = 0,
-  PA_CACHE_FP8_E4M3FN = 1, /* the OCP 8-bit floating point spec's E4M3: bias 7, no infinities,
-                              NaN = S.1111.111, max normal 448 (Micikevicius et al. 2022, "FP8
-                              Formats for Deep Learning") */
-  PA_CACHE_INT8 = 2,       /* symmetric: zero point 0, range [-127, 127] */
-};
-
-
 /* ---- Worker threads ----------------------------------------------------------------------
  * Why not OpenMP: the kernel runs between two ONNX Runtime segments, once per layer, and ORT's
  * pool runs next on the same cores. An OpenMP team spin-waits after its region unless
@@ -63,7 +46,7 @@ enum {
  * 16-sequence Gemma 3 270M decode step took ~200 ms instead of ~110 ms). These workers sleep on a
  * condition variable between calls, whatever the environment, and take items from an atomic
  * counter (dynamic scheduling). One pool per process, started on first use. */
-typedef void (*item_fn)(const void *ctx, int64_t item);
+typedef llmc_pa_item_fn item_fn;
 
 static struct {
   pthread_once_t once;
@@ -285,6 +268,24 @@ void llmc_pa_dequantize(const void *codes, float *out, int64_t n, int dtype, flo
 
 /* Lets cpu.py tell a stale built extension from one built from the current source. */
 const char *llmc_pa_source_sha256(void) { return LLMC_PA_SOURCE_SHA256; }
+
+const char *llmc_pa_status_message(int status) {
+  switch (status) {
+    case PA_BAD_QUERY_START_LOC:
+      return "query_start_loc must start at 0, end at num_tokens and never decrease";
+    case PA_BAD_SEQ_LEN:
+      return "every seq_lens[b] must be at least its sequence's new-token count and fit its "
+             "block table";
+    case PA_BAD_BLOCK_ID:
+      return "block_tables holds a block id outside [0, num_blocks) within a sequence's context";
+    case PA_BAD_SLOT:
+      return "slot_mapping holds a slot outside [0, num_blocks * block_size)";
+    case PA_BAD_CACHE_DTYPE:
+      return "the cache dtype code is not one the kernel knows";
+    default:
+      return "unknown status";
+  }
+}
 
 static int check_metadata(const int32_t *seq_lens, const int32_t *query_start_loc,
                           const int32_t *block_tables, int64_t block_table_stride, int max_blocks,
@@ -1132,15 +1133,16 @@ static void attend_item(const void *context, int64_t index) {
 /* Returns PA_OK, or a PA_BAD_* code before anything is written. Strides are in elements.
  * sliding_window <= 0 and softcap <= 0 mean off. The caches hold cache_dtype (PA_CACHE_*)
  * elements; k_scale and v_scale (> 0) are used by the quantized ones only. */
-int llmc_paged_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
-                         const float *v, int64_t v_stride, void *key_cache, void *value_cache,
-                         int64_t num_blocks, int block_size, const int32_t *seq_lens,
-                         const int32_t *query_start_loc, const int32_t *block_tables,
-                         int64_t block_table_stride, int max_blocks,
-                         const int64_t *slot_mapping, float *out, int num_tokens, int num_seqs,
-                         int num_heads, int num_kv_heads, int head_dim, float scale,
-                         int sliding_window, float softcap, int cache_dtype, float k_scale,
-                         float v_scale) {
+int llmc_paged_attention_on(const struct llmc_pa_parallel *parallel, const float *q,
+                            int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                            int64_t v_stride, void *key_cache, void *value_cache,
+                            int64_t num_blocks, int block_size, const int32_t *seq_lens,
+                            const int32_t *query_start_loc, const int32_t *block_tables,
+                            int64_t block_table_stride, int max_blocks,
+                            const int64_t *slot_mapping, float *out, int num_tokens,
+                            int num_seqs, int num_heads, int num_kv_heads, int head_dim,
+                            float scale, int sliding_window, float softcap, int cache_dtype,
+                            float k_scale, float v_scale) {
   if (cache_dtype != PA_CACHE_F32 && cache_dtype != PA_CACHE_FP8_E4M3FN &&
       cache_dtype != PA_CACHE_INT8) {
     return PA_BAD_CACHE_DTYPE;
@@ -1183,6 +1185,34 @@ int llmc_paged_attention(const float *q, int64_t q_stride, const float *k, int64
                          tile_start, num_seqs, num_heads, num_kv_heads, head_dim, group,
                          tile_tokens, row_stride, block_size, sliding_window, scale, softcap,
                          num_items};
-  parallel_for(attend_item, &ctx, num_items, work >= PARALLEL_MIN_WORK);
+  if (work >= PARALLEL_MIN_WORK && num_items >= 2) {
+    parallel->run(parallel->runner, attend_item, &ctx, num_items);
+  } else {
+    for (int64_t i = 0; i < num_items; ++i) attend_item(&ctx, i);
+  }
   return PA_OK;
+}
+
+static void run_on_pool(void *runner, llmc_pa_item_fn fn, const void *ctx, int64_t num_items) {
+  (void)runner;
+  parallel_for(fn, ctx, num_items, 1);
+}
+
+/* The entry point of the ctypes binding (cpu.py): the call's items run on this file's pool. */
+int llmc_paged_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
+                         const float *v, int64_t v_stride, void *key_cache, void *value_cache,
+                         int64_t num_blocks, int block_size, const int32_t *seq_lens,
+                         const int32_t *query_start_loc, const int32_t *block_tables,
+                         int64_t block_table_stride, int max_blocks,
+                         const int64_t *slot_mapping, float *out, int num_tokens, int num_seqs,
+                         int num_heads, int num_kv_heads, int head_dim, float scale,
+                         int sliding_window, float softcap, int cache_dtype, float k_scale,
+                         float v_scale) {
+  static const struct llmc_pa_parallel pool_parallel = {run_on_pool, NULL};
+  return llmc_paged_attention_on(&pool_parallel, q, q_stride, k, k_stride, v, v_stride,
+                                 key_cache, value_cache, num_blocks, block_size, seq_lens,
+                                 query_start_loc, block_tables, block_table_stride, max_blocks,
+                                 slot_mapping, out, num_tokens, num_seqs, num_heads, num_kv_heads,
+                                 head_dim, scale, sliding_window, softcap, cache_dtype, k_scale,
+                                 v_scale);
 }
