@@ -3,6 +3,10 @@
     python benchmarks/bench_e2e.py --engine /tmp/eng_real --json e2e.json
     python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/int8 --engine engines/int4
     python benchmarks/bench_e2e.py --engine engines/f32 --repeat 3
+    python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/f32@segments
+
+An engine given as ``DIR@segments`` runs in segments with the ctypes attention kernel between
+ORT runs (the runner's fallback form) instead of as one ORT graph with the custom op.
 
 All engines and HF eager are loaded in one process and run one after another, never at once
 (the first engine is the baseline the others are compared with, e.g. float32 against its
@@ -167,12 +171,19 @@ def run_all(args: argparse.Namespace) -> dict:
     import torch
 
     from llmc.runtime.engine import LLMEngine
+    from llmc.runtime.ort_runner import OrtRunner
 
     torch.set_num_threads(2)
     sizes = {"s1": 1, "s16": args.concurrency}
     engines = {}
-    for path in args.engine:
-        engines[Path(path).name] = LLMEngine.from_engine_dir(path, enable_prefix_caching=False)
+    for spec in args.engine:
+        path, _, form = spec.partition("@")
+        engine = LLMEngine.from_engine_dir(path, enable_prefix_caching=False)
+        if form == "segments":  # same engine, same cache size, the other runner form
+            engine.runner = OrtRunner(path, engine.runner.num_blocks, single_graph=False)
+        elif form:
+            raise SystemExit(f"unknown runner form {form!r} in --engine {spec}; known: segments")
+        engines[Path(path).name + (f"@{form}" if form else "")] = engine
     tokenizer = next(iter(engines.values())).tokenizer
     prompts = make_prompts(tokenizer, max(sizes.values()) + 1, args.prompt_len)
     warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
@@ -292,7 +303,7 @@ def main() -> None:
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
             "concurrency": args.concurrency,
-            "engines": [str(Path(e).resolve()) for e in args.engine],
+            "engines": args.engine,
         },
         "results": results,
         "ratios": ratios(results),

@@ -197,3 +197,14 @@ def test_schema_and_op_agree_on_the_inputs() -> None:
         model = one_node_model(CASES["mha"], kv_cache_dtype)
         onnx.checker.check_model(model, full_check=True)
         one_node_session(CASES["mha"], kv_cache_dtype)
+
+
+def test_a_step_without_new_tokens_returns_an_empty_output() -> None:
+    case = Case(((10, 0), (7, 0)), 4, 2, 32, 4)
+    batch = make_batch(case, 9)
+    pool_before = batch.kv_pool.copy()
+
+    (out,) = one_node_session(case).run(["out"], feed(batch))
+
+    assert out.shape == (0, 4 * 32)
+    np.testing.assert_array_equal(batch.kv_pool, pool_before)

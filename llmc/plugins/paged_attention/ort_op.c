@@ -240,6 +240,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   TRY(ort->KernelContext_GetOutput(context, 0, out_dims, 2, &out_value));
   void *out;
   TRY(ort->GetTensorMutableData(out_value, &out));
+  if (num_tokens == 0) return NULL;
 
   struct llmc_pa_parallel parallel = {run_on_ort, context};
   int status = llmc_paged_attention_on(
@@ -323,9 +324,8 @@ static int ORT_API_CALL last_version(const OrtCustomOp *op) {
 
 static OrtCustomOp paged_attention_op;
 
-OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
-  ort = base->GetApi(ORT_API_VERSION);
-  if (ort == NULL) return NULL; /* cannot even report: an ORT older than the header */
+/* Fills paged_attention_op; called once, before the first registration. */
+static void define_op(void) {
   OrtCustomOp op = {0};
   op.version = ORT_API_VERSION;
   op.GetName = op_name;
@@ -347,6 +347,12 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   op.GetStartVersion = one;
   op.GetEndVersion = last_version;
   paged_attention_op = op;
+}
+
+OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+  ort = base->GetApi(ORT_API_VERSION);
+  if (ort == NULL) return NULL; /* cannot even report: an ORT older than the header */
+  if (paged_attention_op.version == 0) define_op();
   /* Never released: ORT requires a domain to outlive every session created with it. */
   OrtCustomOpDomain *domain;
   TRY(ort->CreateCustomOpDomain("llmc", &domain));
