@@ -66,6 +66,8 @@ def test_select_of_a_matmul_moves_onto_its_input(tied: bool) -> None:
         helper.make_node("MatMul", ["x", "wt" if tied else "w"], ["xw"]),
         helper.make_node("Gather", ["xw", "index"], ["y"], axis=0),
     ]
+    scopes = nodes[-2].metadata_props.add()  # the module name quantization matches
+    scopes.key, scopes.value = "pkg.torch.onnx.name_scopes", "['', 'model.lm_head']"
     graph = helper.make_graph(
         nodes,
         "g",
@@ -85,5 +87,8 @@ def test_select_of_a_matmul_moves_onto_its_input(tied: bool) -> None:
     rewritten = ir.to_proto(ir_model)
     ops = [n.op_type for n in rewritten.graph.node if n.op_type not in ("Constant", "Transpose")]
     assert ops == ["Squeeze", "MatMul"]
+    (matmul,) = [n for n in rewritten.graph.node if n.op_type == "MatMul"]
+    assert [(e.key, e.value) for e in matmul.metadata_props] == [(scopes.key, scopes.value)]
+    assert [o.name for o in rewritten.graph.output] == ["y"]
     x = np.random.default_rng(0).standard_normal([1, 3, 4]).astype(np.float32)
     np.testing.assert_array_equal(run(rewritten, x), run(model, x))
