@@ -29,6 +29,14 @@ def test_vocabulary_projection_is_never_float_by_default():
     assert spec_of(BuildConfig(quant="int8", exclude="lm_head")).exclude == ("lm_head",)
 
 
+def test_int8_keeps_down_proj_float32_by_default_and_exclude_overrides_it():
+    assert spec_of(BuildConfig(quant="int8")).exclude == ("*.down_proj",)
+    assert spec_of(BuildConfig(quant="int8")).weight_only8 == ()
+    assert spec_of(BuildConfig(quant="int8", exclude="")).exclude == ()
+    for quant in ("fp8", "int4"):
+        assert spec_of(BuildConfig(quant=quant)).exclude == ()
+
+
 def test_smoothquant_alpha_grid_parses_and_refuses_bad_values():
     assert BuildConfig(quant="int8").smoothquant_alphas == ()
     assert BuildConfig(smoothquant_alpha_grid="auto").smoothquant_alphas[-1] == 1.0

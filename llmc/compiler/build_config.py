@@ -26,15 +26,20 @@ KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 INT4_METHODS = ("awq", "rtn")
 INT4_BLOCK_SIZES = (32, 64, 128)
 CALIB_METHODS = ("max", "percentile", "mse")
-# Modules given 8-bit weight-only weights by default, measured on Gemma 3 270M (README):
+# Modules kept float32 or given 8-bit weight-only weights by default, measured on Gemma 3 270M
+# (README):
 # - int8: down_proj reads GELU(gate) * up, heavy-tailed (max / 99th percentile ~20-50 after
-#   SmoothQuant), which per-tensor int8 cannot hold: mean KL 0.110 -> 0.028 without it.
+#   SmoothQuant), which per-tensor int8 cannot hold: mean KL 0.110 -> 0.028 without it. It stays
+#   float32: as 8-bit weight-only it ran as MatMulNBits, 3x slower per FLOP than W8A8 in a
+#   2,048-token prefill and no faster than float32 at 16 decodes on AVX2; float32 took the S16
+#   prefill from 2.03 to 1.77 s at the same accuracy (KL 0.0220 -> 0.0205, top-1 90.4%).
 # - fp8, int4: the vocabulary projection; E4M3 weights (3 mantissa bits) or 4-bit blocks of a
 #   262,144-row projection flip the argmax (llama.cpp keeps its output tensor at ~6 bits).
 # Observer defaults, measured on Gemma 3 270M: percentile lowers int8's mean KL by ~20% against
 # max; for fp8 (whose range is wide) max is better (KL 0.024 vs 0.040).
 DEFAULT_CALIB_METHOD = {"int8": "percentile", "fp8": "max", "int4": "max"}
-DEFAULT_WEIGHT_ONLY8 = {"int8": "*.down_proj", "fp8": "lm_head", "int4": "lm_head"}
+DEFAULT_WEIGHT_ONLY8 = {"int8": "", "fp8": "lm_head", "int4": "lm_head"}
+DEFAULT_EXCLUDE = {"int8": "*.down_proj", "fp8": "", "int4": ""}
 # FP8 tensor cores arrive with Ada (sm89); the CPU target runs FP8 Q/DQ as emulation.
 FP8_TARGETS = ("cpu", "sm89", "sm90", "sm100", "sm120")
 EXECUTION_PROVIDERS = ("auto", "cpu", "openvino")
@@ -71,7 +76,7 @@ class BuildConfig:
         None,
         "comma-separated module patterns given 8-bit weight-only (block-wise) weights instead "
         "of --quant's format; default per --quant: "
-        + "; ".join(f"{q}: {p}" for q, p in DEFAULT_WEIGHT_ONLY8.items())
+        + "; ".join(f"{q}: {p or 'none'}" for q, p in DEFAULT_WEIGHT_ONLY8.items())
         + " ('' for none)",
     )
     smoothquant_alpha: float = _opt(0.5, "int8: SmoothQuant migration strength in [0, 1]")
@@ -81,10 +86,12 @@ class BuildConfig:
         "layer, by the layer's output error on the calibration sample; replaces "
         "--smoothquant-alpha ('' for none)",
     )
-    exclude: str = _opt(
-        "",
+    exclude: str | None = _opt(
+        None,
         "comma-separated module patterns kept unquantized (fnmatch on checkpoint names, e.g. "
-        "'lm_head,*.down_proj'); default: none, every linear layer is quantized",
+        "'lm_head,*.down_proj'); default per --quant: "
+        + "; ".join(f"{q}: {p or 'none'}" for q, p in DEFAULT_EXCLUDE.items())
+        + " ('' for none)",
     )
     calib_data: str | None = _opt(
         None, ".txt or .jsonl ('text' field); its first 80% calibrates (default: model samples)"
@@ -239,8 +246,11 @@ class BuildConfig:
 
     @property
     def exclude_patterns(self) -> tuple[str, ...]:
-        """``--exclude`` split into fnmatch patterns."""
-        return tuple(p.strip() for p in self.exclude.split(",") if p.strip())
+        """``--exclude`` split into fnmatch patterns; unset means the default of ``--quant``."""
+        value = self.exclude
+        if value is None:
+            value = DEFAULT_EXCLUDE.get(self.quant, "")
+        return tuple(p.strip() for p in value.split(",") if p.strip())
 
     def output_dir(self, model_id: str) -> Path:
         """The engine directory this build writes."""
