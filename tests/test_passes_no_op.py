@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.compiler.passes.no_op import remove_no_ops
+from llmc.runtime.ort_env import session_options
 
 
 def gather_model(x_shape: list, index: np.ndarray) -> onnx.ModelProto:
@@ -28,7 +29,10 @@ def gather_model(x_shape: list, index: np.ndarray) -> onnx.ModelProto:
 
 
 def run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    opts = session_options(2)  # the process's global pool, as every llmc session
+    session = ort.InferenceSession(
+        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
     return session.run(["y"], {"x": x})[0]
 
 
