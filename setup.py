@@ -98,6 +98,9 @@ def ort_include_dir() -> Path | None:
 
 
 def extensions() -> list[Extension]:
+    """The C libraries to build: the ctypes kernel always; the ORT custom op (kernel + ort_op.c)
+    only when ``ort_include_dir`` finds ORT's C header (no error otherwise: a warning, and CPU
+    engines then run in segments)."""
     kernel = Extension(
         "llmc.plugins.paged_attention._paged_attention_cpu",
         sources=[SOURCE],
