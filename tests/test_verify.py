@@ -4,6 +4,7 @@ weights are not its checkpoint's fails the logits comparison; bad inputs fail be
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.manifest import read_manifest, write_manifest
+from llmc.compiler.segment import load_plan
 from llmc.compiler.verify import VerifyConfig, VerifyError, verify_engine
 from llmc.errors import ModelSourceError
 from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
@@ -99,36 +101,52 @@ def test_engine_with_other_weights_fails_the_logits_comparison(engines, capsys):
     assert "FAILED" in out and "FAIL" in out.split("(logits)")[1].splitlines()[0]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="order-dependent since session 6: after an in-process verify_engine (and with no "
-    "in-process build before it) the verify finds no swapped names; cause not found yet",
-)
 def test_tensor_names_the_exporter_swaps_are_matched_by_value(engines, tmp_path):
     """Gemma 3 computes its RoPE tables in ``set(layer_types)`` order, which follows Python's
-    hash seed: an engine built under the other order has the tables' names swapped."""
+    hash seed: an engine built under the other order than verify's has the tables' names
+    swapped. Builds and verifies run in processes of their own with chosen hash seeds, so the
+    swap does not depend on this process's seed; an engine built under verify's order is the
+    control (nothing to re-match)."""
     ckpts, _, _ = engines
     layer_types = ["sliding_attention", "full_attention"]
 
-    def set_order(seed: int) -> str:
-        code = f"print(list(set({layer_types!r})))"
+    def run(seed: int, *args: str) -> str:
         env = {**os.environ, "PYTHONHASHSEED": str(seed)}
-        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).stdout
+        proc = subprocess.run(
+            [sys.executable, *args], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout
 
-    here = f"{list(set(layer_types))}\n".encode()
-    seed = next(s for s in range(1, 50) if set_order(s) != here)
-    engine = tmp_path / "engine"
-    build_cmd = ["build", str(ckpts[0]), "--block-size", "4", "--max-seq-len", "64", "-o"]
-    subprocess.run(
-        [sys.executable, "-m", "llmc.cli", *build_cmd, str(engine)],
-        env={**os.environ, "PYTHONHASHSEED": str(seed)},
-        capture_output=True,
-        check=True,
-        timeout=300,
+    def set_order(seed: int) -> str:
+        return run(seed, "-c", f"print(list(set({layer_types!r})))")
+
+    verify_seed = 1
+    build_seed = next(s for s in range(2, 50) if set_order(s) != set_order(verify_seed))
+    engines_by_seed = {seed: tmp_path / f"engine-{seed}" for seed in (verify_seed, build_seed)}
+    for seed, engine in engines_by_seed.items():
+        build_args = ["--block-size", "4", "--max-seq-len", "64", "-o", str(engine)]
+        run(seed, "-m", "llmc.cli", "build", str(ckpts[0]), *build_args)
+    # The precondition, by construction: the two orders name the RoPE tables differently.
+    names = {
+        seed: {n for s in load_plan(engine).segments for n in s.outputs}
+        for seed, engine in engines_by_seed.items()
+    }
+    assert names[verify_seed] != names[build_seed]
+
+    code = (
+        "import json, sys; from llmc.compiler.verify import VerifyConfig, verify_engine; "
+        f"rs = [verify_engine(e, VerifyConfig(data=sys.argv[1], **{FAST!r})) "
+        "for e in sys.argv[2:]]; "
+        "print(json.dumps([{'renamed': r.renamed, 'segments': "
+        "[[s.passed, s.note] for s in r.segments]} for r in rs]))"
     )
-    result = verify_engine(engine, VerifyConfig(data=str(SHAKESPEARE), **FAST))
-    assert result.renamed  # e.g. {"mul_40": "mul_15"}: the other RoPE table's name
-    assert all(s.passed and s.note is None for s in result.segments), result.segments
+    out = run(verify_seed, "-c", code, str(SHAKESPEARE), *map(str, engines_by_seed.values()))
+    control, swapped = json.loads(out.strip().splitlines()[-1])
+    assert control["renamed"] == {}, control
+    assert swapped["renamed"], swapped  # e.g. {"mul_40": "mul_15"}: the other RoPE table's name
+    for result in (control, swapped):
+        assert all(passed and note is None for passed, note in result["segments"]), result
 
 
 def test_checkpoint_with_another_digest_is_refused(engines):

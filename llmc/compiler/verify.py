@@ -173,6 +173,9 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
         provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
         engine = OrtRunner(engine_dir, num_blocks, config.threads, provider)
         report = evaluate_accuracy(reference, engine, windows, manifest.block_size, label, tick)
+        if engine.single_graph:  # it returns the logits alone: run the segments to capture
+            del engine
+            engine = OrtRunner(engine_dir, num_blocks, config.threads, provider, single_graph=False)
         # Every boundary tensor of both, for one window.
         step = single_prefill(windows[0], manifest.block_size)
         env, engine_env = reference.run_step(step), engine.run_step(step)
