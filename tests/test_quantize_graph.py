@@ -15,7 +15,7 @@ from llmc.compiler.isa import detect_host_isa
 from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.model_source import load_model, resolve_model
 from llmc.compiler.quantize import pipeline
-from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_graph
+from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, gptq_keys, quantize_graph
 from llmc.compiler.quantize.targets import find_targets
 from llmc.plugins import schema
 from llmc.runtime.ort_runner import OrtRunner
@@ -40,7 +40,8 @@ def _quantize(proto, windows, spec: QuantSpec):
     graph = ir.from_proto(proto)
     tensors = calibration_tensors(graph, spec)
     runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors.values()))
-    report = quantize_graph(graph, collect_stats(runner, tensors, windows), spec)
+    stats = collect_stats(runner, tensors, windows, gram_keys=gptq_keys(graph, spec))
+    report = quantize_graph(graph, stats, spec)
     return ir.to_proto(graph), report
 
 
@@ -101,6 +102,27 @@ def test_qdq_graph_is_valid_symmetric_and_fused(tiny_float, tmp_path, quant):
     rel = float(np.abs(out - ref).max() / np.abs(ref).max())
     assert agree >= {"int8": 0.9, "fp8": 0.75, "int4": 0.5}[quant], (agree, rel)
     assert rel < 0.5
+
+
+@pytest.mark.parametrize("quant", ["int4", "fp8"])
+def test_gptq_rounding_brings_the_engine_closer_to_the_float_graph(tiny_float, tmp_path, quant):
+    """The same grids rounded by GPTQ instead of to nearest: every weight is GPTQ-rounded and
+    the held-out logits move closer to the unquantized graph's."""
+    proto, windows, heldout = tiny_float
+    ref = OrtRunner.from_model(proto, SEQ // BLOCK).execute(single_prefill(heldout, BLOCK))
+    errors = {}
+    for rounding in ("nearest", "gptq"):
+        spec = QuantSpec(
+            quant, int4_block_size=32, weight_only8=("lm_head",), weight_rounding=rounding
+        )
+        qproto, report = _quantize(proto, windows, spec)
+        assert {m["rounding"] for m in report.modules.values()} == {rounding}
+        if quant == "fp8":
+            pipeline.emulate_fp8_weights(qproto)
+        lower_to_cpu(qproto, tmp_path / rounding, session_config=pipeline.session_config(quant))
+        out = OrtRunner(tmp_path / rounding, SEQ // BLOCK).execute(single_prefill(heldout, BLOCK))
+        errors[rounding] = float(np.mean((out - ref) ** 2))
+    assert errors["gptq"] < errors["nearest"], errors
 
 
 def test_fast_path_check_fails_loudly_when_ort_did_not_fuse():

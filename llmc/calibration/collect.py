@@ -18,7 +18,7 @@ from llmc.calibration.observers import TensorStats
 from llmc.runtime.step_inputs import single_prefill
 
 SAMPLE_ROWS = 512
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: optional Gram matrices
 
 
 def calibration_key(**parts) -> str:
@@ -34,13 +34,14 @@ def collect_stats(
     progress: Callable[[int, int], None] | None = None,
     sample_rows: int = SAMPLE_ROWS,
     seed: int = 0,
+    gram_keys: frozenset[str] = frozenset(),
 ) -> dict[str, TensorStats]:
     """Statistics over ``windows`` (each [T] int64, prefilled as one sequence) of ``tensors``
     ({key: tensor name}), returned by key.
 
     ``runner`` is an ``OrtRunner.from_model(graph, ..., extra_outputs=<the tensor names>)`` with
     at least ``ceil(max T / block_size)`` blocks. Raises KeyError if the runner does not output
-    a tensor.
+    a tensor. The keys in ``gram_keys`` also accumulate X^T X (``TensorStats.gram``).
     """
     rng = np.random.default_rng(seed)
     stats: dict[str, TensorStats] = {}
@@ -49,7 +50,7 @@ def collect_stats(
         for key, name in tensors.items():
             x = env[name]
             if key not in stats:
-                stats[key] = TensorStats.empty(x.shape[-1], sample_rows)
+                stats[key] = TensorStats.empty(x.shape[-1], sample_rows, key in gram_keys)
             stats[key].update(x, rng, sample_rows)
         if progress is not None:
             progress(i + 1, len(windows))
@@ -65,6 +66,8 @@ def save_stats(stats: dict[str, TensorStats], path: Path) -> None:
         arrays[f"{i}.abssum"] = s.channel_abssum
         arrays[f"{i}.rows"] = np.array(s.rows)
         arrays[f"{i}.sample"] = s.sample
+        if s.gram is not None:
+            arrays[f"{i}.gram"] = s.gram
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
@@ -77,7 +80,11 @@ def load_stats(path: Path) -> dict[str, TensorStats] | None:
             names = json.loads(str(z["names"]))
             return {
                 n: TensorStats(
-                    z[f"{i}.absmax"], z[f"{i}.abssum"], int(z[f"{i}.rows"]), z[f"{i}.sample"]
+                    z[f"{i}.absmax"],
+                    z[f"{i}.abssum"],
+                    int(z[f"{i}.rows"]),
+                    z[f"{i}.sample"],
+                    z[f"{i}.gram"] if f"{i}.gram" in z else None,
                 )
                 for i, n in enumerate(names)
             }

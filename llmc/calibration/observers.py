@@ -6,7 +6,8 @@ with the last axis as channels:
   (Xiao et al., 2023, eq. 4) need these exactly;
 - per-channel mean |x|: AWQ's activation salience (Lin et al., 2024, §3.2);
 - a uniform reservoir sample of rows (Vitter's algorithm R): the percentile and MSE observers and
-  AWQ's scale search evaluate on it.
+  AWQ's scale search evaluate on it;
+- optionally the Gram matrix X^T X over all rows: GPTQ's Hessian (Frantar et al., 2023).
 
 Observers (``--calib-method``), each giving a per-tensor amax, possibly after dividing channel j
 by a smoothing factor ``s_j``: ``max`` (largest |x|), ``percentile`` (the 99.99th percentile of
@@ -36,12 +37,14 @@ class TensorStats:
         channel_abssum: [C] float64, sum of |x| per channel over ``rows`` rows.
         rows: rows seen.
         sample: [min(rows, R), C] float32, a uniform sample of the rows.
+        gram: [C, C] float64, X^T X over all rows, or None when not collected.
     """
 
     channel_absmax: np.ndarray
     channel_abssum: np.ndarray
     rows: int
     sample: np.ndarray
+    gram: np.ndarray | None = None
 
     @property
     def absmax(self) -> float:
@@ -53,12 +56,14 @@ class TensorStats:
         return (self.channel_abssum / max(self.rows, 1)).astype(np.float32)
 
     @classmethod
-    def empty(cls, channels: int, sample_rows: int) -> TensorStats:
+    def empty(cls, channels: int, sample_rows: int, gram: bool = False) -> TensorStats:
+        """No rows yet; ``gram``: also accumulate X^T X."""
         return cls(
             np.zeros(channels, np.float32),
             np.zeros(channels, np.float64),
             0,
             np.zeros((0, channels), np.float32),
+            np.zeros((channels, channels), np.float64) if gram else None,
         )
 
     def update(self, x: np.ndarray, rng: np.random.Generator, sample_rows: int) -> None:
@@ -69,6 +74,9 @@ class TensorStats:
         a = np.abs(x)
         np.maximum(self.channel_absmax, a.max(axis=0), out=self.channel_absmax)
         self.channel_abssum += a.sum(axis=0, dtype=np.float64)
+        if self.gram is not None:
+            # float32 GEMM per batch of rows (a window), summed in float64 across batches.
+            self.gram += (x.T @ x).astype(np.float64)
         # Algorithm R, vectorized: row t (0-based, global) replaces slot j ~ U[0, t] if j < R.
         t = self.rows + np.arange(x.shape[0])
         fill = t < sample_rows

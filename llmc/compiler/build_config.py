@@ -24,6 +24,7 @@ BUILDER_OPT_LEVELS = range(0, 6)
 QUANTS = ("none", "fp8", "int8", "int4")
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 INT4_METHODS = ("awq", "rtn")
+WEIGHT_ROUNDINGS = ("gptq", "nearest")
 INT4_BLOCK_SIZES = (32, 64, 128)
 CALIB_METHODS = ("max", "percentile", "mse")
 # Modules kept float32 or given 8-bit weight-only weights by default, measured on Gemma 3 270M
@@ -72,6 +73,12 @@ class BuildConfig:
     )
     int4_block_size: int = _opt(128, "int4: input channels per weight scale", INT4_BLOCK_SIZES)
     int4_method: str = _opt("awq", "int4: AWQ activation-aware scales or plain RTN", INT4_METHODS)
+    weight_rounding: str = _opt(
+        "gptq",
+        "how quantized weights are rounded to their grid: gptq (GPTQ error compensation with "
+        "the calibration inputs' Hessian; same scales and Q/DQ nodes) or nearest",
+        WEIGHT_ROUNDINGS,
+    )
     weight_only8: str | None = _opt(
         None,
         "comma-separated module patterns given 8-bit weight-only (block-wise) weights instead "

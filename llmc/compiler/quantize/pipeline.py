@@ -63,6 +63,7 @@ def spec_of(config: BuildConfig, bound_pairs: bool = False) -> QuantSpec:
         smoothquant_alphas=config.smoothquant_alphas,
         int4_block_size=config.int4_block_size,
         int4_method=config.int4_method,
+        weight_rounding=config.weight_rounding,
         weight_only8=config.weight_only8_patterns,
         exclude=config.exclude_patterns,
         kv_cache_dtype=config.kv_cache_dtype,
@@ -106,13 +107,14 @@ def quantize(
     import onnx_ir as ir
 
     from llmc.calibration.collect import calibration_key, collect_stats, load_stats, save_stats
-    from llmc.compiler.quantize.qdq import calibration_tensors, quantize_graph
+    from llmc.compiler.quantize.qdq import calibration_tensors, gptq_keys, quantize_graph
     from llmc.runtime.ort_runner import OrtRunner
     from llmc.version import __version__
 
     spec = spec_of(config, bound_pairs)
     graph = ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
+    gram_keys = gptq_keys(graph, spec)
     key = calibration_key(
         model=checkpoint_digest,
         data=calib_source.digest(),
@@ -120,6 +122,7 @@ def quantize(
         seq_len=config.calib_seq_len,
         method=config.calib_method_for_quant,
         tensors=sorted(tensors),
+        gram=sorted(gram_keys),
         llmc=__version__,
     )
     cache = Path(config.cache_dir).expanduser() / "calibration" / f"{key}.npz"
@@ -137,7 +140,7 @@ def quantize(
                 threads=config.threads,
                 extra_outputs=tuple(dict.fromkeys(tensors.values())),
             )
-            stats = collect_stats(runner, tensors, windows, progress=tick)
+            stats = collect_stats(runner, tensors, windows, progress=tick, gram_keys=gram_keys)
             del runner
             save_stats(stats, cache)
     with stage(f"quantize ({config.quant})"):

@@ -9,6 +9,8 @@ Per target MatMul ``Y = X W`` (see ``targets.py``):
   ``build_config.DEFAULT_WEIGHT_ONLY8``): ``X -> MatMul <- DQ(int8 W, block-wise along K)``; for
   the layers whose activations or weights lose too much in the build's format (llama.cpp's Q4_K_M
   likewise keeps its output tensor at ~6 bits).
+With ``weight_rounding`` "gptq" every weight keeps the grid (scales) chosen above and its codes
+are re-chosen by GPTQ with the Gram matrix of its calibration inputs (``rounding.py``).
 Zero points are 0 everywhere. A smoothing factor s (SmoothQuant or AWQ) multiplies W's rows;
 X is divided by s in the preceding RMSNormalization's scale when X is that norm's only use, else
 by an inserted Mul. With ``kv_cache_dtype`` fp8/int8, every PagedAttention node gets per-layer
@@ -26,8 +28,9 @@ import onnx_ir as ir
 
 from llmc.calibration.awq import awq_clip, awq_search
 from llmc.calibration.observers import TensorStats, observe_amax
-from llmc.calibration.smoothquant import search_alpha, smoothquant_scales
+from llmc.calibration.smoothquant import search_alpha, smoothquant_scales, w8a8_output_error
 from llmc.compiler.quantize import formats
+from llmc.compiler.quantize.rounding import gptq_on_grid, smoothed_hessian
 from llmc.compiler.quantize.targets import QuantTarget, find_targets, is_excluded
 from llmc.plugins import schema
 
@@ -45,6 +48,7 @@ class QuantSpec:
     weight_only8: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     kv_cache_dtype: str = "auto"
+    weight_rounding: str = "nearest"  # "nearest" | "gptq"
     bound_pairs: bool = False  # int8 weight pairs within 128, for GEMMs without VNNI (formats)
 
 
@@ -77,7 +81,7 @@ def calibration_tensors(model: ir.Model, spec: QuantSpec) -> dict[str, str]:
     """The statistics ``quantize_graph`` needs for ``spec``: {key: tensor name}. Keys are stable
     across exports (checkpoint module names, ``kv_cache.<layer>.k|v``); tensor names are not
     (the exporter numbers them in trace order, which for Gemma 3 depends on the hash seed)."""
-    skip = spec.exclude + spec.weight_only8
+    skip = spec.exclude if spec.weight_rounding == "gptq" else spec.exclude + spec.weight_only8
     names = {t.module: t.activation for t in find_targets(model) if not is_excluded(t.module, skip)}
     if spec.kv_cache_dtype in ("fp8", "int8"):
         for node in _plugins(model.graph):
@@ -85,6 +89,16 @@ def calibration_tensors(model: ir.Model, spec: QuantSpec) -> dict[str, str]:
             names[kv_key(layer, "k")] = node.inputs[1].name
             names[kv_key(layer, "v")] = node.inputs[2].name
     return names
+
+
+def gptq_keys(model: ir.Model, spec: QuantSpec) -> frozenset[str]:
+    """The keys of ``calibration_tensors`` whose Gram matrix GPTQ needs (none unless
+    ``spec.weight_rounding`` is "gptq")."""
+    if spec.weight_rounding != "gptq":
+        return frozenset()
+    return frozenset(
+        t.module for t in find_targets(model) if not is_excluded(t.module, spec.exclude)
+    )
 
 
 def _plugins(graph: ir.Graph) -> list[ir.Node]:
@@ -125,6 +139,7 @@ def _quantize_target(
     entry: dict = {"shape": list(w.shape)}
     if is_excluded(t.module, spec.weight_only8):
         qw = formats.quantize_weight_blockwise(w, 8, spec.int4_block_size)
+        qw = _rounded(qw, w, stats, None, spec, entry)
         entry["format"] = "int8_weight_only"
         _replace_weight(graph, t, t.node.inputs[0], qw, names)
         return entry
@@ -138,13 +153,14 @@ def _quantize_target(
             entry.update(awq_alpha=res.alpha, mse=res.error, mse_rtn=res.error_rtn)
         x = _smooth_input(graph, t, s, names)
         qw = formats.quantize_weight_blockwise(_scaled(w, s), 4, spec.int4_block_size, clip)
+        qw = _rounded(qw, _scaled(w, s), stats, s, spec, entry)
         entry["format"] = "int4_weight_only"
         _replace_weight(graph, t, x, qw, names)
         return entry
     fmt = spec.quant
     s = None
     if fmt == "int8" and spec.smoothquant_alphas:
-        error = _w8a8_output_error(stats, w, spec)
+        error = w8a8_output_error(stats, w, spec.calib_method, spec.bound_pairs)
         alpha, s = search_alpha(stats.channel_absmax, w, spec.smoothquant_alphas, error)
         entry["smoothquant_alpha"] = alpha
     elif fmt == "int8":
@@ -155,28 +171,33 @@ def _quantize_target(
     x = _smooth_input(graph, t, s, names)
     x = _fake_quant_activation(graph, t.node, x, amax, fmt, f"{prefix}.input", names)
     qw = formats.quantize_weight_per_channel(_scaled(w, s), fmt, spec.bound_pairs)
+    qw = _rounded(qw, _scaled(w, s), stats, s, spec, entry)
     if fmt == "int8" and spec.bound_pairs:
         entry["bound_pairs"] = True
     _replace_weight(graph, t, x, qw, names)
     return entry
 
 
-def _w8a8_output_error(stats: TensorStats, w: np.ndarray, spec: QuantSpec):
-    """error(s): mean squared difference between X W and its int8 W8A8 version with smoothing s,
-    X the calibration sample; W cut to <= 4096 evenly spaced columns (the vocabulary projection
-    has 262,144)."""
-    x = stats.sample.astype(np.float32)
-    cols = np.arange(w.shape[1])[:: max(1, w.shape[1] // 4096)][:4096]
-    wc = w[:, cols]
-    reference = x @ wc
-
-    def error(s: np.ndarray) -> float:
-        amax = observe_amax(stats, spec.calib_method, "int8", smoothing=s)
-        xq = formats.fake_quant_activation(x / s[None, :], amax, "int8")
-        qw = formats.quantize_weight_per_channel(wc * s[:, None], "int8", spec.bound_pairs)
-        return float(np.mean((xq @ formats.dequantize(qw) - reference) ** 2))
-
-    return error
+def _rounded(
+    qw: formats.QuantizedWeight,
+    w: np.ndarray,
+    stats: TensorStats | None,
+    s: np.ndarray | None,
+    spec: QuantSpec,
+    entry: dict,
+) -> formats.QuantizedWeight:
+    """``qw`` re-rounded by GPTQ (inputs ``X / s``) when ``spec`` asks for it; ``entry`` records
+    the rounding used. With bounded int8 pairs, GPTQ codes that break the bound fall back to
+    round-to-nearest (recorded as "nearest")."""
+    entry["rounding"] = "nearest"
+    if spec.weight_rounding != "gptq" or stats is None or stats.gram is None:
+        return qw
+    out = gptq_on_grid(w, qw, smoothed_hessian(stats.gram, s))
+    if spec.bound_pairs and qw.data.dtype == np.int8 and not qw.block_size:
+        if formats.max_pair_sum(out.data.astype(np.float32)).max() > formats.INT8_MAX + 1:
+            return qw
+    entry["rounding"] = "gptq"
+    return out
 
 
 def _scaled(w: np.ndarray, s: np.ndarray | None) -> np.ndarray:

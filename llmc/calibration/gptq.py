@@ -1,0 +1,76 @@
+"""GPTQ: weight rounding that compensates each rounding error with the columns not yet rounded.
+
+Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+Transformers" (ICLR 2023), Algorithm 1. For ``Y = X W`` the layer-wise objective
+``||X W - X Q||^2`` has the Hessian ``H = X^T X`` over the input channels. Input channels are
+quantized one at a time (in descending ``diag(H)`` order, the paper's "act-order"); the error of
+each is spread over the remaining channels through the upper Cholesky factor of ``H^-1``, in
+lazy blocks of 128 channels. The grid is given: every channel is rounded with scales fixed
+beforehand (per output channel, or per block of input channels), so the result drops into the
+same Q/DQ nodes as round-to-nearest, for any format (INT8, FP8 E4M3, INT4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+DAMPING = 0.01  # fraction of mean(diag(H)) added to the diagonal (the paper's lambda)
+BLOCK = 128  # input channels per lazy batch update
+ROWS = 16384  # output channels rounded at a time (they are independent): bounds memory
+
+# rounder(w, rows, idx): w [len(rows), m] (output channels ``rows``, input channels ``idx`` [m]
+# int64, as columns) rounded to nearest on the fixed grid, float32.
+Rounder = Callable[[torch.Tensor, slice, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def gptq_round(weight: np.ndarray, hessian: np.ndarray, rounder: Rounder) -> np.ndarray:
+    """GPTQ-rounded ``weight`` [K, N] float32 (MatMul's B: K input channels): every entry a value
+    of the grid ``rounder`` rounds to, chosen to minimize ``||X W - X Q||^2`` for inputs X with
+    ``hessian`` = X^T X [K, K] (float32/64, positive semi-definite).
+
+    Channels that never see input (``H[j, j] == 0``) are rounded to nearest. Output channels are
+    independent, so they are processed ``ROWS`` at a time with one factorization. Raises
+    ValueError on mismatched shapes.
+    """
+    k, n = weight.shape
+    if hessian.shape != (k, k):
+        raise ValueError(f"Hessian {hessian.shape} does not match weight {weight.shape}")
+    h = torch.from_numpy(np.array(hessian, np.float64))
+    dead = torch.diagonal(h) <= 0
+    h[dead, dead] = 1.0
+    order = torch.argsort(torch.diagonal(h), descending=True)
+    h = h[order][:, order]
+    h += DAMPING * torch.diagonal(h).mean() * torch.eye(k, dtype=h.dtype)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    u = u.float()
+    w_all = torch.from_numpy(np.ascontiguousarray(weight, np.float32))
+    out = np.empty((k, n), np.float32)
+    for r1 in range(0, n, ROWS):
+        rows = slice(r1, min(r1 + ROWS, n))
+        w = w_all[order, rows].T.contiguous()  # [rows, K] in act-order
+        q = _round_rows(w, u, order, rows, rounder)
+        out[order.numpy(), rows] = q.T.numpy()
+    return out
+
+
+def _round_rows(w: torch.Tensor, u: torch.Tensor, order: torch.Tensor, rows: slice, rounder):
+    """Algorithm 1 of the paper on ``w`` [R, K] (columns in act-order); returns Q [R, K]."""
+    k = w.shape[1]
+    q = torch.empty_like(w)
+    for i1 in range(0, k, BLOCK):
+        i2 = min(i1 + BLOCK, k)
+        w1 = w[:, i1:i2].clone()
+        err = torch.empty_like(w1)
+        u1 = u[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            qi = rounder(w1[:, i : i + 1], rows, order[i1 + i : i1 + i + 1])[:, 0]
+            q[:, i1 + i] = qi
+            e = (w1[:, i] - qi) / u1[i, i]
+            w1[:, i:] -= e[:, None] * u1[i, i:][None, :]
+            err[:, i] = e
+        w[:, i2:] -= err @ u[i1:i2, i2:]
+    return q

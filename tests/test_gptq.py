@@ -1,0 +1,102 @@
+"""GPTQ rounding (llmc.calibration.gptq, llmc.compiler.quantize.rounding) on random layers:
+the grid and scales are kept, the layer's output error is lower than round-to-nearest's, and
+uncorrelated inputs give round-to-nearest exactly."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from llmc.calibration import gptq
+from llmc.compiler.quantize import formats
+from llmc.compiler.quantize.rounding import gptq_on_grid, smoothed_hessian
+
+K, N, ROWS = 64, 48, 512
+
+
+def correlated_inputs(rng: np.random.Generator) -> np.ndarray:
+    """[ROWS, K] activations with correlated channels and a few large ones, as in LLM layers."""
+    x = rng.standard_normal((ROWS, K)) @ rng.standard_normal((K, K)) * 0.3
+    x[:, :4] *= 8.0
+    return x.astype(np.float32)
+
+
+def rtn(w: np.ndarray, kind: str) -> formats.QuantizedWeight:
+    if kind == "int4":
+        return formats.quantize_weight_blockwise(w, 4, 16)
+    if kind == "int8_blockwise":
+        return formats.quantize_weight_blockwise(w, 8, 32)
+    return formats.quantize_weight_per_channel(w, kind)
+
+
+def output_error(x: np.ndarray, w: np.ndarray, qw: formats.QuantizedWeight) -> float:
+    return float(np.sum((x @ w - x @ formats.dequantize(qw)) ** 2))
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8", "int4", "int8_blockwise"])
+def test_gptq_keeps_the_grid_and_lowers_the_output_error(kind):
+    rng = np.random.default_rng(0)
+    x = correlated_inputs(rng)
+    w = rng.standard_normal((K, N)).astype(np.float32) * 0.05
+    near = rtn(w, kind)
+    out = gptq_on_grid(w, near, x.T.astype(np.float64) @ x)
+    assert out.data.dtype == near.data.dtype and out.data.shape == near.data.shape
+    np.testing.assert_array_equal(out.scale, near.scale)
+    assert (out.axis, out.block_size) == (near.axis, near.block_size)
+    assert not np.array_equal(out.data, near.data)
+    if kind == "fp8":  # every code a finite E4M3 value
+        assert np.isfinite(out.data.astype(np.float32)).all()
+    else:
+        lo = -8 if kind == "int4" else -127
+        codes = out.data.astype(np.int32)
+        assert codes.min() >= lo and codes.max() <= (7 if kind == "int4" else 127)
+    # GPTQ's objective is this error; it should fall well below round-to-nearest's.
+    assert output_error(x, w, out) < 0.8 * output_error(x, w, near)
+
+
+def test_uncorrelated_inputs_give_round_to_nearest():
+    """With a diagonal Hessian no rounding error can be compensated: GPTQ is RTN exactly."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    hessian = np.diag(rng.uniform(0.5, 2.0, K))
+    near = formats.quantize_weight_per_channel(w, "int8")
+    np.testing.assert_array_equal(gptq_on_grid(w, near, hessian).data, near.data)
+
+
+def test_channels_without_input_are_rounded_to_nearest_and_nothing_is_nan():
+    rng = np.random.default_rng(2)
+    x = correlated_inputs(rng)
+    x[:, 5] = 0.0  # a dead input channel: H[5, 5] == 0
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    near = formats.quantize_weight_blockwise(w, 4, 16)
+    out = gptq_on_grid(w, near, x.T.astype(np.float64) @ x)
+    assert np.isfinite(formats.dequantize(out)).all()
+    assert output_error(x, w, out) < output_error(x, w, near)
+
+
+def test_output_channels_in_chunks_give_the_same_codes(monkeypatch):
+    rng = np.random.default_rng(3)
+    x = correlated_inputs(rng)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    near = formats.quantize_weight_per_channel(w, "fp8")
+    hessian = x.T.astype(np.float64) @ x
+    whole = gptq_on_grid(w, near, hessian)
+    monkeypatch.setattr(gptq, "ROWS", 7)
+    chunked = gptq_on_grid(w, near, hessian)
+    assert whole.data.dtype == ml_dtypes.float8_e4m3fn
+    np.testing.assert_array_equal(whole.data.view(np.uint8), chunked.data.view(np.uint8))
+
+
+def test_smoothed_hessian_is_the_gram_of_the_smoothed_inputs():
+    rng = np.random.default_rng(4)
+    x = correlated_inputs(rng).astype(np.float64)
+    s = rng.uniform(0.5, 3.0, K)
+    expected = (x / s).T @ (x / s)
+    np.testing.assert_allclose(smoothed_hessian(x.T @ x, s), expected, rtol=1e-10)
+
+
+def test_mismatched_hessian_is_refused():
+    w = np.zeros((K, N), np.float32)
+    with pytest.raises(ValueError, match="Hessian"):
+        gptq.gptq_round(w, np.eye(K + 1), lambda v, rows, idx: v)
