@@ -47,7 +47,7 @@ def gptq_round(weight: np.ndarray, hessian: np.ndarray, rounder: Rounder) -> np.
     h += DAMPING * torch.diagonal(h).mean() * torch.eye(k, dtype=h.dtype)
     u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     u = u.float()
-    w_all = torch.from_numpy(np.ascontiguousarray(weight, np.float32))
+    w_all = torch.from_numpy(np.array(weight, np.float32))  # a copy: ONNX arrays are read-only
     out = np.empty((k, n), np.float32)
     for r1 in range(0, n, ROWS):
         rows = slice(r1, min(r1 + ROWS, n))
