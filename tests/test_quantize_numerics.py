@@ -110,16 +110,15 @@ def test_smoothquant_alpha_search_takes_the_grid_point_of_least_error():
 
 def test_w8a8_alpha_search_lowers_the_layer_error_against_alpha_one_half():
     """On a layer whose input has one outlier channel, the searched alpha's W8A8 output error
-    (qdq's measure on the calibration sample) is at most alpha 0.5's."""
-    from llmc.compiler.quantize.qdq import QuantSpec, _w8a8_output_error
+    (the measure on the calibration sample) is at most alpha 0.5's."""
+    from llmc.calibration.smoothquant import w8a8_output_error
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2000, 64)).astype(np.float32)
     x[:, 5] *= 80.0
     w = (rng.standard_normal((64, 32)) * 0.05).astype(np.float32)
     stats = _stats(x)
-    spec = QuantSpec(quant="int8", calib_method="max")
-    error = _w8a8_output_error(stats, w, spec)
+    error = w8a8_output_error(stats, w, calib_method="max", bound_pairs=False)
     grid = [i / 10 for i in range(11)]
     alpha, s = search_alpha(stats.channel_absmax, w, grid, error)
     assert error(s) <= error(smoothquant_scales(stats.channel_absmax, w, 0.5))
