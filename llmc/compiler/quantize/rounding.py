@@ -22,8 +22,6 @@ from llmc.compiler.quantize.formats import (
     dequantize,
 )
 
-WEIGHT_ROUNDINGS = ("gptq", "nearest")
-
 
 def _code_range(qw: QuantizedWeight) -> tuple[float, float] | None:
     """(lowest, highest) integer code of ``qw``'s format, or None for FP8."""
