@@ -29,6 +29,12 @@ def test_vocabulary_projection_is_never_float_by_default():
     assert spec_of(BuildConfig(quant="int8", exclude="lm_head")).exclude == ("lm_head",)
 
 
+def test_int4_keeps_down_proj_8bit_by_default_and_weight_only8_overrides_it():
+    assert spec_of(BuildConfig(quant="int4")).weight_only8 == ("lm_head", "*.down_proj")
+    assert spec_of(BuildConfig(quant="int4", weight_only8="lm_head")).weight_only8 == ("lm_head",)
+    assert spec_of(BuildConfig(quant="fp8")).weight_only8 == ("lm_head",)
+
+
 def test_int8_keeps_down_proj_float32_by_default_and_exclude_overrides_it():
     assert spec_of(BuildConfig(quant="int8")).exclude == ("*.down_proj",)
     assert spec_of(BuildConfig(quant="int8")).weight_only8 == ()

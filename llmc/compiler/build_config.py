@@ -39,7 +39,9 @@ CALIB_METHODS = ("max", "percentile", "mse")
 # Observer defaults, measured on Gemma 3 270M: percentile lowers int8's mean KL by ~20% against
 # max; for fp8 (whose range is wide) max is better (KL 0.024 vs 0.040).
 DEFAULT_CALIB_METHOD = {"int8": "percentile", "fp8": "max", "int4": "max"}
-DEFAULT_WEIGHT_ONLY8 = {"int8": "", "fp8": "lm_head", "int4": "lm_head"}
+# int4 keeps *.down_proj 8-bit too, as llama.cpp's Q4_K_M gives ffn_down more bits: on Gemma 3
+# 270M KL 0.105 -> 0.076 and top-1 80.9% -> 82.8% at the same decode speed (README, session 7).
+DEFAULT_WEIGHT_ONLY8 = {"int8": "", "fp8": "lm_head", "int4": "lm_head,*.down_proj"}
 DEFAULT_EXCLUDE = {"int8": "*.down_proj", "fp8": "", "int4": ""}
 # FP8 tensor cores arrive with Ada (sm89); the CPU target runs FP8 Q/DQ as emulation.
 FP8_TARGETS = ("cpu", "sm89", "sm90", "sm100", "sm120")
