@@ -186,12 +186,25 @@ def test_statistics_cache_roundtrip(tiny_float, tmp_path):
     graph = ir.from_proto(proto)
     tensors = calibration_tensors(graph, QuantSpec(quant="int8"))
     runner = OrtRunner.from_model(proto, SEQ // BLOCK, extra_outputs=tuple(tensors.values()))
-    stats = collect_stats(runner, tensors, windows)
+    with_gram = frozenset(list(tensors)[:2])
+    stats = collect_stats(runner, tensors, windows, gram_keys=with_gram)
     assert all(s.rows == len(windows) * SEQ for s in stats.values())
+    assert {k for k, s in stats.items() if s.gram is not None} == with_gram
+    # The Gram matrix is X^T X over every calibration row of the tensor.
+    key = sorted(with_gram)[0]
+    rows = [
+        runner.run_step(single_prefill(w, BLOCK, all_logits=True))[tensors[key]] for w in windows
+    ]
+    x = np.concatenate([r.reshape(-1, r.shape[-1]) for r in rows]).astype(np.float64)
+    np.testing.assert_allclose(stats[key].gram, x.T @ x, rtol=1e-4, atol=1e-3)
     save_stats(stats, tmp_path / "s.npz")
     back = load_stats(tmp_path / "s.npz")
     assert list(back) == list(stats)
     for name in stats:
         assert np.array_equal(back[name].sample, stats[name].sample)
         assert np.array_equal(back[name].channel_absmax, stats[name].channel_absmax)
+        if name in with_gram:
+            np.testing.assert_allclose(back[name].gram, stats[name].gram, rtol=1e-6)
+        else:
+            assert back[name].gram is None
     assert load_stats(tmp_path / "missing.npz") is None

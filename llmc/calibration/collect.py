@@ -66,8 +66,8 @@ def save_stats(stats: dict[str, TensorStats], path: Path) -> None:
         arrays[f"{i}.abssum"] = s.channel_abssum
         arrays[f"{i}.rows"] = np.array(s.rows)
         arrays[f"{i}.sample"] = s.sample
-        if s.gram is not None:
-            arrays[f"{i}.gram"] = s.gram
+        if s.gram is not None:  # float32 on disk: half the size (1 GB -> 0.5 GB for Gemma 3
+            arrays[f"{i}.gram"] = s.gram.astype(np.float32)  # 270M), ample for damped GPTQ
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
