@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import shlex
 import shutil
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from llmc.calibration.collect import load_stats, save_stats
 from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.staged_dir import staged_dir
 from llmc.compiler.tensorrt import stage as st
@@ -104,9 +105,12 @@ def _prepare(config: BuildConfig, progress, final: bool) -> Path:
             if quant_report is not None:
                 key = quant_report.spec["calibration"]["cache_key"]
                 cached = Path(config.cache_dir).expanduser() / "calibration" / f"{key}.npz"
-                if cached.is_file():
-                    (tmp / st.CALIBRATION_FILE).parent.mkdir()
-                    shutil.copyfile(cached, tmp / st.CALIBRATION_FILE)
+                cached_stats = load_stats(cached)
+                if cached_stats is not None:
+                    # Without the Gram matrices (~0.5 GB for Gemma 3 270M): GPTQ used them, and
+                    # its rounded weights are in the graph already.
+                    kept = {k: replace(s, gram=None) for k, s in cached_stats.items()}
+                    save_stats(kept, tmp / st.CALIBRATION_FILE)
                     stats = st.CALIBRATION_FILE
             kv = config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
             manifest = st.StageManifest(

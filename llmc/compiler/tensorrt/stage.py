@@ -8,7 +8,8 @@ passes, calibration, Q/DQ, lowering, lint) and a GPU builder finishes it with
     stage.json                      StageManifest: build config, model facts, lint, file digests
     model.onnx, model.onnx.data     the lowered Q/DQ graph with plugin nodes (external weights)
     tokenizer/, generation_config.json
-    calibration/stats.npz           quantized builds: the calibration statistics used
+    calibration/stats.npz           quantized builds: the calibration statistics used (without
+                                    the Gram matrices GPTQ consumed)
 """
 
 from __future__ import annotations
