@@ -42,6 +42,7 @@ def int8_block32(w: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
+    """Parse the options, calibrate, and print the study (module docstring); exit code 0."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="gemma-3-270m")
     p.add_argument("--data", required=True, help=".txt or .jsonl (as --calib-data)")
