@@ -80,6 +80,7 @@ def compare_segment(
     env: dict,
     renamed: dict[str, str],
     provider,
+    *,
     threads: int,
     rtol: float,
     atol: float,

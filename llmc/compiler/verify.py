@@ -186,9 +186,9 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
                     env,
                     renamed,
                     provider,
-                    config.threads,
-                    config.rtol,
-                    config.atol,
+                    threads=config.threads,
+                    rtol=config.rtol,
+                    atol=config.atol,
                 )
             )
             del ref_model
