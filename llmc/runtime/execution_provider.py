@@ -65,9 +65,12 @@ def openvino_cpu_devices() -> tuple[list, str | None]:
     """The OpenVINO EP's CPU devices (``onnxruntime.OrtEpDevice``), registering the plugin
     library once per process; or ``([], reason)`` saying why there are none.
 
-    Observed on an AVX2-only AMD EPYC host with onnxruntime 1.31.1 and the plugin 1.8.1: the
-    library registers without error, yet ``get_ep_devices()`` lists only the CPU EP's device, so
-    nothing here can bind the OpenVINO EP.
+    Observed on AMD EPYC hosts (AVX2, and AVX-512 with BF16) with onnxruntime 1.31.1 and the
+    plugin 1.8.1: the library registers without error, yet ``get_ep_devices()`` lists only the
+    CPU EP's device, so nothing here can bind the OpenVINO EP. Why: the plugin's device factory
+    (``ov_factory.cc``) skips every hardware device whose vendor is not Intel, although the
+    OpenVINO 2026.4 runtime it bundles lists this CPU, with BF16 (``openvino.Core``); upstream
+    fix: microsoft/onnxruntime PR #31981, open. The reason then names the CPU's vendor.
     """
     import onnxruntime as ort
 
@@ -80,16 +83,18 @@ def openvino_cpu_devices() -> tuple[list, str | None]:
     except Exception as e:  # a plain Fail; a second registration in a process is one too
         if "already registered" not in str(e):
             return [], f"{OPENVINO_PACKAGE} did not register with onnxruntime: {e}"
-    devices = [
-        d
-        for d in ort.get_ep_devices()
-        if d.ep_name == OPENVINO_EP and d.device.type == ort.OrtHardwareDeviceType.CPU
-    ]
+    cpu = ort.OrtHardwareDeviceType.CPU
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == OPENVINO_EP and d.device.type == cpu]
     if not devices:
-        return [], (
-            f"{OPENVINO_PACKAGE} {provider_version(ProviderChoice(OPENVINO_EP, 'f32'))} "
-            "exposes no CPU device on this host"
-        )
+        version = provider_version(ProviderChoice(OPENVINO_EP, "f32"))
+        reason = f"{OPENVINO_PACKAGE} {version} exposes no CPU device on this host"
+        vendors = {d.device.vendor for d in ort.get_ep_devices() if d.device.type == cpu}
+        if vendors and not any("Intel" in v for v in vendors):
+            reason += (
+                " (its device factory claims Intel CPUs only; ONNX Runtime reports this CPU's "
+                f"vendor as {', '.join(sorted(vendors))})"
+            )
+        return [], reason
     return devices, None
 
 
