@@ -25,20 +25,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-E4M3_MAX = 448.0
-
-
-def fp8(x: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-    """x rounded to the E4M3 grid of ``scale`` (saturating), in float32."""
-    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * scale
-
-
-def int8_block32(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] weight rounded to symmetric int8 with one scale per 32 input channels."""
-    n, k = w.shape
-    wb = w.reshape(n, k // 32, 32)
-    s = (wb.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-30)
-    return ((wb / s).round().clamp(-127, 127) * s).reshape(n, k)
+from llmc.compiler.quantize.formats import (
+    dequantize,
+    fake_quant_activation,
+    quantize_weight_blockwise,
+    quantize_weight_per_channel,
+)
+from llmc.compiler.quantize.rounding import gptq_on_grid
 
 
 def main() -> None:
@@ -56,7 +49,6 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llmc.calibration.data import CALIBRATION, HELDOUT, load_windows
-    from llmc.calibration.gptq import gptq_round
     from llmc.compiler.model_source import resolve_model
 
     torch.set_num_threads(2)
@@ -77,9 +69,11 @@ def main() -> None:
         return F.log_softmax(model(torch.from_numpy(window)[None]).logits[0, :-1].float(), -1)
 
     ref = [log_probs(w) for w in held]  # float32 weights everywhere
-    # The head's own copy (Gemma ties it to the embedding table, which stays float32).
+    # The head's own copy (Gemma ties it to the embedding table, which stays float32), 8-bit
+    # block-32 weight-only as the build gives it.
     head = model.get_output_embeddings()
-    head.weight = torch.nn.Parameter(int8_block32(head.weight.data), requires_grad=False)
+    head_w = dequantize(quantize_weight_blockwise(head.weight.data.T.numpy(), 8, 32))
+    head.weight = torch.nn.Parameter(torch.from_numpy(head_w).T.contiguous(), requires_grad=False)
 
     # Calibration: per-tensor amax and X^T X of every linear layer's input.
     amax: dict[str, float] = {}
@@ -103,21 +97,21 @@ def main() -> None:
     t0 = time.time()
     float_w = {n: m.weight.data.clone() for n, m in linears.items()}
     fp8_w = {}
-    for n, w in float_w.items():  # w: [N, K]
-        s = (w.abs().amax(1) / E4M3_MAX).clamp_min(1e-30)  # per output channel
-        if args.rounding == "nearest":
-            fp8_w[n] = fp8(w, s[:, None])
-            continue
-        q = gptq_round(
-            w.T.numpy(), gram[n].numpy(), lambda x, rows, _idx, s=s: fp8(x, s[rows, None])
-        )
-        fp8_w[n] = torch.from_numpy(q).T.contiguous()
+    for n, w in float_w.items():  # nn.Linear keeps [N, K]; the build's MatMul B is [K, N]
+        b = w.T.numpy()
+        qw = quantize_weight_per_channel(b, "fp8")
+        if args.rounding == "gptq":
+            qw = gptq_on_grid(b, qw, gram[n].numpy())
+        fp8_w[n] = torch.from_numpy(dequantize(qw)).T.contiguous()
     print(f"weights rounded ({args.rounding}) in {time.time() - t0:.0f} s", flush=True)
 
     def layer_of(name: str) -> int:
         return int(name.split("layers.")[1].split(".")[0])
 
     num_layers = 1 + max(layer_of(n) for n in linears)
+
+    def fp8_input(x: torch.Tensor, name: str) -> torch.Tensor:  # per-tensor static E4M3 Q/DQ
+        return torch.from_numpy(fake_quant_activation(x.numpy(), amax[name], "fp8"))
 
     def evaluate(fp8_layers: set[int]) -> tuple[float, float]:
         """(top-1 agreement, mean KL in nats) with ``fp8_layers`` in FP8."""
@@ -126,8 +120,7 @@ def main() -> None:
             on = layer_of(n) in fp8_layers
             m.weight.data = fp8_w[n] if on else float_w[n]
             if on:
-                scale = amax[n] / E4M3_MAX
-                hooks.append(m.register_forward_pre_hook(lambda _m, a, s=scale: (fp8(a[0], s),)))
+                hooks.append(m.register_forward_pre_hook(lambda _m, a, n=n: (fp8_input(a[0], n),)))
         agree = kl = count = 0.0
         for w, r in zip(held, ref, strict=True):
             lp = log_probs(w)

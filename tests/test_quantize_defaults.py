@@ -21,8 +21,8 @@ def test_text_sources_describe_file_part_or_sampling_seed(tmp_path):
 def test_vocabulary_projection_is_never_float_by_default():
     for quant in ("fp8", "int8", "int4"):
         assert "lm_head" not in spec_of(BuildConfig(quant=quant)).exclude
-    for quant in ("fp8", "int8", "int4"):  # 8-bit weights, not float32
-        assert "lm_head" in spec_of(BuildConfig(quant=quant)).weight_only8
+    for quant in ("fp8", "int8"):  # 8-bit weights, not float32
+        assert spec_of(BuildConfig(quant=quant)).weight_only8 == ("lm_head",)
     # int8: '' gives the W8A8 projection back; --exclude can still keep it float32
     assert "lm_head" not in spec_of(BuildConfig(quant="int8", weight_only8="")).weight_only8
     assert spec_of(BuildConfig(quant="int8", exclude="lm_head")).exclude == ("lm_head",)
@@ -31,12 +31,10 @@ def test_vocabulary_projection_is_never_float_by_default():
 def test_int4_keeps_down_proj_8bit_by_default_and_weight_only8_overrides_it():
     assert spec_of(BuildConfig(quant="int4")).weight_only8 == ("lm_head", "*.down_proj")
     assert spec_of(BuildConfig(quant="int4", weight_only8="lm_head")).weight_only8 == ("lm_head",)
-    assert spec_of(BuildConfig(quant="fp8")).weight_only8 == ("lm_head",)
 
 
 def test_int8_keeps_down_proj_float32_by_default_and_exclude_overrides_it():
     assert spec_of(BuildConfig(quant="int8")).exclude == ("*.down_proj",)
-    assert spec_of(BuildConfig(quant="int8")).weight_only8 == ("lm_head",)
     assert spec_of(BuildConfig(quant="int8", exclude="")).exclude == ()
     for quant in ("fp8", "int4"):
         assert spec_of(BuildConfig(quant=quant)).exclude == ()

@@ -29,22 +29,22 @@ INT4_BLOCK_SIZES = (32, 64, 128)
 CALIB_METHODS = ("max", "percentile", "mse")
 # Modules kept float32 or given 8-bit weight-only weights by default, measured on Gemma 3 270M
 # (README):
+# - every --quant: the vocabulary projection 8-bit weight-only. E4M3 weights (3 mantissa bits)
+#   or 4-bit blocks of a 262,144-row projection flip the argmax (llama.cpp keeps its output
+#   tensor at ~6 bits); under int8, MatMulNBits quantizes its input per block of 32 instead of
+#   one per-tensor scale: top-1 92.13% -> 93.26%, S1 decode 2.07x -> 2.48x float32, S16 4.87x ->
+#   4.28x HF eager on an AVX-512 VNNI host (session 8; `--weight-only8 ''` gives back W8A8).
 # - int8: down_proj reads GELU(gate) * up, heavy-tailed (max / 99th percentile ~20-50 after
 #   SmoothQuant), which per-tensor int8 cannot hold: mean KL 0.110 -> 0.028 without it. It stays
 #   float32: as 8-bit weight-only it ran as MatMulNBits, 3x slower per FLOP than W8A8 in a
 #   2,048-token prefill and no faster than float32 at 16 decodes on AVX2; float32 took the S16
 #   prefill from 2.03 to 1.77 s at the same accuracy (KL 0.0220 -> 0.0205, top-1 90.4%).
-# - fp8, int4: the vocabulary projection; E4M3 weights (3 mantissa bits) or 4-bit blocks of a
-#   262,144-row projection flip the argmax (llama.cpp keeps its output tensor at ~6 bits).
+# - int4: *.down_proj 8-bit too, as llama.cpp's Q4_K_M gives ffn_down more bits: KL 0.105 ->
+#   0.076 and top-1 80.9% -> 82.8% at the same decode speed (session 7).
 # Observer defaults, measured on Gemma 3 270M: percentile lowers int8's mean KL by ~20% against
-# max; for fp8 (whose range is wide) max is better (KL 0.024 vs 0.040).
+# max (and beats mse: top-1 93.26% vs 91.10%); for fp8 (whose range is wide) max is better (KL
+# 0.024 vs 0.040).
 DEFAULT_CALIB_METHOD = {"int8": "percentile", "fp8": "max", "int4": "max"}
-# int4 keeps *.down_proj 8-bit too, as llama.cpp's Q4_K_M gives ffn_down more bits: on Gemma 3
-# 270M KL 0.105 -> 0.076 and top-1 80.9% -> 82.8% at the same decode speed (README, session 7).
-# int8 keeps the vocabulary projection 8-bit weight-only (per-block activations inside
-# MatMulNBits instead of one per-tensor int8 scale): on Gemma 3 270M top-1 92.13% -> 93.26%, KL
-# 0.0159 -> 0.0126, S1 decode 2.07x -> 2.48x float32, S16 4.87x -> 4.28x HF eager, on an AVX-512
-# VNNI host (README, session 8); `--weight-only8 ''` gives back the W8A8 projection.
 DEFAULT_WEIGHT_ONLY8 = {"int8": "lm_head", "fp8": "lm_head", "int4": "lm_head,*.down_proj"}
 DEFAULT_EXCLUDE = {"int8": "*.down_proj", "fp8": "", "int4": ""}
 # FP8 tensor cores arrive with Ada (sm89); the CPU target runs FP8 Q/DQ as emulation.
