@@ -328,8 +328,10 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``llmc`` command; returns the process exit code."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``llmc`` argument parser with every subcommand. Building it imports only base
+    dependencies (pyproject's ``dependencies``), so ``llmc <command> --help`` works after
+    ``pip install -e .`` alone."""
     parser = argparse.ArgumentParser(prog="llmc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_build(sub)
@@ -339,7 +341,22 @@ def main(argv: list[str] | None = None) -> int:
     _add_bench(sub)
     _add_registry(sub)
     _add_inspect(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[list[str]]:
+    """Every command path of ``parser``, itself first: [], [build], ..., [registry, ls], ..."""
+    paths = [list(prefix)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                paths += command_paths(child, (*prefix, name))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``llmc`` command; returns the process exit code."""
+    args = build_parser().parse_args(argv)
     run = {
         "build": _run_build,
         "generate": _run_generate,
