@@ -26,7 +26,7 @@ from llmc.errors import (
 )
 from llmc.registry.local import LocalRegistry
 from llmc.registry.resolve import engine_dir_for, resolve_local
-from llmc.registry.signing import generate_keypair, sign_manifest
+from llmc.registry.signing import generate_keypair, sign_entry
 from llmc.runtime.engine_loader import load_engine
 
 SHARED = b"shared tokenizer bytes\n" * 10
@@ -194,7 +194,7 @@ def test_signatures_valid_wrong_key_tampered_unsigned(tmp_path: Path):
     entry = reg.publish(fake_engine(tmp_path / "e"))
     with pytest.raises(NoMatchingEngineError, match="is not signed"):
         resolve_local(reg, "toy", verify_key=pub)
-    signed = reg.add(replace(entry, signature=sign_manifest(reg.manifest_bytes(entry), key)))
+    signed = reg.add(replace(entry, signature=sign_entry(entry, key)))
     assert resolve_local(reg, "toy", verify_key=pub) == signed
     with pytest.raises(NoMatchingEngineError, match="does not verify with"):
         resolve_local(reg, "toy", verify_key=other_pub)

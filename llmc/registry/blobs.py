@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmc.errors import BlobCorruptError
+from llmc.errors import BlobCorruptError, RegistryError
 from llmc.registry.integrity import (
     PARTIAL_SUFFIX,
     check_digest,
+    is_digest,
     sha256_file,
     write_stream_atomic,
 )
+from llmc.registry.paths import confined
 
 _READ_ONLY = 0o444
 
@@ -36,8 +38,19 @@ class BlobStore:
         return self.root / "blobs" / "sha256"
 
     def path(self, digest: str) -> Path:
-        """Where the blob ``digest`` (sha256 hex) lives, present or not."""
+        """Where the blob ``digest`` (sha256 hex) lives, present or not.
+
+        Raises:
+            RegistryError: ``digest`` is not 64 lowercase hex digits (it would name another path).
+        """
+        if not isinstance(digest, str) or not is_digest(digest):
+            raise RegistryError(f"{digest!r} is not a sha256 digest; refusing it as a blob name")
         return self.directory / digest[:2] / digest
+
+    def writable_path(self, digest: str) -> Path:
+        """``path(digest)``, checked to be under the registry root (RegistryError if a symlinked
+        directory leads out of it)."""
+        return confined(self.path(digest), self.root)
 
     def has(self, digest: str) -> bool:
         return self.path(digest).is_file()
@@ -51,7 +64,7 @@ class BlobStore:
         Raises:
             BlobCorruptError: ``source`` does not hash to ``digest``; nothing is stored.
         """
-        target = self.path(digest)
+        target = self.writable_path(digest)
         if target.is_file():
             os.utime(target)
             return
@@ -60,7 +73,7 @@ class BlobStore:
 
     def adopt(self, staged: Path, digest: str) -> None:
         """Move an already-verified file (same file system) into the store as ``digest``."""
-        target = self.path(digest)
+        target = self.writable_path(digest)
         if target.is_file():
             os.utime(target)
             staged.unlink()
@@ -84,16 +97,20 @@ class BlobStore:
         check_digest(digest, sha256_file(path), str(path))
 
     def digests(self) -> Iterator[str]:
-        """Every stored blob's digest (temporary files excluded)."""
+        """Every stored blob's digest (temporary files and foreign names excluded)."""
         if not self.directory.is_dir():
             return
         for path in self.directory.glob("??/*"):
-            if not path.name.startswith("."):
+            if is_digest(path.name) and path.parent.name == path.name[:2]:
                 yield path.name
 
     def remove(self, digest: str) -> int:
-        """Delete a blob; returns the bytes freed (0 if it was absent)."""
-        path = self.path(digest)
+        """Delete a blob; returns the bytes freed (0 if it was absent).
+
+        Raises:
+            RegistryError: the blob's path resolves outside the registry root (a symlink).
+        """
+        path = confined(self.path(digest), self.root)
         try:
             size = path.stat().st_size
             path.unlink()
@@ -102,13 +119,17 @@ class BlobStore:
         return size
 
     def remove_stale_partials(self, older_than_s: float) -> int:
-        """Delete temporary files left by interrupted writes, older than ``older_than_s``."""
+        """Delete temporary files left by interrupted writes, older than ``older_than_s``.
+
+        Raises:
+            RegistryError: one resolves outside the registry root (a symlink).
+        """
         removed = 0
         cutoff = time.time() - older_than_s
         if not self.directory.is_dir():
             return 0
         for path in self.directory.glob(f"??/.*{PARTIAL_SUFFIX}"):
-            if path.stat().st_mtime <= cutoff:
+            if confined(path, self.root).stat().st_mtime <= cutoff:
                 path.unlink(missing_ok=True)
                 removed += 1
         return removed

@@ -4,25 +4,30 @@ Layout under the root::
 
     blobs/sha256/ab/abcd...      every engine file and manifest, named by its sha256 (0444)
     index.json, index.lock       the entries (see index.py) and the lock writers take
-    checkouts/<name>-<id>/       engine directories assembled from blobs (hard links) to load
+    checkouts/<manifest sha256>/ engine directories assembled from blobs (hard links) to load
 
 Publishing copies each engine file into the store, checking it against the digest its manifest
 lists, then adds the index entry last: an entry never names a blob that was not fully written.
+Every path the registry writes or deletes is named by a digest and checked to stay under the
+root (``paths.confined``); no entry field but a digest becomes a path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from llmc.errors import BlobCorruptError, EngineCorruptError, RegistryError
+from llmc.errors import BlobCorruptError, EngineCorruptError, EngineError, RegistryError
 from llmc.registry.blobs import BlobStore
+from llmc.registry.entry import check_entry_agrees
 from llmc.registry.index import Index, IndexEntry, entry_from_manifest
 from llmc.registry.integrity import check_digest, write_stream_atomic
+from llmc.registry.paths import confined, remove_tree
 
 DEFAULT_ROOT = "engines"
 CHECKOUTS = "checkouts"
@@ -95,6 +100,7 @@ class LocalRegistry:
 
         Raises:
             EngineNotFoundError, EngineCorruptError, EngineMismatchError: no valid manifest.
+            RegistryError: a manifest field is not valid in an entry; nothing is written.
             BlobCorruptError: a file differs from its manifest digest (nothing is indexed).
         """
         from llmc.compiler.manifest import MANIFEST_NAME, parse_manifest, read_manifest
@@ -103,30 +109,39 @@ class LocalRegistry:
         read_manifest(engine_dir)  # raises the not-found / not-an-engine errors
         raw = (engine_dir / MANIFEST_NAME).read_bytes()
         manifest = parse_manifest(raw, str(engine_dir / MANIFEST_NAME))
-        size = len(raw)
-        for relative, digest in manifest.files.items():
-            source = engine_dir / _safe_relative(relative, engine_dir)
-            self.blobs.put_file(source, digest)
-            size += source.stat().st_size
-        manifest_digest = self._put_manifest(raw)
-        return self.add(entry_from_manifest(manifest, manifest_digest, size, signature))
+        digest = hashlib.sha256(raw).hexdigest()
+        entry = entry_from_manifest(manifest, digest, 0, signature)  # validates, before writes
+        for relative, file_digest in entry.files.items():
+            self.blobs.put_file(engine_dir / relative, file_digest)
+        self._put_manifest(raw)
+        return self.add(entry)
 
     def add(self, entry: IndexEntry) -> IndexEntry:
-        """Index ``entry`` (its blobs must be stored), replacing any entry of the same key."""
+        """Index ``entry`` (its blobs must be stored), replacing any entry of the same key;
+        returns it with ``size_bytes`` recomputed from the stored blobs (never trusted).
+
+        Raises:
+            RegistryError: a blob of the entry is not stored.
+        """
         missing = [d for d in entry.blobs if not self.blobs.has(d)]
         if missing:
             raise RegistryError(f"cannot index {entry.model_id}: blobs {missing} are not stored")
+        size = sum(
+            self.blobs.path(d).stat().st_size
+            for d in [entry.manifest_digest, *entry.files.values()]
+        )
+        entry = replace(entry, size_bytes=size)
         self.index.update(lambda es: [e for e in es if e.key != entry.key] + [entry])
         return entry
 
     def manifest_bytes(self, entry: IndexEntry) -> bytes:
-        """The entry's ``manifest.json``, checked against its digest.
+        """The entry's ``manifest.json``, checked against its digest and against the entry
+        (``check_entry_agrees``).
 
         Raises:
             BlobCorruptError: the manifest blob is missing or altered.
+            EngineCorruptError, EngineMismatchError: it is no manifest, or the entry disagrees.
         """
-        import hashlib
-
         path = self.blobs.path(entry.manifest_digest)
         try:
             raw = path.read_bytes()
@@ -135,20 +150,15 @@ class LocalRegistry:
             raise
         what = f"manifest of {entry.model_id}@{entry.short_id}"
         check_digest(entry.manifest_digest, hashlib.sha256(raw).hexdigest(), what)
+        check_entry_agrees(entry, raw, what)
         return raw
 
     def manifest(self, entry: IndexEntry):
-        """The entry's parsed, digest-checked ``EngineManifest``."""
+        """The entry's parsed ``EngineManifest``, checked as ``manifest_bytes`` checks it."""
         from llmc.compiler.manifest import parse_manifest
 
         what = f"manifest of {entry.model_id}@{entry.short_id}"
-        manifest = parse_manifest(self.manifest_bytes(entry), what)
-        if manifest.files != entry.files:
-            raise EngineCorruptError(
-                f"{what}: the index lists other files than the manifest; the index was edited "
-                "by hand. `llmc registry rm` the entry and re-publish it"
-            )
-        return manifest
+        return parse_manifest(self.manifest_bytes(entry), what)
 
     def checkout(self, entry: IndexEntry) -> Path:
         """An engine directory for ``entry`` under ``checkouts/``, assembled once from its
@@ -158,10 +168,11 @@ class LocalRegistry:
 
         Raises:
             BlobCorruptError: a blob of the entry is missing.
+            RegistryError: ``checkouts/`` resolves outside the root (a symlink).
         """
         from llmc.compiler.manifest import MANIFEST_NAME
 
-        final = self.root / CHECKOUTS / checkout_name(entry)
+        final = confined(self.root / CHECKOUTS / checkout_name(entry), self.root)
         if (final / MANIFEST_NAME).is_file():
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +197,12 @@ class LocalRegistry:
 
     def remove(self, ref: str) -> list[IndexEntry]:
         """Drop every entry ``ref`` names from the index, and their checkouts; blobs stay until
-        ``gc``. Raises RegistryError if ``ref`` names none."""
+        ``gc``.
+
+        Raises:
+            RegistryError: ``ref`` names none, or a checkout resolves outside the root (a
+                symlink; it is left alone, the entry is still dropped).
+        """
         removed: list[IndexEntry] = []
 
         def change(entries: list[IndexEntry]) -> list[IndexEntry]:
@@ -197,26 +213,39 @@ class LocalRegistry:
         if not removed:
             raise RegistryError(f"no engine {ref!r} in the registry {self.root}")
         for entry in removed:
-            shutil.rmtree(self.root / CHECKOUTS / checkout_name(entry), ignore_errors=True)
+            remove_tree(self.root / CHECKOUTS / checkout_name(entry), self.root)
         return removed
 
     def verify(self, ref: str | None = None) -> list[VerifyProblem]:
-        """Re-hash every blob of every entry (or of those ``ref`` names); returns the problems."""
+        """Re-hash every blob of every entry (or of those ``ref`` names), and check each entry
+        against its manifest; returns the problems."""
         entries = self.find(ref) if ref else self.entries()
         if ref and not entries:
             raise RegistryError(f"no engine {ref!r} in the registry {self.root}")
         problems = []
         for entry in entries:
+            found = []
             for digest in entry.blobs:
                 try:
                     self.blobs.verify(digest)
                 except BlobCorruptError as error:
-                    problems.append(VerifyProblem(entry, str(error)))
+                    found.append(VerifyProblem(entry, str(error)))
+            try:
+                if not found:  # a damaged manifest blob is reported once, above
+                    self.manifest_bytes(entry)
+            except EngineError as error:
+                found.append(VerifyProblem(entry, str(error)))
+            problems += found
         return problems
 
     def gc(self, grace_s: float = DEFAULT_GC_GRACE_S) -> GcReport:
         """Delete blobs no entry references and checkouts of removed entries, older than
-        ``grace_s`` seconds, under the index lock."""
+        ``grace_s`` seconds, under the index lock.
+
+        Raises:
+            RegistryError: a blob, checkout or temporary file resolves outside the root (a
+                symlink); nothing outside is deleted.
+        """
         cutoff = time.time() - grace_s
         blobs_removed = bytes_freed = checkouts_removed = 0
         with self.index.lock():
@@ -230,26 +259,25 @@ class LocalRegistry:
             partials = self.blobs.remove_stale_partials(grace_s)
             wanted = {checkout_name(e) for e in entries}
             checkouts = self.root / CHECKOUTS
-            for path in checkouts.iterdir() if checkouts.is_dir() else ():
-                if path.name not in wanted and path.stat().st_mtime <= cutoff:
-                    shutil.rmtree(path, ignore_errors=True)
-                    checkouts_removed += 1
+            for path in confined(checkouts, self.root).iterdir() if checkouts.is_dir() else ():
+                if path.name not in wanted and path.lstat().st_mtime <= cutoff:
+                    checkouts_removed += remove_tree(path, self.root)
         return GcReport(blobs_removed, bytes_freed, checkouts_removed, partials)
 
     def _put_manifest(self, raw: bytes) -> str:
-        import hashlib
-
         digest = hashlib.sha256(raw).hexdigest()
-        if self.blobs.has(digest):
-            os.utime(self.blobs.path(digest))
+        path = self.blobs.writable_path(digest)
+        if path.is_file():
+            os.utime(path)
         else:
-            write_stream_atomic([raw], self.blobs.path(digest), mode=0o444)
+            write_stream_atomic([raw], path, mode=0o444)
         return digest
 
 
 def checkout_name(entry: IndexEntry) -> str:
-    """``<model>-<target>-<dtype>-<quant>-<id>``: readable, and unique per manifest."""
-    return f"{entry.model_id}-{entry.target}-{entry.dtype}-{entry.quant}-{entry.short_id}"
+    """The manifest's full sha256: unique per engine, and no entry field but a digest becomes
+    a path (``llmc registry resolve`` prints the directory)."""
+    return entry.manifest_digest
 
 
 def _safe_relative(relative: str, root: Path) -> str:

@@ -9,9 +9,11 @@ There is no shared index object to read-modify-write (S3 has no locks): each pus
 entry object, and the remote index is the listing of ``entries/``. A push uploads every blob
 first and the entry last, and a single PUT (or a completed multipart upload) is atomic, so a
 reader never sees an entry whose blobs are not all there: an interrupted push leaves only
-unreferenced blobs. A pull downloads into a staging directory in the local registry, checks
-every blob's sha256 (and the manifest's signature when asked), and only then moves the blobs into
-the store and indexes the engine: a refused pull leaves nothing behind.
+unreferenced blobs. Every entry object is validated when listed (``IndexEntry``): a crafted one
+fails the listing, naming its key and field. A pull downloads into a staging directory in the
+local registry, checks every blob's sha256, the entry against its manifest (and the entry's
+signature when asked), and only then moves the blobs into the store, checks the engine out and
+indexes it, last: a refused pull leaves the index as it was.
 
 Credentials and region come from the usual AWS sources (environment, ~/.aws, instance role);
 the endpoint from ``endpoint_url`` or ``AWS_ENDPOINT_URL``.
@@ -26,9 +28,9 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from llmc.errors import EngineCorruptError, RegistryError
-from llmc.registry.index import IndexEntry
-from llmc.registry.integrity import CHUNK_BYTES, check_digest, is_digest, write_stream_atomic
+from llmc.errors import RegistryError
+from llmc.registry.entry import IndexEntry, check_entry_agrees
+from llmc.registry.integrity import CHUNK_BYTES, check_digest, write_stream_atomic
 from llmc.registry.local import LocalRegistry
 
 
@@ -65,7 +67,8 @@ class S3Registry:
         """Every engine pushed completely (its entry object exists), oldest first.
 
         Raises:
-            RegistryError: the bucket cannot be listed (missing, no access, unreachable).
+            RegistryError: the bucket cannot be listed (missing, no access, unreachable), or an
+                entry object is not a valid entry (names its key and the field).
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -77,8 +80,7 @@ class S3Registry:
             for page in pages:
                 for item in page.get("Contents", []):
                     if item["Key"].endswith(".json"):
-                        body = self._get(item["Key"])
-                        entries.append(IndexEntry.from_dict(json.loads(body), item["Key"]))
+                        entries.append(self._entry(item["Key"]))
         except (BotoCoreError, ClientError) as error:
             raise RegistryError(f"cannot list the remote registry {self.url}: {error}") from error
         return sorted(entries, key=lambda e: e.created_at)
@@ -89,10 +91,12 @@ class S3Registry:
         )
 
     def manifest_bytes(self, entry: IndexEntry) -> bytes:
-        """The entry's manifest, checked against its digest (BlobCorruptError if altered)."""
+        """The entry's manifest, checked against its digest (BlobCorruptError if altered) and
+        against the entry (EngineCorruptError naming the field that differs)."""
         raw = self._get(self._blob_key(entry.manifest_digest))
         what = f"manifest of {entry.model_id}@{entry.short_id} at {self.url}"
         check_digest(entry.manifest_digest, hashlib.sha256(raw).hexdigest(), what)
+        check_entry_agrees(entry, raw, what)
         return raw
 
     def push(self, local: LocalRegistry, entry: IndexEntry, signature: str | None) -> IndexEntry:
@@ -128,31 +132,24 @@ class S3Registry:
 
         Raises:
             BlobCorruptError: a blob (or the manifest) differs from its digest; names the digest.
-            SignatureError: ``verify_key`` is given and the manifest's signature does not verify.
-            EngineCorruptError: the entry and its manifest disagree on the engine's files.
-            RegistryError: a download failed.
+            SignatureError: ``verify_key`` is given and the entry's signature does not verify.
+            EngineCorruptError: the entry and its manifest disagree (names the field).
+            RegistryError: a download failed, or the checkout would leave the local root.
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from llmc.compiler.manifest import parse_manifest
-        from llmc.registry.signing import verify_manifest
+        from llmc.registry.signing import verify_entry
 
         what = f"{entry.model_id}@{entry.short_id} at {self.url}"
+        if verify_key is not None:
+            verify_entry(entry, verify_key, what)
+        raw = self.manifest_bytes(entry)
         local.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=local.root))
         try:
-            raw = self.manifest_bytes(entry)
-            if verify_key is not None:
-                verify_manifest(raw, entry.signature, verify_key, what)
-            if parse_manifest(raw, f"manifest of {what}").files != entry.files:
-                raise EngineCorruptError(
-                    f"{what}: its entry lists other files than its manifest; refusing it"
-                )
             staged = {entry.manifest_digest: staging / "manifest"}
             write_stream_atomic([raw], staged[entry.manifest_digest])
             for digest in entry.blobs[1:]:
-                if not is_digest(digest):
-                    raise EngineCorruptError(f"{what}: {digest!r} is not a sha256 digest")
                 if local.blobs.has(digest):
                     continue
                 body = self._client.get_object(
@@ -167,6 +164,7 @@ class S3Registry:
                 )
             for digest, path in staged.items():
                 local.blobs.adopt(path, digest)
+            local.checkout(entry)  # an engine refused here is never indexed
             return local.add(entry)
         except (BotoCoreError, ClientError) as error:
             raise RegistryError(f"pull of {what} failed: {error}") from error
@@ -178,6 +176,13 @@ class S3Registry:
 
     def _entry_key(self, entry: IndexEntry) -> str:
         return self.location.key("entries", entry.model_id, f"{entry.manifest_digest}.json")
+
+    def _entry(self, key: str) -> IndexEntry:
+        try:
+            data = json.loads(self._get(key))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise RegistryError(f"{self.url}/{key} is not JSON ({error}); remove it") from error
+        return IndexEntry.from_dict(data, f"{self.url}/{key}")
 
     def _get(self, key: str) -> bytes:
         from botocore.exceptions import ClientError

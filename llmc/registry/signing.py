@@ -1,8 +1,10 @@
-"""Ed25519 signatures of engine manifests: key-based, checked offline.
+"""Ed25519 signatures of registry entries: key-based, checked offline.
 
-A manifest lists the sha256 of every engine file, so a signature over the manifest's bytes covers
-the whole engine: a host holding only the public key can refuse any engine a CI job with the
-private key did not publish. Keys are PEM files (PKCS#8 private, SubjectPublicKeyInfo public), as
+A signature covers every field of an entry that resolution, filters or paths read (model id,
+target, ISA, dtype, quant, created_at, ...) and its manifest's digest; the manifest lists the
+sha256 of every engine file, so the signature covers the whole engine: a host holding only the
+public key can refuse any engine, or any edit of its entry, a CI job with the private key did not
+publish. Keys are PEM files (PKCS#8 private, SubjectPublicKeyInfo public), as
 ``openssl genpkey -algorithm ed25519`` writes them; ``generate_keypair`` writes a pair. Uses the
 ``cryptography`` package (RFC 8032 Ed25519).
 """
@@ -15,6 +17,7 @@ import os
 from pathlib import Path
 
 from llmc.errors import SignatureError
+from llmc.registry.entry import IndexEntry, entry_from_manifest
 
 
 def generate_keypair(private_path: str | Path) -> Path:
@@ -48,8 +51,8 @@ def generate_keypair(private_path: str | Path) -> Path:
     return public_path
 
 
-def sign_manifest(manifest_bytes: bytes, private_key_path: str | Path) -> str:
-    """Sign a manifest's exact bytes; returns the 64-byte Ed25519 signature in base64.
+def sign_entry(entry: IndexEntry, private_key_path: str | Path) -> str:
+    """Sign an entry's ``signed_payload()``; returns the 64-byte Ed25519 signature in base64.
 
     Raises:
         SignatureError: the key file is unreadable or not an Ed25519 private key.
@@ -66,17 +69,17 @@ def sign_manifest(manifest_bytes: bytes, private_key_path: str | Path) -> str:
         ) from error
     if not isinstance(key, Ed25519PrivateKey):
         raise SignatureError(f"{private_key_path} is not an Ed25519 private key")
-    return base64.b64encode(key.sign(manifest_bytes)).decode("ascii")
+    return base64.b64encode(key.sign(entry.signed_payload())).decode("ascii")
 
 
-def verify_manifest(
-    manifest_bytes: bytes, signature: str | None, public_key_path: str | Path, what: str
-) -> None:
-    """Check that ``signature`` (base64) signs ``manifest_bytes`` under the public key.
+def verify_entry(entry: IndexEntry, public_key_path: str | Path, what: str) -> None:
+    """Check that ``entry.signature`` signs ``entry.signed_payload()`` under the public key:
+    every field of the entry but its size (see ``IndexEntry.signed_payload``).
 
     Raises:
         SignatureError: the engine ``what`` is unsigned, the signature is malformed or does not
-            verify, or the key file is not an Ed25519 public key.
+            verify (a field was edited, another key signed it, or an llmc before signature
+            scheme v2 signed only its manifest), or the key file is not an Ed25519 public key.
     """
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
@@ -91,15 +94,43 @@ def verify_manifest(
         ) from error
     if not isinstance(key, Ed25519PublicKey):
         raise SignatureError(f"{public_key_path} is not an Ed25519 public key")
-    if signature is None:
+    if entry.signature is None:
         raise SignatureError(
             f"{what} is not signed, and --verify-key asks for a signed engine; push it with "
             "`llmc registry push --sign-key KEY`"
         )
     try:
-        key.verify(base64.b64decode(signature, validate=True), manifest_bytes)
+        key.verify(base64.b64decode(entry.signature, validate=True), entry.signed_payload())
     except (InvalidSignature, binascii.Error, ValueError) as error:
         raise SignatureError(
-            f"{what}: the manifest's signature does not verify with {public_key_path}; the "
-            "manifest was altered or signed with another key. Refusing it"
+            f"{what}: the entry's signature does not verify with {public_key_path}; a field "
+            "of the entry (model, target, dtype, quant, created_at, manifest digest...) was "
+            "altered, another key signed it, or an older llmc signed only its manifest. "
+            "Refusing it; re-sign the engine from a good copy with `llmc registry push REF "
+            "--sign-key KEY [--remote ...]`"
         ) from error
+
+
+def verify_manifest(
+    manifest_bytes: bytes, signature: str | None, public_key_path: str | Path, what: str
+) -> None:
+    """``verify_entry`` for a caller holding only the manifest: the entry the manifest makes
+    (its fields and digest) signed by ``signature``. The caller must also check that the entry
+    it uses agrees with this manifest (``LocalRegistry.manifest_bytes`` and
+    ``S3Registry.manifest_bytes`` do); ``verify_entry`` on the entry needs no such check.
+
+    Raises:
+        SignatureError: as ``verify_entry``, or the manifest is not one an entry can hold.
+    """
+    import hashlib
+
+    from llmc.compiler.manifest import parse_manifest
+    from llmc.errors import EngineError, RegistryError
+
+    try:
+        manifest = parse_manifest(manifest_bytes, f"manifest of {what}")
+        digest = hashlib.sha256(manifest_bytes).hexdigest()
+        entry = entry_from_manifest(manifest, digest, 0, signature)
+    except (EngineError, RegistryError) as error:
+        raise SignatureError(f"{what}: cannot check its signature: {error}") from error
+    verify_entry(entry, public_key_path, what)

@@ -21,14 +21,16 @@ def push(
 
     ``source`` is an engine directory (published into ``local`` first) or a reference to an
     entry of ``local`` (model id, digest prefix, MODEL@PREFIX). ``sign_key`` (Ed25519 private
-    key, PEM) signs the manifest; the signature is kept in the local and remote entries.
+    key, PEM) signs the entry (every field, see ``IndexEntry.signed_payload``); the signature is
+    kept in the local and remote entries.
 
     Raises:
         RegistryError: ``source`` is neither, or names several entries; nothing to do.
         BlobCorruptError: an engine file differs from its manifest digest.
         SignatureError: the key cannot be read.
+        EngineCorruptError: the local entry disagrees with its manifest; nothing is signed.
     """
-    from llmc.registry.signing import sign_manifest
+    from llmc.registry.signing import sign_entry
 
     path = Path(source)
     if (path / "manifest.json").is_file():
@@ -45,9 +47,8 @@ def push(
     if sign_key is not None:
         from dataclasses import replace
 
-        entry = local.add(
-            replace(entry, signature=sign_manifest(local.manifest_bytes(entry), sign_key))
-        )
+        local.manifest_bytes(entry)  # sign only an entry that agrees with its intact manifest
+        entry = local.add(replace(entry, signature=sign_entry(entry, sign_key)))
     if remote is not None:
         from llmc.registry.s3 import S3Registry
 
