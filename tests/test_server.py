@@ -21,6 +21,7 @@ import openai
 import pytest
 import uvicorn
 
+from llmc.errors import StepFailedError
 from llmc.runtime.outputs import CompletionOutput, RequestOutput
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server import AsyncLLMEngine, EngineDeadError, QueueFullError, build_app
@@ -413,15 +414,21 @@ def test_async_engine_aborts_when_the_consumer_stops() -> None:
     engine.shutdown()
 
 
-def test_async_engine_fails_every_request_when_a_step_raises() -> None:
+def test_async_engine_fails_the_step_then_dies_after_consecutive_failed_steps() -> None:
+    """A step that raises something other than StepFailedError names no requests: all of
+    them fail (and are aborted); the engine dies only at the second failed step in a row."""
     scripted = ScriptedEngine()
     scripted.step = lambda: 1 / 0  # type: ignore[method-assign]
-    engine = AsyncLLMEngine(scripted)  # type: ignore[arg-type]
-    with pytest.raises(EngineDeadError, match="ZeroDivisionError"):
+    engine = AsyncLLMEngine(scripted, max_consecutive_step_failures=2)  # type: ignore[arg-type]
+    with pytest.raises(StepFailedError, match="ZeroDivisionError"):
         _collect(engine, "a", 3)
-    assert not engine.is_running
-    with pytest.raises(EngineDeadError):
+    assert engine.is_running and scripted.aborted == ["a"] and not scripted.requests
+    with pytest.raises(StepFailedError, match="ZeroDivisionError"):
         _collect(engine, "b", 3)
+    _wait_until(lambda: not engine.is_running, "the engine stops")
+    with pytest.raises(EngineDeadError, match="2 failed steps in a row"):
+        _collect(engine, "c", 3)
+    assert engine.num_finished == {"stop": 0, "length": 0, "abort": 0, "error": 2}
 
 
 def test_async_engine_bounds_the_waiting_queue_and_fails_pending_on_shutdown() -> None:

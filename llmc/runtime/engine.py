@@ -230,24 +230,28 @@ class LLMEngine:
             that do not reach the end of their prompt produce none.
 
         Raises:
-            StepFailedError: the runner or the sampler raised (the ``__cause__``). The step's
-                requests are aborted (``Scheduler.fail_step``: their blocks are freed and the
-                blocks the step was to fill are out of the prefix cache); other requests keep
-                their state, and the engine can keep stepping.
+            StepFailedError: the runner, the sampler or recording the results raised (the
+                ``__cause__``). The step's requests are aborted (``Scheduler.fail_step``: their
+                blocks are freed, those the step was to fill leave the prefix cache); the others
+                keep their state, and the engine can keep stepping. If planning the step raised,
+                which requests it touched is unknown: every unfinished request is aborted.
         """
-        scheduler_output = self.scheduler.schedule()
+        try:
+            scheduler_output = self.scheduler.schedule()
+        except Exception as exc:
+            raise self._failed(exc, self._abort_all_unwritten()) from exc
         if not scheduler_output.scheduled:
             return []
         try:
             token_ids = self._execute(scheduler_output)
+            return self._update(scheduler_output, token_ids)
         except Exception as exc:
-            failed = self.scheduler.fail_step(scheduler_output)
-            for request_id in failed:
-                self.outputs.abort_request(request_id)
-            raise StepFailedError(
-                f"the model step failed ({exc!r}); its requests {list(failed)} were aborted",
-                request_ids=failed,
-            ) from exc
+            raise self._failed(exc, self.scheduler.fail_step(scheduler_output)) from exc
+
+    def _update(
+        self, scheduler_output: SchedulerOutput, token_ids: np.ndarray
+    ) -> list[RequestOutput]:
+        """Record the step's sampled tokens [S], check stop strings; the step's outputs."""
         updated = self.scheduler.update_from_output(scheduler_output, token_ids)
         touched: dict[str, None] = {}
         for seq in updated:
@@ -263,6 +267,29 @@ class LLMEngine:
                     )
             touched[seq.request_id] = None
         return self.outputs.make_outputs(touched)
+
+    def _failed(self, exc: Exception, request_ids: tuple[str, ...]) -> StepFailedError:
+        """Drop the output state of the failed step's (already aborted) requests; the error."""
+        for request_id in request_ids:
+            self.outputs.abort_request(request_id)
+        return StepFailedError(
+            f"the model step failed ({exc!r}); its requests {list(request_ids)} were aborted",
+            request_ids=request_ids,
+        )
+
+    def _abort_all_unwritten(self) -> tuple[str, ...]:
+        """After ``schedule()`` raised: every block no step has written leaves the prefix cache
+        (``schedule`` may have cached some), then every unfinished request is aborted; their
+        ids. (It belongs beside ``Scheduler.fail_step``, which needs the plan.)"""
+        scheduler = self.scheduler
+        for seqs in scheduler.requests.values():
+            for seq in seqs:
+                num_unwritten = seq.num_tokens - seq.num_computed_tokens
+                scheduler.kv_cache_manager.uncache_step(seq, seq.num_computed_tokens, num_unwritten)
+        request_ids = tuple(scheduler.requests)
+        for request_id in request_ids:
+            scheduler.abort_request(request_id)
+        return request_ids
 
     def _execute(self, scheduler_output: SchedulerOutput) -> np.ndarray:
         """Run the planned step and sample: the sampled tokens [S] int64, one per sequence of

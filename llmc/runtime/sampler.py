@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmc.runtime.penalties import apply_min_tokens, apply_penalties
-from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.sampling_params import SamplingParams, check_seed
 from llmc.runtime.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -32,15 +32,23 @@ class Sampler:
     its noise from its own generator, so a request with a seed gets the same tokens whatever it
     is batched with.
 
+    Seeds are unsigned 64-bit (`check_seed`). torch's CPU generator (mt19937) keeps only the
+    low 32 bits of a seed, so seeds that differ only above bit 31 give the same samples.
+
     Args:
-        seed: seed of the generator shared by rows without their own; None seeds it from the
-            operating system's entropy.
+        seed: seed of the generator shared by rows without their own, in [0, 2**64 - 1]; None
+            seeds it from the operating system's entropy.
         eos_token_ids: the model's EOS ids, masked while a row is below its ``min_tokens``.
+
+    Raises:
+        ValueError: if ``seed`` is not None or an integer in [0, 2**64 - 1].
     """
 
     def __init__(self, seed: int | None = None, eos_token_ids: Iterable[int] = ()) -> None:
         import torch
 
+        if seed is not None:
+            check_seed(seed)
         self.eos_token_ids = frozenset(eos_token_ids)
         self._generator = torch.Generator()
         if seed is None:

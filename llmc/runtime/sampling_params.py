@@ -12,6 +12,10 @@ GREEDY_TEMPERATURE = 1e-5
 #: Most top logprobs a request may ask for per token (OpenAI allows 20 for chat; vLLM defaults 20).
 MAX_LOGPROBS = 20
 
+#: Largest seed: seeds are unsigned 64-bit integers, the range ``torch.Generator.manual_seed``
+#: and numpy's generators both accept (torch also takes negative ones; numpy does not).
+MAX_SEED = 2**64 - 1
+
 
 @dataclass
 class SamplingParams:
@@ -31,8 +35,8 @@ class SamplingParams:
         min_p: drop tokens whose probability is below ``min_p`` times the most likely one's
             (Nguyen et al. 2024, "Min P Sampling"). In [0, 1]; 0 disables it.
         seed: seed of the request's own random generator, so its samples do not depend on what
-            else is in the batch; completion i of n > 1 uses ``seed + i``. None draws from the
-            engine's generator.
+            else is in the batch; completion i of n > 1 uses ``(seed + i) mod 2**64``
+            (`completion_seed`). In [0, 2**64 - 1]; None draws from the engine's generator.
         max_tokens: maximum number of generated tokens.
         min_tokens: EOS and ``stop_token_ids`` are suppressed (and stop strings not searched)
             until this many tokens have been generated.
@@ -94,6 +98,14 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    def completion_seed(self, index: int) -> int | None:
+        """The seed of completion ``index`` (0..n-1): ``seed + index`` as in vLLM, wrapped
+        modulo 2**64 so that it stays a valid seed (``seed = 2**64 - 1`` gives completion 1
+        seed 0); None when the request has no seed."""
+        if self.seed is None:
+            return None
+        return (self.seed + index) % (MAX_SEED + 1)
+
     def validate(self) -> None:
         """Check every field.
 
@@ -110,7 +122,7 @@ class SamplingParams:
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
-            _check_int("seed", self.seed, None, "None or ")
+            check_seed(self.seed)
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
@@ -136,6 +148,12 @@ class SamplingParams:
                 _check_int(name, value, 0, "None or ")
                 if value > MAX_LOGPROBS:
                     raise ValueError(f"{name} must be at most {MAX_LOGPROBS}, got {value}")
+
+
+def check_seed(seed: object, name: str = "seed") -> None:
+    """Raise ValueError, naming ``name``, unless ``seed`` is an int in [0, `MAX_SEED`]."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be None or an integer in [0, 2**64 - 1], got {seed!r}")
 
 
 def _check_int(name: str, value: object, low: int | None, prefix: str = "") -> None:

@@ -7,20 +7,34 @@ condition variable); the thread applies the inbox between steps, runs ``step()``
 request is unfinished and sleeps on the condition when idle. Each request's outputs go back to
 its coroutine through an ``asyncio.Queue`` fed with ``loop.call_soon_threadsafe``.
 The design is vLLM's ``AsyncLLMEngine`` (v0) with the engine loop on a thread instead of a task.
+
+A step that raises fails only the requests in it (``StepFailedError``, which the server turns
+into a 500 or an in-band SSE error); the engine goes on with the others. Only when
+``max_consecutive_step_failures`` steps in a row fail is the runner taken to be broken: the
+engine stops and every request, then and later, gets ``EngineDeadError``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
-from llmc.runtime.outputs import CompletionOutput, RequestOutput
+from llmc.errors import StepFailedError
+from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.server.errors import EngineDeadError, QueueFullError
+from llmc.runtime.server.request_stream import (
+    FINISH_OUTCOMES,
+    Abort,
+    AbortAll,
+    Add,
+    Command,
+    RequestStream,
+    StreamItem,
+    finish_outcome,
+)
 
 if TYPE_CHECKING:
     from llmc.runtime.engine import LLMEngine
@@ -28,66 +42,6 @@ if TYPE_CHECKING:
     from llmc.runtime.stats import EngineStats
 
 logger = logging.getLogger(__name__)
-
-# What a request's queue carries: its outputs, or the exception that ended it.
-_Item: TypeAlias = "RequestOutput | BaseException"
-
-
-@dataclass
-class _RequestStream:
-    """Where the engine thread delivers one request's outputs: a queue on the caller's loop."""
-
-    request_id: str
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[_Item]
-    last: RequestOutput | None = field(default=None)  # the latest output delivered
-
-    def put(self, item: _Item) -> None:
-        """Hand ``item`` to the request's coroutine; callable from any thread."""
-        if isinstance(item, RequestOutput):
-            self.last = item
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-    def aborted(self, add: _Add) -> RequestOutput:
-        """The request's final output when the server aborts it: what it has so far, every
-        unfinished completion with finish_reason "abort"."""
-        if self.last is None:
-            outputs = [
-                CompletionOutput(index=i, text="", token_ids=[], finish_reason="abort")
-                for i in range(add.params.n)
-            ]
-            return RequestOutput(
-                self.request_id, add.prompt, add.prompt_token_ids, outputs, finished=True
-            )
-        outputs = [
-            o if o.finish_reason else dataclasses.replace(o, finish_reason="abort")
-            for o in self.last.outputs
-        ]
-        return dataclasses.replace(self.last, outputs=outputs, finished=True)
-
-
-@dataclass(frozen=True)
-class _Add:
-    stream: _RequestStream
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    prompt: str | None
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class _AbortAll:
-    """End every unfinished request with finish_reason "abort" (the drain's deadline)."""
-
-
-_Command: TypeAlias = "_Add | _Abort | _AbortAll"
 
 
 class AsyncLLMEngine:
@@ -97,19 +51,32 @@ class AsyncLLMEngine:
         engine: the engine; from now on only this object's thread may touch it.
         max_waiting: how many requests may wait for their first output (queued or in prefill)
             before ``generate`` refuses new ones with ``QueueFullError``.
+        max_consecutive_step_failures: failed steps in a row after which the engine is dead
+            (``/health`` 503); a step that succeeds starts the count again.
+
+    Raises:
+        ValueError: if ``max_consecutive_step_failures`` is below 1.
     """
 
-    def __init__(self, engine: LLMEngine, max_waiting: int = 64) -> None:
+    def __init__(
+        self, engine: LLMEngine, max_waiting: int = 64, max_consecutive_step_failures: int = 3
+    ) -> None:
+        if max_consecutive_step_failures < 1:
+            raise ValueError(
+                f"max_consecutive_step_failures must be >= 1, got {max_consecutive_step_failures}"
+            )
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
         self.max_waiting = max_waiting
+        self.max_consecutive_step_failures = max_consecutive_step_failures
         self._engine = engine
         self._cond = threading.Condition()
-        self._inbox: list[_Command] = []
+        self._inbox: list[Command] = []
         self._stopping = False
         self._dead: EngineDeadError | None = None
         self._num_waiting = 0
         self._num_in_flight = 0
+        self._num_finished = dict.fromkeys(FINISH_OUTCOMES, 0)
         self._stats: EngineStats = engine.stats()  # replaced by the engine thread, never mutated
         self._thread = threading.Thread(target=self._run, name="llmc-engine", daemon=True)
         self._thread.start()
@@ -128,6 +95,20 @@ class AsyncLLMEngine:
     def num_in_flight(self) -> int:
         """Requests submitted and not finished (waiting or running)."""
         return self._num_in_flight
+
+    @property
+    def num_finished(self) -> dict[str, int]:
+        """Requests the engine accepted that have ended, by outcome (`FINISH_OUTCOMES`); each
+        counted once, when its ``generate`` ends. Requests refused before they started
+        (``QueueFullError``, ``ValueError``, a dead engine) are not counted. A copy."""
+        with self._cond:
+            return dict(self._num_finished)
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (columns of its logits); token ids are below it. Read
+        from the runner on demand: a constant, safe to read from any thread."""
+        return self._engine.runner.vocab_size
 
     @property
     def stats(self) -> EngineStats:
@@ -154,12 +135,14 @@ class AsyncLLMEngine:
         the iteration early (``break``, ``aclose()``, cancellation on client disconnect) aborts
         the request, which frees its KV blocks.
 
-        Raises (before any output is yielded):
+        Raises (before any output is yielded, unless noted):
             QueueFullError: ``max_waiting`` requests are already waiting.
-            EngineDeadError: the engine thread has stopped.
+            EngineDeadError: the engine thread has stopped (also mid-stream).
             ValueError: ``LLMEngine.add_request`` refused the request (message from the engine).
+            StepFailedError: a step that held this request failed (also mid-stream); the
+                request is aborted and its blocks are free.
         """
-        stream = _RequestStream(request_id, asyncio.get_running_loop(), asyncio.Queue())
+        stream = RequestStream(request_id, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             if self._dead is not None or self._stopping:
                 raise self._dead or EngineDeadError("the engine is shutting down")
@@ -170,9 +153,10 @@ class AsyncLLMEngine:
                 )
             self._num_waiting += 1
             self._num_in_flight += 1
-            self._inbox.append(_Add(stream, list(prompt_token_ids), params, prompt))
+            self._inbox.append(Add(stream, list(prompt_token_ids), params, prompt))
             self._cond.notify()
         waiting, finished = True, False
+        outcome: str | None = "abort"  # unless it finishes or fails
         try:
             while not finished:
                 item = await stream.queue.get()
@@ -185,22 +169,28 @@ class AsyncLLMEngine:
                     self._count_started()
                 if isinstance(item, BaseException):
                     finished = True  # the engine holds nothing of this request any more
+                    # A ValueError is add_request refusing it: it never started.
+                    outcome = None if isinstance(item, ValueError) else "error"
                     raise item
                 finished = item.finished
+                if finished:
+                    outcome = finish_outcome(item)
                 yield item
         finally:
             if waiting:
                 self._count_started()
             with self._cond:
                 self._num_in_flight -= 1
+                if outcome is not None:
+                    self._num_finished[outcome] = self._num_finished.get(outcome, 0) + 1
             if not finished:
-                self._submit(_Abort(request_id))
+                self._submit(Abort(request_id))
 
     def abort_all(self) -> None:
         """End every unfinished request now: each gets a last output with what it generated so
         far and finish_reason "abort" (unless already finished), and its blocks are freed.
         Used when a drain runs out of time."""
-        self._submit(_AbortAll())
+        self._submit(AbortAll())
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine thread after its current step; unfinished requests fail with
@@ -215,15 +205,16 @@ class AsyncLLMEngine:
         with self._cond:
             self._num_waiting -= 1
 
-    def _submit(self, command: _Command) -> None:
+    def _submit(self, command: Command) -> None:
         with self._cond:
             self._inbox.append(command)
             self._cond.notify()
 
     def _run(self) -> None:
         """The engine thread: apply the inbox, step while there is work, sleep when idle."""
-        streams: dict[str, tuple[_RequestStream, _Add]] = {}
+        streams: dict[str, tuple[RequestStream, Add]] = {}
         error = EngineDeadError("the engine is shut down")
+        num_failed, failure = 0, None  # failed steps in a row, the latest failure
         try:
             busy = False
             while True:
@@ -236,9 +227,19 @@ class AsyncLLMEngine:
                 for command in commands:
                     self._apply(command, streams)
                 if self._engine.has_unfinished_requests():
-                    outputs = self._engine.step()
+                    try:
+                        outputs, num_failed = self._engine.step(), 0
+                    except Exception as exc:
+                        num_failed, failure = num_failed + 1, exc
+                        outputs = self._fail_step(exc, streams, num_failed)
                     # Before any output reaches a client, so what it then reads is this step's.
                     self._stats = self._engine.stats()
+                    if num_failed >= self.max_consecutive_step_failures:
+                        error = EngineDeadError(
+                            f"the engine stopped after {num_failed} failed steps in a row; the "
+                            f"last: {_cause(failure)!r}"
+                        )
+                        break
                     for output in outputs:
                         entry = streams.get(output.request_id)
                         if entry is None:  # aborted while the step ran
@@ -257,17 +258,40 @@ class AsyncLLMEngine:
         for stream, _ in streams.values():
             stream.put(error)
         for command in pending:
-            if isinstance(command, _Add):
+            if isinstance(command, Add):
                 command.stream.put(error)
 
-    def _apply(self, command: _Command, streams: dict[str, tuple[_RequestStream, _Add]]) -> None:
+    def _fail_step(
+        self, exc: Exception, streams: dict[str, tuple[RequestStream, Add]], num_failed: int
+    ) -> list[RequestOutput]:
+        """End the requests of a step that raised with ``StepFailedError``: those the
+        ``StepFailedError`` names (``LLMEngine.step`` has aborted them), or, for an engine that
+        raises anything else, every request (aborted here). The step's outputs: none."""
+        logger.error(
+            "a step failed (%d in a row; the engine stops at %d); its requests end with an error",
+            num_failed,
+            self.max_consecutive_step_failures,
+            exc_info=exc,
+        )
+        if isinstance(exc, StepFailedError):
+            failed = [streams.pop(r) for r in exc.request_ids if r in streams]
+        else:
+            failed = list(streams.values())
+            for request_id in list(streams):
+                self._abort(request_id, streams)
+        for stream, _ in failed:
+            message = f"the model step running this request failed ({_cause(exc)!r}); aborted"
+            stream.put(StepFailedError(message, request_ids=(stream.request_id,)))
+        return []
+
+    def _apply(self, command: Command, streams: dict[str, tuple[RequestStream, Add]]) -> None:
         """Apply one inbox command on the engine thread."""
-        if isinstance(command, _AbortAll):
+        if isinstance(command, AbortAll):
             for request_id, (stream, add) in list(streams.items()):
                 self._abort(request_id, streams)
                 stream.put(stream.aborted(add))
             return
-        if isinstance(command, _Abort):
+        if isinstance(command, Abort):
             self._abort(command.request_id, streams)
             return
         stream = command.stream
@@ -283,7 +307,7 @@ class AsyncLLMEngine:
             return
         streams[stream.request_id] = (stream, command)
 
-    def _abort(self, request_id: str, streams: dict[str, tuple[_RequestStream, _Add]]) -> None:
+    def _abort(self, request_id: str, streams: dict[str, tuple[RequestStream, Add]]) -> None:
         if streams.pop(request_id, None) is not None:
             try:
                 self._engine.abort_request(request_id)
@@ -291,5 +315,10 @@ class AsyncLLMEngine:
                 logger.exception("aborting request %s failed", request_id)
 
 
-def _is_final(item: _Item) -> bool:
+def _is_final(item: StreamItem) -> bool:
     return isinstance(item, BaseException) or item.finished
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """What a ``StepFailedError`` wraps (the runner's own error), else ``exc``."""
+    return exc.__cause__ if isinstance(exc, StepFailedError) and exc.__cause__ else exc

@@ -10,7 +10,12 @@ Names and types follow vLLM v1's metrics (https://docs.vllm.ai/en/v0.12.0/design
 
 Engine-side values (queues, KV pool, prefix cache, preemptions) are read at scrape time from the
 engine's latest ``EngineStats`` snapshot; request-side values (tokens, latencies) are recorded by
-the serving code. Each app owns its own ``CollectorRegistry`` (no process-global state).
+the serving code. ``vllm:request_success`` counts every request the engine accepted once, when
+it ends, by ``finished_reason``: "stop", "length", "abort" (client gone before or after its
+first token, drain deadline) or "error" (its step failed, or the engine stopped); it is read
+from ``AsyncLLMEngine.num_finished``, which sees every end, including those before a first
+token that the serving code never tracks. Each app owns its own ``CollectorRegistry`` (no
+process-global state).
 """
 
 from __future__ import annotations
@@ -80,6 +85,14 @@ class _EngineCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric([self.model_name], float(value))
             yield counter
+        finished = CounterMetricFamily(
+            "vllm:request_success",
+            "Requests ended, by finished_reason (stop, length, abort, error).",
+            labels=[*labels, "finished_reason"],
+        )
+        for reason, count in self.engine.num_finished.items():
+            finished.add_metric([self.model_name, reason], float(count))
+        yield finished
 
 
 class ServerMetrics:
@@ -100,12 +113,6 @@ class ServerMetrics:
         self._generation_tokens = Counter(
             "vllm:generation_tokens", "Tokens generated.", labels, registry=self.registry
         ).labels(model_name)
-        self._success = Counter(
-            "vllm:request_success",
-            "Requests finished, by finish reason.",
-            [*labels, "finished_reason"],
-            registry=self.registry,
-        )
         self._ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token (TTFT), seconds.",
@@ -127,7 +134,6 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         ).labels(model_name)
-        self._model_name = model_name
 
     def observe_first_token(self, ttft_s: float) -> None:
         """Record one request's time to first token."""
@@ -139,13 +145,11 @@ class ServerMetrics:
         for _ in range(num_tokens):
             self._itl.observe(interval_s / num_tokens)
 
-    def observe_finished(
-        self, prompt_tokens: int, completion_tokens: int, finish_reason: str, e2e_s: float
-    ) -> None:
-        """Record a request that ended (finished, aborted or disconnected)."""
+    def observe_finished(self, prompt_tokens: int, completion_tokens: int, e2e_s: float) -> None:
+        """Record the tokens and latency of a request that ended (finished, aborted or
+        disconnected) after its first output; its outcome is counted by the engine."""
         self._prompt_tokens.inc(prompt_tokens)
         self._generation_tokens.inc(completion_tokens)
-        self._success.labels(self._model_name, finish_reason).inc()
         self._e2e.observe(e2e_s)
 
     def render(self) -> bytes:

@@ -63,18 +63,13 @@ class RequestTracker:
         return UsageInfo.of(self.num_prompt_tokens, self._num_tokens)
 
     def finish(self) -> None:
-        """Record the request's end once: its last output's finish reason, "abort" if it
-        ended without one (client gone)."""
+        """Record the request's tokens and latency once (its outcome is counted by the
+        engine, ``AsyncLLMEngine.num_finished``)."""
         if self._done:
             return
         self._done = True
-        reasons = [o.finish_reason for o in self.last.outputs] if self.last else []
-        reason = reasons[0] if reasons and all(reasons) else "abort"
         self.metrics.observe_finished(
-            self.num_prompt_tokens,
-            self._num_tokens,
-            reason or "abort",
-            time.monotonic() - self.arrival,
+            self.num_prompt_tokens, self._num_tokens, time.monotonic() - self.arrival
         )
 
 
