@@ -2,12 +2,12 @@
 
 The runtime reads it and calls ``check_host`` before anything else in the engine directory is
 deserialized, so an engine built for another target, ISA or backend version is refused with a
-message that says what to rebuild; ``verify_files`` then checks every engine file's sha256.
+message that says what to rebuild; ``verify_files`` then checks that the directory holds exactly
+the listed files, each of its sha256.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,11 +21,12 @@ from pathlib import Path
 
 from llmc.compiler.isa import HostIsa, isa_name, missing_features
 from llmc.errors import EngineCorruptError, EngineMismatchError, EngineNotFoundError
+from llmc.runtime.engine_files import sha256_file as _sha256
+from llmc.runtime.engine_files import verify_engine_files
 from llmc.version import __version__
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-_CHUNK_BYTES = 1 << 20
 _GPU_TARGET = re.compile(r"sm\d+")
 
 
@@ -177,27 +178,21 @@ def file_digests(engine_dir: str | Path) -> dict[str, str]:
     return digests
 
 
-def verify_files(m: EngineManifest, engine_dir: str | Path) -> None:
-    """Check each file listed in ``m.files`` against its sha256 (files not listed are ignored).
+def verify_files(m: EngineManifest, engine_dir: str | Path, hash_files: bool = True) -> None:
+    """Check that ``engine_dir`` holds exactly the files ``m.files`` lists, each inside it and,
+    with ``hash_files``, of its sha256 (``llmc.runtime.engine_files.verify_engine_files``).
 
     Raises:
-        EngineCorruptError: a listed file is missing, or its digest differs (the message names
-            the file and both digests).
+        EngineCorruptError: the manifest lists no files; a listed path leaves the directory; a
+            file is missing, unlisted, or differs from its digest (the message names the file,
+            both digests, and what to rebuild).
     """
-    root = Path(engine_dir)
-    todo = f"the engine is damaged; rebuild it with {_rebuild_command(m, m.target)} or re-pull it"
-    for relative, expected in m.files.items():
-        if Path(relative).is_absolute() or ".." in Path(relative).parts:
-            raise EngineCorruptError(f"manifest lists {relative!r}, outside the engine; {todo}")
-        path = root / relative
-        if not path.is_file():
-            raise EngineCorruptError(f"engine file {path} (in the manifest) is missing; {todo}")
-        actual = _sha256(path)
-        if actual != expected:
-            raise EngineCorruptError(
-                f"engine file {path} has sha256 {actual}, but the manifest expects {expected}; "
-                f"{todo}"
-            )
+    verify_engine_files(m.files, engine_dir, damaged_hint(m), hash_files)
+
+
+def damaged_hint(m: EngineManifest) -> str:
+    """What to do about a damaged engine: rebuild it (the command) or re-pull it."""
+    return f"the engine is damaged; rebuild it with {_rebuild_command(m, m.target)} or re-pull it"
 
 
 def check_host(m: EngineManifest, host: HostIsa, backend_versions: dict[str, str]) -> None:
@@ -268,14 +263,6 @@ def _rebuild_command(m: EngineManifest, arch: str) -> str:
 
 def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(re.split(r"[.+-]", version)[:2])
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _has_type(value: object, hint: object) -> bool:

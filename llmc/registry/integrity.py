@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from llmc.errors import BlobCorruptError
+from llmc.errors import BlobCorruptError, EngineCorruptError
 
 CHUNK_BYTES = 1 << 20
 PARTIAL_SUFFIX = ".partial"
@@ -90,3 +90,24 @@ def write_stream_atomic(
         Path(partial).unlink(missing_ok=True)
         raise
     return digest.hexdigest()
+
+
+def check_checkout(checkout: Path, manifest_digest: str, what: str) -> None:
+    """Refuse a checkout whose ``manifest.json`` is not the registry's manifest blob
+    ``manifest_digest`` (the one the index names and a signature covers). A checkout is reused
+    once assembled, so a file edited there later is caught here, not at pull; the loader then
+    checks every other file against this manifest.
+
+    Raises:
+        EngineCorruptError: the checkout's manifest is missing or differs; the message names
+            the checkout, both digests, and how to assemble it again.
+    """
+    path = checkout / "manifest.json"
+    actual = sha256_file(path) if path.is_file() else "nothing (it is missing)"
+    if actual != manifest_digest:
+        raise EngineCorruptError(
+            f"the checkout {checkout} of {what} was altered: its manifest.json hashes to "
+            f"{actual}, but the registry's manifest is sha256:{manifest_digest}. Delete "
+            f"{checkout} (it is assembled again from the registry's blobs) and run "
+            "`llmc registry verify`"
+        )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llmc.errors import EngineError, NoMatchingEngineError, RegistryError, SignatureError
 from llmc.registry.index import IndexEntry
+from llmc.registry.integrity import check_checkout
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,12 @@ def engine_dir_for(
     model_or_dir: str, registry_root: str | Path, verify_key: str | Path | None = None
 ) -> ResolvedEngine:
     """What ``llmc serve``/``generate`` load: ``model_or_dir`` itself when it is a path (it
-    exists or holds a ``/``), else the checkout of the engine it resolves to in the registry.
+    exists or holds a ``/``), else the checkout of the engine it resolves to in the registry,
+    its manifest checked against the (signature-verified, with ``verify_key``) manifest blob;
+    the loader checks every engine file against that manifest.
 
     Raises:
+        EngineCorruptError: the checkout's manifest is not the registry's (``check_checkout``).
         NoMatchingEngineError: the model has no engine that fits this host (or, with
             ``verify_key``, none whose signature verifies).
         RegistryError: it is neither a path nor a model in the registry, or ``verify_key`` is
@@ -139,7 +143,9 @@ def engine_dir_for(
             f"{registry.root}; `llmc registry ls` lists the models there"
         )
     entry = resolve_local(registry, model_or_dir, verify_key=verify_key)
-    return ResolvedEngine(registry.checkout(entry), entry.model_id)
+    checkout = registry.checkout(entry)
+    check_checkout(checkout, entry.manifest_digest, f"{entry.model_id}@{entry.short_id}")
+    return ResolvedEngine(checkout, entry.model_id)
 
 
 def describe(entry: IndexEntry) -> str:

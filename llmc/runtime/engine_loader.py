@@ -1,4 +1,4 @@
-"""Load an engine directory: manifest check first, then digests, then the runner (DESIGN §6).
+"""Load an engine directory: manifest check first, then its files, then the runner (DESIGN §6).
 
 Nothing is deserialized before the manifest has been checked against this host, so a mismatched
 engine is refused with what to rebuild instead of failing somewhere inside ONNX Runtime.
@@ -122,12 +122,14 @@ def load_engine(
 ) -> LoadedEngine:
     """Check and load the engine at ``path``, its KV pool sized by ``plan_num_blocks`` for
     sequences of at most ``max_model_len`` tokens (None: the build's ``max_seq_len``).
+    ``verify_digests=False`` skips hashing the files, not the other checks of
+    ``check_engine_files``.
 
     Raises EngineNotFoundError (no engine there), EngineMismatchError (built for another
-    target/ISA/backend; says what to rebuild), EngineCorruptError (a file's digest differs),
+    target/ISA/backend; says what to rebuild), EngineCorruptError (see ``check_engine_files``),
     EngineConfigError or EngineError (see ``plan_num_blocks``; before any engine file is read).
     """
-    from llmc.compiler.manifest import read_manifest, verify_files
+    from llmc.compiler.manifest import read_manifest
 
     engine_dir = Path(path)
     if not (engine_dir / "manifest.json").is_file():
@@ -141,8 +143,7 @@ def load_engine(
 
     provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
     blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory, max_model_len)
-    if verify_digests:
-        verify_files(manifest, engine_dir)
+    check_engine_files(manifest, engine_dir, hash_files=verify_digests)
     from transformers import AutoTokenizer
 
     from llmc.runtime.ort_runner import OrtRunner
@@ -162,6 +163,38 @@ def load_engine(
         eos_token_ids=set(gen.get("eos_token_id") or []),
         block_size=manifest.block_size,
     )
+
+
+def check_engine_files(manifest, engine_dir: Path, hash_files: bool = True) -> None:
+    """Check an engine directory's files against its manifest (an ``EngineManifest``) before
+    any of them is deserialized: exactly the listed files, each confined to the directory and
+    (``hash_files``) of its sha256; the ONNX files ``plan.json`` names (or the TensorRT plan the
+    manifest names) among them; no ONNX file's external data outside the directory.
+
+    Raises:
+        EngineCorruptError: naming the file at fault and the command that rebuilds the engine
+            (``llmc.runtime.engine_files`` lists each fault).
+    """
+    from llmc.compiler.manifest import MANIFEST_NAME, damaged_hint, verify_files
+    from llmc.runtime.engine_files import PLAN_NAME, check_external_data, confine, plan_files
+
+    todo = damaged_hint(manifest)
+    verify_files(manifest, engine_dir, hash_files)
+    if manifest.backend == "tensorrt":
+        where = engine_dir / MANIFEST_NAME
+        named = [(manifest.tensorrt or {}).get("plan", "engine.plan")]
+        confine(engine_dir, named[0], f"{where} (tensorrt.plan)", todo)
+    else:
+        where = engine_dir / PLAN_NAME
+        named = plan_files(engine_dir, todo)
+    for relative in named:
+        if relative not in manifest.files:
+            raise EngineCorruptError(
+                f"{where} names {relative!r}, which the manifest does not list; {todo}"
+            )
+    for relative in manifest.files:
+        if relative.endswith(".onnx"):
+            check_external_data(engine_dir, relative, todo)
 
 
 def check_runs_here(manifest) -> None:
