@@ -64,9 +64,15 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     del m.graph.value_info[:]
-    for n in m.graph.node:
+    nodes = []
+    for n in m.graph.node:  # output like q, then the aliased caches like their inputs
         if n.domain == schema.DOMAIN:
-            n.CopyFrom(helper.make_node("Identity", [n.input[0]], list(n.output), n.name))
+            pairs = zip([n.input[0], n.input[3], n.input[4]], n.output, strict=True)
+            nodes += [helper.make_node("Identity", [i], [o]) for i, o in pairs]
+        else:
+            nodes.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
     g = onnx.shape_inference.infer_shapes(m, strict_mode=True).graph
     out = {t.name: t.data_type for t in g.initializer}
     for vi in [*g.input, *g.output, *g.value_info]:
@@ -84,8 +90,15 @@ def test_lowered_graphs_pass_with_precision_in_their_types(float_graphs, name, q
     g = model.graph
     types = _types(model)
     nodes = list(g.node)
-    # logits float32 after a final Cast; everything else bf16 except the rotary angles
-    assert [o.elem_type for o in (x.type.tensor_type for x in g.output)] == [TensorProto.FLOAT]
+    # logits float32 after a final Cast; everything else bf16 except the rotary angles; then
+    # the caches the plugin writes in place, as graph outputs aliased to the cache inputs
+    plugins = schema.plugin_nodes(model)
+    caches = [c for p in plugins for c in p.input[3:5]]
+    assert [o.name for o in g.output] == ["logits", *(f"{c}.updated" for c in caches)]
+    assert [o.type.tensor_type.elem_type for o in g.output] == [TensorProto.FLOAT] + [
+        TensorProto.BFLOAT16
+    ] * len(caches)
+    assert all(len(p.output) == 3 for p in plugins)
     assert nodes[-1].op_type == "Cast" and nodes[-1].output[0] == "logits"
     float32_inits = [t.name for t in g.initializer if t.data_type == TensorProto.FLOAT]
     assert all("inv_freq" in n for n in float32_inits), float32_inits
@@ -170,7 +183,11 @@ def test_planted_plugin_missing_attribute_and_wrong_version(float_graphs):
     p1.attribute.extend(kept)
     next(a for a in p0.attribute if a.name == "plugin_version").s = b"7"
     errors = lint_model(model, "sm90").errors
-    assert [(e.node, e.check) for e in errors] == [(p0.name, "plugin"), (p1.name, "plugin")]
+    assert [(e.node, e.check) for e in errors] == [
+        (p0.name, "plugin"),
+        (p1.name, "plugin"),
+        (p1.name, "fields"),
+    ]
     assert "plugin_version='7', this llmc registers '1'" in errors[0].message
     assert errors[1].message == "missing attribute(s) sliding_window"
 
@@ -237,7 +254,7 @@ class PagedAttention(OpRun):  # the class name is the op type the evaluator matc
             scale=self.scale, sliding_window=self.sliding_window or None,
             logit_softcap=self.logit_softcap or None,
         )  # fmt: skip
-        return (out.numpy().astype(q.dtype),)
+        return (out.numpy().astype(q.dtype), key_cache, value_cache)
 
 
 def _logits(model: onnx.ModelProto, start: int, dtype) -> np.ndarray:

@@ -53,21 +53,26 @@ def _manifest(compat: str = "none", version: str = "11.2.1") -> EngineManifest:
 
 def test_host_check_picks_a_matching_gpu_or_says_what_is_wrong():
     m = _manifest()
-    assert check_gpu_host(m, [A100, L40S, GpuInfo(2, "H100 #2", (9, 0))], "11.2.0").index == 2
+    assert check_gpu_host(m, [A100, L40S, GpuInfo(2, "H100 #2", (9, 0))], "11.2.1.5").index == 2
     with pytest.raises(EngineMismatchError, match=r"no CUDA GPU.*--arch cpu"):
         check_gpu_host(m, [], "11.2.1")
     with pytest.raises(EngineMismatchError) as e:
         check_gpu_host(m, [A100], "11.2.1")
     assert "NVIDIA A100 (sm80)" in str(e.value) and "--arch sm80" in str(e.value)
+    assert "ampere+" not in str(e.value)  # the AOT kernel runs on its own architecture only
     assert check_gpu_host(_manifest("ampere+"), [A100], "11.2.1") == A100
     with pytest.raises(EngineMismatchError, match="NVIDIA L40S"):
         check_gpu_host(_manifest("same-cc"), [L40S], "11.2.1")
     with pytest.raises(
-        EngineMismatchError, match=r"not installed; pip install tensorrt==11\.2\.\*"
+        EngineMismatchError, match=r"not installed; pip install tensorrt==11\.2\.1\.\*"
     ):
         check_gpu_host(m, [H100], None)
     with pytest.raises(EngineMismatchError, match=r"built with TensorRT 11\.2\.1 but 11\.1\.0"):
         check_gpu_host(m, [H100], "11.1.0")
+    # plans load only on the TensorRT that built them: a patch release differs too
+    patch = r"11\.2\.1 but 11\.2\.0 .*tensorrt==11\.2\.1\.\*"
+    with pytest.raises(EngineMismatchError, match=patch):
+        check_gpu_host(m, [H100], "11.2.0")
 
 
 def test_loading_a_plan_on_this_host_refuses_before_touching_tensorrt(tmp_path):

@@ -142,6 +142,7 @@ def test_lint_failure_in_a_stage_is_reported_by_from_and_inspect(int8_stage, tmp
         (["--arch", "cpu", "--dtype", "float16"], "--dtype float16 needs a GPU target"),
         (["--arch", "sm90", "--builder-opt-level", "9"], "--builder-opt-level must be 0-5"),
         (["--arch", "sm90", "--quant", "int4", "--int4-block-size", "32"], "blocks of 64 or 128"),
+        (["--arch", "sm90", "--hardware-compat", "ampere+"], "ampere+ cannot hold the paged-"),
     ],
 )
 def test_precision_the_target_lacks_fails_before_any_work(tmp_path, capsys, extra, message):

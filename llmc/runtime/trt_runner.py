@@ -11,12 +11,22 @@ It implements ``llmc.runtime.runner.Runner`` like ``OrtRunner``: one packed ``St
 logits [S, vocab] float32 (numpy, on the host) out, so the scheduler, sampler and server are
 unchanged. Buffers are torch CUDA tensors; the KV caches are allocated once per layer
 ([num_blocks, block_size, KVH, D] in the engine's cache dtype) and bound at construction; the
-paged-attention plugin writes new keys and values into them in place (an engine output that
-TensorRT reports as aliasing a cache input is bound to the same memory).
+paged-attention plugin writes new keys and values into them in place. Each cache input has an
+aliased engine output, ``trt_plugin.aliased_output_name(input)``, bound by that name to the same
+memory, as NVIDIA's in-place plugin sample binds its aliased output (``qdp_runner.py``,
+``run_inplace_add``). ``ICudaEngine.get_aliased_input_tensor`` is not used: it reports the
+aliasing of TensorRT's own KV-cache layer, not a plugin's.
+
+Plans load only on the TensorRT version that built them (``IRuntime::deserializeCudaEngine``
+checks the version tag), so the host check compares major.minor.patch exactly, and the CUDA
+device is made current before deserializing (TensorRT deserializes onto the current device).
+AOT plugins leak CUDA modules when shapes change on TensorRT 11.1 to 11.2.1
+(NVIDIA/TensorRT#4849, open): a warning says so when such a version runs the engine.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -25,8 +35,14 @@ import numpy as np
 from llmc.compiler.tensorrt.host import GpuInfo, arch_capability, capability_name, detect_gpus
 from llmc.compiler.tensorrt.host import tensorrt_version as installed_tensorrt_version
 from llmc.errors import EngineCorruptError, EngineError, EngineMismatchError
+from llmc.plugins.paged_attention.trt_plugin import aliased_output_name
 from llmc.runtime.engine_loader import kv_cache_dtype_of
 from llmc.runtime.step_inputs import StepInputs
+
+log = logging.getLogger(__name__)
+
+#: TensorRT releases whose AOT plugins leak a CUDA module per shape change (NVIDIA/TensorRT#4849).
+_AOT_LEAK_VERSIONS = ((11, 1, 0), (11, 2, 1))
 
 _STEP_INPUTS = (
     "input_ids",
@@ -48,7 +64,8 @@ def check_gpu_host(manifest, gpus: list[GpuInfo], trt_version: str | None) -> Gp
     Raises:
         EngineMismatchError: no CUDA GPU; no GPU the plan runs on (the builder GPU's compute
             capability, or any sm80+ for hardware compatibility "ampere+"); TensorRT missing or
-            of another major.minor than the plan was built with. The message says what to do.
+            of another major.minor.patch than the plan was built with. The message says what
+            to do.
     """
     trt = manifest.tensorrt or {}
     target = manifest.target
@@ -71,22 +88,35 @@ def check_gpu_host(manifest, gpus: list[GpuInfo], trt_version: str | None) -> Gp
         rebuild = f"`llmc build {manifest.source} --arch {gpus[0].arch}`"
         raise EngineMismatchError(
             f"engine built for {target} (hardware compatibility {compat}) does not run on this "
-            f"host's GPUs: {found}; rebuild with {rebuild}, or with --hardware-compat ampere+"
+            f"host's GPUs: {found}; rebuild with {rebuild}"
         )
-    installed = trt_version
     built = manifest.backend_version
-    needed = ".".join(built.split(".")[:2])
-    if installed is None:
+    needed = ".".join(release(built))
+    if trt_version is None:
         raise EngineMismatchError(
             f"engine is a TensorRT {built} plan but the tensorrt package is not installed; "
             f"pip install tensorrt=={needed}.*"
         )
-    if installed.split(".")[:2] != built.split(".")[:2]:
-        raise EngineMismatchError(
-            f"engine was built with TensorRT {built} but {installed} is installed; install "
-            f"tensorrt=={needed}.* or rebuild the engine with this TensorRT"
-        )
+    check_tensorrt_version(built, trt_version)
     return fits[0]
+
+
+def release(version: str) -> tuple[str, ...]:
+    """A TensorRT version's major.minor.patch ("11.1.0.7" -> ("11", "1", "0"))."""
+    return tuple(version.split(".")[:3])
+
+
+def check_tensorrt_version(built: str, installed: str) -> None:
+    """Refuse running a plan built by TensorRT ``built`` with TensorRT ``installed`` unless
+    their major.minor.patch agree: a plan loads only on the TensorRT that built it (DESIGN §6;
+    TensorRT's "Version tag does not match"). Raises EngineMismatchError."""
+    if release(installed) != release(built):
+        needed = ".".join(release(built))
+        raise EngineMismatchError(
+            f"engine was built with TensorRT {built} but {installed} is installed; plans load "
+            f"only on the TensorRT that built them: install tensorrt=={needed}.* or rebuild "
+            "the engine with this TensorRT"
+        )
 
 
 class TrtRunner:
@@ -108,7 +138,7 @@ class TrtRunner:
         import tensorrt as trt
         import torch
 
-        from llmc.plugins.paged_attention.trt_plugin import register_paged_attention_plugin
+        from llmc.plugins.paged_attention.trt_register import register
 
         engine_dir = Path(engine_dir)
         record = manifest.tensorrt or {}
@@ -119,7 +149,17 @@ class TrtRunner:
                 f"{num_blocks} KV blocks exceed the engine's optimization profile ({cache_max}); "
                 "lower --kv-cache-memory / --num-blocks, or rebuild with larger limits"
             )
-        register_paged_attention_plugin()
+        check_tensorrt_version(manifest.backend_version, trt.__version__)  # the module itself
+        first, last = _AOT_LEAK_VERSIONS
+        if first <= tuple(int(x) for x in release(trt.__version__)) <= last:
+            log.warning(
+                "TensorRT %s leaks a CUDA module per input-shape change of an AOT plugin "
+                "(NVIDIA/TensorRT#4849): GPU memory grows while serving; use another release",
+                trt.__version__,
+            )
+        register()
+        self.device = torch.device("cuda", gpu.index)
+        torch.cuda.set_device(self.device)  # TensorRT deserializes onto the current device
         self._logger = trt.Logger(trt.Logger.WARNING)
         runtime = trt.Runtime(self._logger)
         plan = (engine_dir / record.get("plan", "engine.plan")).read_bytes()
@@ -127,7 +167,6 @@ class TrtRunner:
         if self.engine is None:
             raise EngineCorruptError(f"TensorRT could not deserialize {engine_dir}; rebuild it")
         self.context = self.engine.create_execution_context()
-        self.device = torch.device("cuda", gpu.index)
         self.stream = torch.cuda.Stream(self.device)
         self.num_blocks = num_blocks
         self.block_size = manifest.block_size
@@ -147,13 +186,15 @@ class TrtRunner:
             if is_input[n] and n.startswith(("key_cache.", "value_cache."))
         }
         for n, cache in self.kv_caches.items():
+            alias = aliased_output_name(n)
+            if is_input.get(alias, True):
+                raise EngineCorruptError(
+                    f"{engine_dir} has no output {alias!r} aliasing cache {n!r}: the plugin's "
+                    "cache writes would be lost; rebuild the engine with this llmc"
+                )
             self.context.set_input_shape(n, tuple(cache.shape))
             self.context.set_tensor_address(n, cache.data_ptr())
-        aliased = getattr(self.engine, "get_aliased_input_tensor", None)
-        for n in names:
-            source = aliased(n) if aliased is not None and not is_input[n] else None
-            if source in self.kv_caches:
-                self.context.set_tensor_address(n, self.kv_caches[source].data_ptr())
+            self.context.set_tensor_address(alias, cache.data_ptr())
 
     def execute(self, step: StepInputs) -> np.ndarray:
         """Run one step; returns logits [len(step.logits_indices), vocab] float32."""

@@ -22,7 +22,13 @@ API used, per the TensorRT Python API reference (docs.nvidia.com/deeplearning/te
   cancellation: ``IProgressMonitor.step_complete`` returned False); run in a worker thread so
   Ctrl-C in the main thread can cancel it (``_build_cancellable``).
 The paged-attention plugin registers itself through
-``llmc.plugins.paged_attention.trt_plugin.register_paged_attention_plugin()``.
+``llmc.plugins.paged_attention.trt_register.register()``. What the plugin needs from the build,
+per TensorRT 11.1's sources (``trt_plugin.py`` quotes them): ``PreviewFeature.
+ALIASED_PLUGIN_IO_10_03`` on, or its caches are never written (``NvInferRuntime.h``,
+``getAliasedInput``); the AOT implementation, chosen by each node's ``aot=1`` and by the
+``PREFER_AOT_PYTHON_PLUGINS`` network flag for any node without one (``importerUtils.cpp``,
+``createPlugin``); a plan that runs only on the builder's compute capability (the AOT kernel
+is PTX for one ``sm_XXa`` target, which no other architecture loads: :func:`check_hardware_compat`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,19 @@ HARDWARE_COMPAT_LEVELS = {
 
 class TensorRTBuildError(LlmcError):
     """TensorRT's parser or builder failed; the message holds its errors."""
+
+
+def check_hardware_compat(hardware_compat: str) -> None:
+    """Refuse a hardware-compatibility level the AOT paged-attention kernel cannot honour:
+    ``ampere+`` plans run on any sm80+ GPU, but the kernel is PTX for the builder's
+    architecture-specific target (Triton writes ``.target sm_90a`` for sm90, PTX ISA: "a"
+    targets run only on that exact compute capability). Raises TensorRTBuildError."""
+    if hardware_compat == "ampere+":
+        raise TensorRTBuildError(
+            "--hardware-compat ampere+ cannot hold the paged-attention plugin's AOT kernel "
+            "(PTX for the builder's GPU only); build one engine per GPU architecture with "
+            "--hardware-compat none or same-cc"
+        )
 
 
 @dataclass(frozen=True)
@@ -199,16 +218,21 @@ def build_plan(
     """
     import tensorrt as trt
 
-    from llmc.plugins.paged_attention.trt_plugin import register_paged_attention_plugin
+    from llmc.plugins.paged_attention.trt_register import register
 
+    check_hardware_compat(hardware_compat)
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
-    register_paged_attention_plugin()
+    register()
     builder = trt.Builder(logger)
     flags = 0
-    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    if strongly_typed is not None:
-        flags |= 1 << int(strongly_typed)
+    # STRONGLY_TYPED: ignored by 11.0+, required by 10.x. PREFER_AOT_PYTHON_PLUGINS: the AOT
+    # implementation for a plugin node without an "aot" attribute (importerUtils.cpp,
+    # createPlugin; tensorrt/plugin/_lib.py raises when both exist and nothing chooses).
+    for name in ("STRONGLY_TYPED", "PREFER_AOT_PYTHON_PLUGINS"):
+        flag = getattr(trt.NetworkDefinitionCreationFlag, name, None)
+        if flag is not None:
+            flags |= 1 << int(flag)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
@@ -218,9 +242,18 @@ def build_plan(
     config.builder_optimization_level = builder_opt_level
     level = HARDWARE_COMPAT_LEVELS[hardware_compat]
     config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
+    # NvInferRuntime.h v11.1, IPluginV3OneBuildV2::getAliasedInput: "only be called and have an
+    # effect when PreviewFeature::kALIASED_PLUGIN_IO_10_03 is turned on".
+    config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
     cache_path = Path(timing_cache) if timing_cache else None
     blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
-    config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False)
+    # NvInfer.h, IBuilderConfig::setTimingCache: "true if set successfully" (false: the cache
+    # was written for another device or TensorRT version and ignoreMismatch is false).
+    if not config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False):
+        raise TensorRTBuildError(
+            f"TensorRT refused the timing cache {cache_path} (written on another GPU or "
+            "TensorRT version); delete it or give --timing-cache a new path"
+        )
     trt_profile = builder.create_optimization_profile()
     for i in range(network.num_inputs):
         name = network.get_input(i).name
@@ -245,5 +278,7 @@ def build_plan(
         "plan": plan_path.name,
         "builder_optimization_level": builder_opt_level,
         "hardware_compatibility": hardware_compat,
+        "preview_features": ["ALIASED_PLUGIN_IO_10_03"],
+        "plugin_implementation": "aot",
         "profiles": [{name: asdict(r) for name, r in profile.items()}],
     }

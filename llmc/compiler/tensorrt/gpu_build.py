@@ -51,9 +51,11 @@ def build_gpu(config: BuildConfig, progress=None):
     """Build ``config`` (a GPU target) up to the portable stage, then finish it here if this
     host can (else raise TensorRTUnavailableError after writing the stage to ``config.output``
     or its default directory). Returns ``llmc.compiler.build.BuildResult``."""
+    from llmc.compiler.tensorrt.builder import check_hardware_compat
     from llmc.compiler.tensorrt.host import missing_for_build
 
     config.validate()
+    check_hardware_compat(config.hardware_compat)  # before the slow part, not after it
     missing = missing_for_build(config.arch)
     stage_dir = _prepare(config, progress, final=not missing)
     if missing:
@@ -163,6 +165,7 @@ def finish_stage(stage_dir: str | Path, requested: dict, progress=None, remove_s
     stage), BuildConfigError (an option the stage fixes), TensorRTLintError,
     TensorRTUnavailableError (no TensorRT or GPU here), TensorRTBuildError."""
     from llmc.compiler.build import BuildResult, _no_stage
+    from llmc.compiler.tensorrt.builder import check_hardware_compat
     from llmc.compiler.tensorrt.host import missing_for_build
     from llmc.compiler.tensorrt.lint import lint_file, raise_on_errors
 
@@ -183,6 +186,7 @@ def finish_stage(stage_dir: str | Path, requested: dict, progress=None, remove_s
         values.setdefault("output", None)
         config = BuildConfig(**values)
         config.validate()
+        check_hardware_compat(config.hardware_compat)
     with stage("TensorRT lint"):
         report = lint_file(stage_dir / st.MODEL_FILE, m.target)
         raise_on_errors(report, f"stage {stage_dir}")

@@ -13,7 +13,12 @@ Run by every GPU-target build (before the portable stage is written, and again b
   data, e.g. from a NonZero output or from a graph input's values;
 - Q/DQ (``lint_qdq.py``): symmetric, signed types, constant positive scales, INT4 weight-only and
   block-wise, per-tensor activations, FP8/FP4 only on targets that have them;
-- plugins (``lint_plugin.py``): every ``llmc::PagedAttention`` node complete.
+- plugins (``lint_plugin.py``): every ``llmc::PagedAttention`` node complete;
+- plugin I/O (``lint_plugin_io.py``): output count, aliased cache outputs, the AOT choice, every
+  plugin field, string fields as the parser delivers them;
+- kernels (``lint_kernel.py``): the AOT kernel's shared memory and PTX ISA on the target.
+
+Each rule cites the TensorRT or onnx-tensorrt source it comes from beside its code.
 
 Nothing here replaces TensorRT's parser: the lint has never been compared with a real parse.
 """
@@ -39,7 +44,8 @@ class TensorRTLintError(LlmcError):
 @dataclass(frozen=True)
 class Finding:
     """One lint result: ``severity`` "error" | "warning"; ``check`` opset | graph | op | types |
-    shape | qdq | int4 | plugin; the node's name and op type when it is about one node."""
+    shape | qdq | int4 | block-dq | plugin | outputs | alias | aot | fields | strings | smem |
+    ptx; the node's name and op type when it is about one node."""
 
     severity: str
     check: str
@@ -150,6 +156,7 @@ def lint_model(
     ``model`` may reference external data under ``base_dir``; only small tensors (scales, zero
     points, shape constants) are read. Returns the report; raises nothing for a bad graph.
     """
+    from llmc.compiler.tensorrt.lint_kernel import check_kernels
     from llmc.compiler.tensorrt.lint_ops import (
         check_ops,
         check_opsets,
@@ -157,6 +164,7 @@ def lint_model(
         check_shape_inputs,
     )
     from llmc.compiler.tensorrt.lint_plugin import check_plugins
+    from llmc.compiler.tensorrt.lint_plugin_io import check_plugin_io
     from llmc.compiler.tensorrt.lint_qdq import check_qdq
 
     schema.register_schema()
@@ -171,6 +179,8 @@ def lint_model(
     findings += check_shape_inputs(view)
     findings += check_qdq(view, target)
     findings += check_plugins(view)
+    findings += check_plugin_io(view)
+    findings += check_kernels(view, target)
     return report
 
 
@@ -197,7 +207,8 @@ def _op_key(n: onnx.NodeProto) -> str:
 
 def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelProto:
     """Strict type inference on a light copy: large initializers become typed graph inputs and
-    plugin nodes become Identity(q) (same type and shape as their output, DESIGN §3)."""
+    plugin nodes become Identity(q) for their output (same type and shape, DESIGN §3) and, on
+    TensorRT graphs, Identity(cache) for the aliased cache outputs."""
     g = model.graph
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
@@ -213,7 +224,10 @@ def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelP
             lg.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     for n in g.node:
         if n.domain == schema.DOMAIN and n.op_type == schema.OP_TYPE and n.input:
-            lg.node.append(helper.make_node("Identity", [n.input[0]], list(n.output), n.name))
+            sources = [n.input[0], *(n.input[i] for i in (3, 4) if i < len(n.input))]
+            for i, (src, dst) in enumerate(zip(sources, n.output, strict=False)):
+                if dst:
+                    lg.node.append(helper.make_node("Identity", [src], [dst], f"{n.name}/{i}"))
         else:
             lg.node.append(n)
     try:

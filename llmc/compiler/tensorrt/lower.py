@@ -21,6 +21,11 @@ mode is always enabled"). So the lowering writes precision into the graph:
 - KV-cache graph inputs (``key_cache.<i>``, ``value_cache.<i>``) get the cache dtype the plugin
   reads: the compute dtype for ``kv_cache_dtype`` auto, else FLOAT8E4M3FN or INT8 (the plugin's
   ``kv_cache_dtype`` attribute says which, ``llmc.plugins.schema``).
+- Block-wise INT8 weights (8-bit weight-only layers) become per-channel INT8: TensorRT's block
+  dequantization takes FP4, FP8 and INT4 only (``int8_weights.py``).
+- Each PagedAttention node gets what the TensorRT plugin declares: every attribute, ``aot=1``,
+  and the two aliased cache outputs as graph outputs (``plugin_io.py``). The CPU engine's graph
+  is built before this and keeps its one-output nodes.
 
 Nothing here has run on a GPU or through TensorRT's parser; ``lint.py`` checks the result against
 TensorRT's documented ONNX support table.
@@ -33,6 +38,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from llmc.compiler.tensorrt.int8_weights import blockwise_int8_to_per_channel
+from llmc.compiler.tensorrt.plugin_io import rewrite_plugin_nodes
 from llmc.plugins import schema
 
 #: Engine compute dtypes of GPU targets -> ONNX element type.
@@ -72,6 +79,7 @@ def lower_for_tensorrt(
         raise ValueError("the engine graph has no 'logits' output")
     for i, n in enumerate(g.node):
         n.name = n.name or f"{n.op_type}_{i}.unnamed"
+    blockwise_int8_to_per_channel(model)  # before the float conversion: its scales are float32
     if dtype != "float32":
         keep = _rotary_angle_region(g)
         _convert_floats(g, dtype, keep)
@@ -81,6 +89,7 @@ def lower_for_tensorrt(
     for vi in g.input:
         if vi.name in caches:
             vi.type.tensor_type.elem_type = cache_type
+    rewrite_plugin_nodes(model)
     return model
 
 

@@ -24,7 +24,9 @@ import onnx
 
 from llmc.errors import LlmcError
 
-STAGE_FORMAT_VERSION = 1
+#: 2: PagedAttention nodes with TensorRT's three outputs, ``aot`` and every plugin field, the
+#: aliased caches as graph outputs, the AOT kernel's PTX ISA in ``metadata_props`` (issue 18).
+STAGE_FORMAT_VERSION = 2
 STAGE_KIND = "llmc-tensorrt-stage"
 STAGE_NAME = "stage.json"
 MODEL_FILE = "model.onnx"

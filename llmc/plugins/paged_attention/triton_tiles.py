@@ -1,0 +1,205 @@
+"""Tile sizes, compile-time constants, shared memory and the flash-decoding split count of the
+Triton paged-attention kernels: pure functions of shapes, shared by the torch launcher
+(:mod:`~llmc.plugins.paged_attention.triton_launch`), the TensorRT AOT compile (trt_aot.py) and
+the TensorRT lint, so that each sees the kernel the same way. Imports neither triton nor a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: Cache element kinds, the kernel's ``CACHE_QUANT`` constant.
+CACHE_QUANT = {"none": 0, "fp8": 1, "int8": 2}
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes of one launch (all powers of two) and its Triton launch options.
+
+    Attributes:
+        group: query heads per KV head, ``H // KVH``.
+        group_pad: ``group`` rounded up to a power of two.
+        block_m: new tokens per program; ``block_m * group_pad`` rows (>= 16: ``tl.dot``'s
+            minimum on a GPU).
+        block_n: keys per softmax update (>= 16).
+        block_d: head dim padded to a power of two (>= 16).
+        num_warps: warps per program (Triton's ``num_warps``).
+        num_stages: Triton's software-pipelining depth of the key loop (``num_stages``); 1
+            keeps one K and one V tile in shared memory (see :func:`shared_memory_bytes`).
+    """
+
+    group: int
+    group_pad: int
+    block_m: int
+    block_n: int
+    block_d: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+    @property
+    def rows(self) -> int:
+        """Query rows of a program's tile: ``block_m * group_pad``."""
+        return self.block_m * self.group_pad
+
+    def grid(self, num_tokens: int, num_seqs: int, num_kv_heads: int) -> tuple[int, int]:
+        """The launch grid: ``(num_tokens // block_m + num_seqs, num_kv_heads)``."""
+        return (num_tokens // self.block_m + num_seqs, num_kv_heads)
+
+
+def kernel_config(
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    block_m: int | None = None,
+    block_n: int = 32,
+) -> KernelConfig:
+    """Choose tile sizes. ``block_m`` defaults to the fewest tokens that fill 16 rows.
+
+    Raises:
+        ValueError: ``num_heads`` is not a multiple of ``num_kv_heads``, or a block size is not
+            a power of two, or ``block_m * group_pad`` or ``block_n`` is below 16.
+    """
+    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    group = num_heads // num_kv_heads
+    group_pad = _next_power_of_2(group)
+    if block_m is None:
+        block_m = max(1, 16 // group_pad)
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two, got {value}")
+    if block_m * group_pad < 16 or block_n < 16:
+        raise ValueError(
+            f"block_m * group_pad ({block_m} * {group_pad}) and block_n ({block_n}) must be "
+            "at least 16 (tl.dot's minimum tile on a GPU)"
+        )
+    block_d = max(16, _next_power_of_2(head_dim))
+    return KernelConfig(group, group_pad, block_m, block_n, block_d)
+
+
+#: Bytes per dot operand element, by activation dtype (the dots take q's dtype).
+_OPERAND_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def shared_memory_bytes(head_dim: int, dtype: torch.dtype | str, config: KernelConfig) -> int:
+    """Shared memory one program of the paged-attention kernels needs, in bytes (pure).
+
+    ``e * (rows * block_d + block_n * block_d + rows * block_n)``, plus 64 for float32, where
+    ``e`` is the activations' element size (2 for float16/bfloat16, 4 for float32: the dots'
+    operands are in that dtype, whatever the cache holds) and ``rows = block_m * group_pad``.
+    The terms: the Q tile [rows, block_d], held for the whole key loop as the first dot's
+    operand; one key-or-value tile [block_n, block_d] (K^T for ``Q K^T``, then V for ``P V``:
+    Triton reuses the buffer); P [rows, block_n] for the second dot. The 64 bytes are padding
+    Triton's float32 (FMA) dot adds to some tiles. The flash-decoding split kernel runs the same
+    loop on the same tiles (same count); its reduce kernel needs at most 8 bytes.
+
+    Source: Triton 3.9's ``metadata.shared`` of these kernels compiled for sm80 and sm90
+    (``triton.compile``, no GPU needed), measured over head dims 64/128/256, ``block_n``
+    16/32/64, groups 1/4/8/32, all three dtypes and fp8/int8 caches: equal to this formula for
+    16-bit inputs, equal or 64 bytes below it for float32; the same with ``num_stages`` 1 or 3
+    and 4 or 8 warps (the gathered K/V loads are not software-pipelined). Examples with the
+    default tiles (``block_n`` 32): Gemma 3 (head dim 256, 4 heads on 1 KV head) 25,600 in
+    bfloat16 (within the 48 KB a launch gets without opting in) and 51,264 in float32 (above
+    it: needs the opt-in, or ``block_n`` 16: 33,856); Llama-3-8B (head dim 128, GQA 4) 13,312
+    in bfloat16. The test ``test_shared_memory_bytes_bounds_what_triton_allocates`` compiles
+    the kernels and checks this bound.
+
+    Raises:
+        ValueError: a dtype other than float32/float16/bfloat16, or a ``head_dim`` that is not
+            the one ``config`` was made for.
+    """
+    name = str(dtype).removeprefix("torch.")
+    if name not in _OPERAND_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(_OPERAND_BYTES)}, got {dtype}")
+    if config.block_d != max(16, _next_power_of_2(head_dim)):
+        raise ValueError(f"head_dim {head_dim} does not fit config.block_d {config.block_d}")
+    size = _OPERAND_BYTES[name]
+    tiles = config.rows * config.block_d + config.block_n * config.block_d
+    tiles += config.rows * config.block_n
+    return size * tiles + (64 if size == 4 else 0)
+
+
+#: Flash-decoding: fewest keys per split the heuristic allows, and the most splits.
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:
+    """How many slices to split each decode token's context into (flash-decoding).
+
+    Without a split, decode runs ``num_seqs * num_kv_heads`` programs. When that fills at least
+    80% of the GPU's ``num_sms`` streaming multiprocessors, there is no split. Otherwise the
+    rule of FlashAttention's ``num_splits_heuristic`` (Dao-AILab/flash-attention,
+    ``csrc/flash_attn/flash_api.cpp``): among 1..``most`` splits, the fewest whose wave
+    efficiency ``w / ceil(w)`` (``w = programs * splits / num_sms``, the waves of programs) is
+    within 85% of the best, where ``most = min(MAX_SPLITS, num_sms, max_context_len //
+    MIN_KEYS_PER_SPLIT)`` keeps each split at least ``MIN_KEYS_PER_SPLIT`` keys long (the
+    second kernel's cost and the partials' memory grow with the split count; FlashAttention
+    bounds by key blocks instead and skips counts that leave the blocks per split unchanged,
+    which a per-sequence slice length has no use for). Examples on 132
+    SMs: Gemma 3 (1 KV head) batch 16 at 4096 keys -> 7 splits; Llama-3-8B (8 KV heads) batch 1
+    at 32768 keys -> 15; batch 16 and more of Llama -> 1.
+
+    ``max_context_len`` is a bound taken from shapes (``block_tables.shape[1] * block_size``),
+    so choosing needs no device-to-host copy; prefill sequences count among ``num_seqs``.
+    """
+    programs = num_seqs * num_kv_heads
+    if programs >= 0.8 * num_sms:
+        return 1
+    most = max(1, min(MAX_SPLITS, num_sms, max_context_len // MIN_KEYS_PER_SPLIT))
+
+    def efficiency(splits: int) -> float:
+        waves = programs * splits / num_sms
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
+
+
+def kernel_constants(
+    config: KernelConfig,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    scale: float,
+    sliding_window: int | None,
+    logit_softcap: float | None,
+    cache_quant: str,
+    k_scale: float,
+    v_scale: float,
+    upcast_dot: bool = False,
+    split_decode: bool = False,
+) -> dict[str, object]:
+    """The main kernel's compile-time constants, by parameter name (also the AOT
+    ``constexprs``). ``upcast_dot``: widen bfloat16 dot operands to float32 (only under the
+    interpreter, see triton_kernel.py); ``split_decode``: leave decode tokens' attention to the
+    flash-decoding kernels (the AOT kernel keeps the default: TensorRT launches one kernel)."""
+    return {
+        "NUM_HEADS": num_heads,
+        "NUM_KV_HEADS": num_kv_heads,
+        "HEAD_DIM": head_dim,
+        "GROUP": config.group,
+        "GROUP_PAD": config.group_pad,
+        "BLOCK_SIZE": block_size,
+        "SCALE": float(scale),
+        "SLIDING_WINDOW": int(sliding_window or 0),
+        "LOGIT_SOFTCAP": float(logit_softcap or 0.0),
+        "CACHE_QUANT": CACHE_QUANT[cache_quant],
+        "K_SCALE": float(k_scale),
+        "V_SCALE": float(v_scale),
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "BLOCK_D": config.block_d,
+        "UPCAST_DOT": upcast_dot,
+        "SPLIT_DECODE": split_decode,
+    }

@@ -1,0 +1,82 @@
+"""The AOT kernel TensorRT will launch: PTX pinned to an ISA every TensorRT 11 build's CUDA reads
+and every target has, and tiles that fit the 48 KB of dynamic shared memory a launch gets
+without opting in. Compiled here for real (Triton needs no GPU to write PTX), never run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from llmc.plugins.paged_attention import trt_aot
+from llmc.plugins.paged_attention.trt_plugin import PluginAttributes
+
+GEMMA = PluginAttributes(4, 1, 256, 0.0625, 512, 0.0, 16, 0, "auto", 1.0, 1.0)
+LLAMA = PluginAttributes(32, 8, 128, 0.0884, 0, 0.0, 16, 0, "fp8", 0.02, 0.03)
+
+
+def test_pinned_ptx_isa_is_one_every_target_has_and_tensorrt_cuda_reads():
+    assert trt_aot.ptx_isa_of_cuda((12, 8)) == (8, 7)  # sm_120 arrived with CUDA 12.8
+    assert trt_aot.ptx_isa_of_cuda((12, 9)) == (8, 8)
+    assert trt_aot.ptx_isa_of_cuda((13, 3)) == (9, 3)  # TensorRT 11.1's CUDA
+    assert trt_aot.ptx_isa_of_cuda((13, 4)) == (9, 4)  # triton 3.9's ptxas for sm90+: too new
+    assert trt_aot.ptx_isa_ceiling() == (8, 8)
+    assert all(trt_aot.PTX_ISA >= isa for isa in trt_aot.MIN_PTX_ISA.values())
+    assert trt_aot.PTX_ISA <= trt_aot.ptx_isa_ceiling()
+    assert trt_aot.ptx_isa_of("//\n.version 8.7\n.target sm_90a\n") == (8, 7)
+
+
+def test_aot_shared_memory_limit_is_48_kb_and_the_opt_in_the_per_block_maximum():
+    kb = 1024
+    assert {a: trt_aot.shared_memory_limit(a) for a in trt_aot.MAX_SHARED_MEMORY} == dict.fromkeys(
+        trt_aot.MAX_SHARED_MEMORY, 48 * kb
+    )
+    opted = {a: trt_aot.shared_memory_limit(a, opted_in=True) for a in trt_aot.MAX_SHARED_MEMORY}
+    assert opted == {80: 163 * kb, 86: 99 * kb, 89: 99 * kb, 90: 227 * kb, 100: 227 * kb,
+                     120: 99 * kb}  # fmt: skip
+    # Gemma 3's head dim 256: 32 keys per tile fit in bfloat16, float32 needs 16
+    assert trt_aot.aot_block_n(GEMMA, "bfloat16", 90) == 32
+    assert trt_aot.aot_block_n(GEMMA, "float32", 90) == 16
+    wide = PluginAttributes(4, 1, 512, 0.04, 0, 0.0, 16, 0, "auto", 1.0, 1.0)
+    assert trt_aot.aot_block_n(wide, "float32", 90) is None
+
+
+def test_aot_compile_writes_pinned_ptx_within_48_kb():
+    pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0)")
+    script = textwrap.dedent("""
+        import json, re
+        from llmc.plugins.paged_attention import trt_aot, triton_tiles
+        from llmc.plugins.paged_attention.trt_plugin import PluginAttributes
+        gemma = PluginAttributes(4, 1, 256, 0.0625, 512, 0.0, 16, 0, "auto", 1.0, 1.0)
+        llama = PluginAttributes(32, 8, 128, 0.0884, 0, 0.0, 16, 0, "fp8", 0.02, 0.03)
+        out = []
+        for name, a, dtype, arch in (("gemma", gemma, "bfloat16", 90),
+                                     ("gemma", gemma, "float32", 90),
+                                     ("llama", llama, "bfloat16", 120)):
+            k = trt_aot.compile_aot(a, dtype, arch)
+            block_n = trt_aot.aot_block_n(a, dtype, arch)
+            config = triton_tiles.kernel_config(a.num_heads, a.num_kv_heads, a.head_dim,
+                                                block_n=block_n)
+            formula = triton_tiles.shared_memory_bytes(a.head_dim, dtype, config)
+            version = re.search(r"\\.version (\\S+)", k.ptx).group(1)
+            target = re.search(r"\\.target (\\w+)", k.ptx).group(1)
+            out.append([name, dtype, arch, version, target, k.shared_mem, formula, block_n])
+        print(json.dumps(out))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r[:5] for r in rows] == [
+        ["gemma", "bfloat16", 90, "8.7", "sm_90a"],
+        ["gemma", "float32", 90, "8.7", "sm_90a"],
+        ["llama", "bfloat16", 120, "8.7", "sm_120a"],
+    ]
+    assert [r[7] for r in rows] == [32, 16, 32]
+    for *_, shared, formula, _ in rows:
+        assert 0 < shared <= formula <= 48 * 1024  # the lint's formula bounds Triton's number
