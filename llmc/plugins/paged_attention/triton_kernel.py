@@ -33,23 +33,31 @@ Grid and tiling:
   grid-wide barrier is needed — as long as this step's slots are not in the old context
   (true of any slot mapping a block pool produces).
 
-Dtypes: q/k/v float32, float16 or bfloat16, loaded and converted to float32; ``Q K^T`` and
-``P V`` take float32 operands: IEEE for float32 inputs, TF32 for 16-bit ones (TF32's 10-bit
-mantissa holds fp16 and bf16 values exactly, so only P is rounded; the interpreter also cannot
-multiply bf16 operands). Softmax in float32, the output rounded to q's dtype once.
+Dtypes: q/k/v float32, float16 or bfloat16. Both dots take operands in q's dtype with float32
+accumulation: 16-bit inputs stay on the tensor cores (no upcast, no TF32), float32 inputs are
+multiplied in IEEE float32. A quantized cache enters the dot as its codes, not as dequantized
+values: FP8 E4M3 values and int8 integers are exact in float16 and bfloat16, and the scale
+multiplies the float32 result (``q . (c * s) = (q . c) * s``). P is rounded to q's dtype for
+``P V`` (as in FlashAttention); the softmax (max, exp, sum) is float32, and the output is
+rounded to q's dtype once. The interpreter of Triton 3.9 multiplies bfloat16 operands as their
+integer bit patterns (``create_dot`` on numpy uint16), so under ``TRITON_INTERPRET=1`` the
+launcher sets ``UPCAST_DOT`` and bfloat16 operands are widened to float32 just for the product
+(exact, so the same numbers up to the summation order).
 
-The cache: q's dtype, int8 or FP8 E4M3FN, the FP8 one passed as its uint8 view. A quantized cache
-holds ``saturate(round_half_even(x / scale))`` (IEEE division, ``div_rn``) and is read as
-``float(code) * scale``, exactly as reference.py. FP8 codes are made and read with integer
-arithmetic, not casts: the interpreter's float32 -> fp8 cast rounds ties away from zero and
-flushes subnormals (measured here), and the same code then runs on every GPU (no sm89 conversion
-instructions). Layer constants (heads, scale, window, soft-cap, KV scales) are compile-time
-constants: TensorRT's AOT launch passes only int32 scalars, and a JIT run compiles one kernel
-per distinct set (a few per model).
+Decode tokens of long contexts can instead go to the flash-decoding kernels in
+:mod:`llmc.plugins.paged_attention.triton_flash_decoding` (``SPLIT_DECODE``): this kernel then
+still writes their K/V into the cache, and leaves their attention to those kernels.
 
-Tile sizes and the torch launcher are in :mod:`llmc.plugins.paged_attention.triton_launch`; the
-TensorRT plugin (:mod:`llmc.plugins.paged_attention.trt_plugin`) compiles this same kernel ahead
-of time. Import this module only where Triton is used: it imports ``triton`` (and raises
+The cache: q's dtype, int8 or FP8 E4M3FN, the FP8 one passed as its uint8 view; its codes are
+made and read exactly as reference.py's (:mod:`~llmc.plugins.paged_attention.triton_cache_codes`).
+Layer constants (heads, scale, window, soft-cap, KV scales) are compile-time constants:
+TensorRT's AOT launch passes only int32 scalars, and a JIT run compiles one kernel per distinct
+set (a few per model).
+
+Tile sizes are in :mod:`llmc.plugins.paged_attention.triton_tiles`, the torch launcher in
+:mod:`llmc.plugins.paged_attention.triton_launch`; the TensorRT plugin
+(:mod:`llmc.plugins.paged_attention.trt_plugin`) compiles this same kernel ahead of time. Import
+this module only where Triton is used: it imports ``triton`` (and raises
 :class:`~llmc.errors.LlmcError` when it is missing). For the CPU interpreter set
 ``TRITON_INTERPRET=1`` before this module is first imported (``@triton.jit`` reads it).
 """
@@ -66,6 +74,12 @@ except ImportError as error:  # pragma: no cover - exercised only where triton i
         "the Triton paged-attention kernel needs triton: pip install triton==3.9.0 "
         "(or pip install -e '.[dev]')"
     ) from error
+
+from llmc.plugins.paged_attention.triton_cache_codes import (  # noqa: E402 (after the check)
+    fp8_value,
+    quantize,
+    store_codes,
+)
 
 #: Kernel parameters in order: input pointers, the int32 scalars, output pointers (the order
 #: TensorRT's AOT launch passes them), then the compile-time constants.
@@ -84,88 +98,95 @@ def _tanh(x):
 
 
 @triton.jit
-def _round_half_even(x):
-    floor = tl.floor(x)
-    frac = x - floor
-    odd = (floor - 2.0 * tl.floor(floor * 0.5)) != 0.0
-    return floor + ((frac > 0.5) | ((frac == 0.5) & odd)).to(tl.float32)
+def _dot(a, b, UPCAST_DOT: tl.constexpr):
+    """``a @ b`` with float32 accumulation, operands in their own dtype (tensor cores for 16-bit
+    ones, IEEE for float32); ``UPCAST_DOT`` widens them first (the interpreter's bf16 defect)."""
+    if UPCAST_DOT:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
 
 
 @triton.jit
-def _fp8_round(y):
-    """float32 in [-448, 448] -> the nearest FP8 E4M3FN value (ties to even), as float32.
-
-    Arithmetic, not a cast: the interpreter's cast rounds ties away and flushes subnormals, and
-    the same code then runs everywhere (FP8 storage needs no sm89 conversion instructions)."""
-    a = tl.abs(y)
-    exponent = (a.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    # Spacing of E4M3 values near a: 2^(e-3) in binade [2^e, 2^(e+1)); 2^-9 below 2^-6.
-    step = (tl.maximum(exponent - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
-    r = _round_half_even(a / step) * step  # division by a power of two: exact
-    return tl.where(y.to(tl.int32, bitcast=True) < 0, -r, r)  # the sign bit: -0.0 too
-
-
-@triton.jit
-def _fp8_bits(r):
-    """An E4M3FN value (float32, from _fp8_round) -> its code: sign, 4 exponent bits (bias 7),
-    3 mantissa bits; below 2^-6 the code is r * 2^9 (subnormals and 2^-6 itself)."""
-    bits = r.to(tl.int32, bitcast=True)
-    sign = (bits >> 24) & 0x80
-    a = tl.abs(r)
-    a_bits = a.to(tl.int32, bitcast=True)
-    normal = ((((a_bits >> 23) & 0xFF) - 120) << 3) | ((a_bits >> 20) & 7)
-    subnormal = (a * 512.0).to(tl.int32)
-    return tl.where(a < 0.015625, subnormal, normal) | sign
-
-
-@triton.jit
-def _fp8_value(code):
-    """E4M3FN code (int32 0..255) -> float32 value (the NaN codes, never written, read as 480)."""
-    exponent = (code >> 3) & 15
-    mantissa = code & 7
-    power = ((exponent + 117) << 23).to(tl.float32, bitcast=True)  # 2^(exponent - 10)
-    magnitude = tl.where(
-        exponent == 0, mantissa.to(tl.float32) * 0.001953125, (8 + mantissa).to(tl.float32) * power
-    )
-    return tl.where((code & 0x80) != 0, -magnitude, magnitude)
-
-
-@triton.jit
-def _quantize(x, scale, CACHE_QUANT: tl.constexpr):
-    """float32 values -> cache codes as float32 (exact in the cache dtype); identity unquantized."""
-    y = x
-    if CACHE_QUANT == 1:
-        y = _fp8_round(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
-    elif CACHE_QUANT == 2:
-        y = tl.minimum(tl.maximum(_round_half_even(tl.div_rn(x, scale)), -127.0), 127.0)
-    return y
-
-
-@triton.jit
-def _dequantize(codes, scale, CACHE_QUANT: tl.constexpr):
-    """Cache codes as float32 -> values: ``code * scale`` for a quantized cache."""
-    values = codes
-    if CACHE_QUANT != 0:
-        values = codes * scale
-    return values
-
-
-@triton.jit
-def _load_codes(ptr, offsets, mask, CACHE_QUANT: tl.constexpr):
-    """Cache codes as float32 (an FP8 cache is passed as its uint8 view)."""
-    raw = tl.load(ptr + offsets, mask=mask, other=0)
-    codes = raw.to(tl.float32)
-    if CACHE_QUANT == 1:
-        codes = _fp8_value(raw.to(tl.int32))
-    return codes
-
-
-@triton.jit
-def _store_codes(ptr, offsets, codes, mask, CACHE_QUANT: tl.constexpr):
-    if CACHE_QUANT == 1:
-        tl.store(ptr + offsets, _fp8_bits(codes).to(tl.uint8), mask=mask)
+def _load_operand(cache_ptr, input_ptr, cache_off, input_off, old, new, d_ok, scale,
+                  CACHE_QUANT: tl.constexpr, DTYPE: tl.constexpr):  # fmt: skip
+    """One tile of keys (or values) as cache codes in ``DTYPE``: rows cached before this step
+    from ``cache_ptr``, this step's rows from ``input_ptr`` through the cache's quantization.
+    Codes are exact in ``DTYPE`` (see the module docstring); the caller applies ``scale``."""
+    cached = tl.load(cache_ptr + cache_off, mask=old[:, None] & d_ok[None, :], other=0)
+    fresh = tl.load(input_ptr + input_off, mask=new[:, None] & d_ok[None, :], other=0.0)
+    if CACHE_QUANT == 0:
+        codes = tl.where(new[:, None], fresh, cached)
     else:
-        tl.store(ptr + offsets, codes.to(ptr.dtype.element_ty), mask=mask)
+        old_codes = cached.to(tl.float32)
+        if CACHE_QUANT == 1:
+            old_codes = fp8_value(cached.to(tl.int32))
+        new_codes = quantize(fresh.to(tl.float32), scale, CACHE_QUANT)
+        codes = tl.where(new[:, None], new_codes, old_codes)
+    return codes.to(DTYPE)
+
+
+@triton.jit
+def attend(
+    q,  # [ROWS, BLOCK_D] in the inputs' dtype
+    pos,  # [ROWS] int32, each row's position in its sequence
+    row_ok,  # [ROWS] bool
+    k_ptr, v_ptr, key_cache_ptr, value_cache_ptr,
+    table_row,  # the sequence's row of block_tables
+    q_start, first_new,  # the sequence's first new token: index in the step, position
+    kv_lo, kv_hi,  # the keys [kv_lo, kv_hi) to visit
+    kv_col,  # [BLOCK_D] this KV head's columns in a [*, KVH*D] row
+    d_ok,  # [BLOCK_D] bool, d < HEAD_DIM
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, LOGIT_SOFTCAP: tl.constexpr,
+    CACHE_QUANT: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):  # fmt: skip
+    """The online softmax of ``q`` over keys ``[kv_lo, kv_hi)`` of one sequence and KV head
+    (FlashAttention-2, Dao 2023), masked causally (key j visible to a row at position p when
+    ``j <= p``), by the window and by ``row_ok``. Returns ``(m, l, acc)``: per row the running
+    max [ROWS], the sum of ``exp(score - m)`` [ROWS] and the unnormalized ``sum p * v``
+    [ROWS, BLOCK_D], all float32; a row that saw nothing has ``m = -inf, l = 0, acc = 0``."""
+    kv_row = NUM_KV_HEADS * HEAD_DIM
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for j0 in range(kv_lo, kv_hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        in_range = j < kv_hi
+        old = in_range & (j < first_new)  # in the cache before this step
+        new = in_range & (j >= first_new)  # this step's tokens: from k/v
+        block = tl.load(table_row + j // BLOCK_SIZE, mask=old, other=0).to(tl.int64)
+        cache_off = (block * BLOCK_SIZE + j % BLOCK_SIZE)[:, None] * kv_row + kv_col[None, :]
+        input_off = (q_start + j - first_new).to(tl.int64)[:, None] * kv_row + kv_col[None, :]
+
+        keys = _load_operand(key_cache_ptr, k_ptr, cache_off, input_off, old, new, d_ok,
+                             K_SCALE, CACHE_QUANT, q.dtype)  # fmt: skip
+        scores = _dot(q, tl.trans(keys), UPCAST_DOT)  # [ROWS, BLOCK_N]
+        if CACHE_QUANT != 0:
+            scores = scores * K_SCALE
+        scores = scores * SCALE
+        if LOGIT_SOFTCAP > 0:
+            scores = LOGIT_SOFTCAP * _tanh(scores / LOGIT_SOFTCAP)
+        visible = row_ok[:, None] & in_range[None, :] & (j[None, :] <= pos[:, None])
+        if SLIDING_WINDOW > 0:
+            visible = visible & (j[None, :] > pos[:, None] - SLIDING_WINDOW)
+        scores = tl.where(visible, scores, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # A row with nothing visible yet keeps m = -inf; exp(-inf - 0) = 0 keeps it empty.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        values = _load_operand(value_cache_ptr, v_ptr, cache_off, input_off, old, new, d_ok,
+                               V_SCALE, CACHE_QUANT, q.dtype)  # fmt: skip
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), values, UPCAST_DOT)
+        m_i = m_new
+    if CACHE_QUANT != 0:
+        acc = acc * V_SCALE
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -199,15 +220,17 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    SPLIT_DECODE: tl.constexpr,
 ):
     """One program: BLOCK_M query tokens of one sequence x the GROUP query heads of KV head
     ``program_id(1)``; grid (T // BLOCK_M + B, KVH), launched by ``triton_launch``. Writes the
     tile's new K/V rows into the cache at ``slot_mapping`` (quantized per CACHE_QUANT with
     K_SCALE/V_SCALE) and out [T, H*D] = softmax(soft-capped, windowed, causal QK^T * SCALE) V,
     computed with FlashAttention-2's online softmax (Dao 2023) over BLOCK_N keys at a time read
-    through the block table (vLLM's PagedAttention, Kwon et al. 2023). Shapes are in the
-    argument comments; the module docstring gives the tiling."""
+    through the block table (vLLM's PagedAttention, Kwon et al. 2023). With SPLIT_DECODE, the
+    attention of a sequence with one new token is left to the flash-decoding kernels. Shapes are
+    in the argument comments; the module docstring gives the tiling."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     # The sequence of this query tile: the last b with query_start_loc[b] // BLOCK_M + b <= pid.
@@ -238,84 +261,42 @@ def paged_attention_kernel(
     slots = tl.load(slot_mapping_ptr + w_tok, mask=wt < num_new, other=0).to(tl.int64)
     src = w_tok[:, None] * kv_row + kv_col[None, :]
     dst = slots[:, None] * kv_row + kv_col[None, :]
-    new_k = _quantize(tl.load(k_ptr + src, mask=w_mask).to(tl.float32), K_SCALE, CACHE_QUANT)
-    new_v = _quantize(tl.load(v_ptr + src, mask=w_mask).to(tl.float32), V_SCALE, CACHE_QUANT)
-    _store_codes(key_cache_out_ptr, dst, new_k, w_mask, CACHE_QUANT)
-    _store_codes(value_cache_out_ptr, dst, new_v, w_mask, CACHE_QUANT)
+    new_k = quantize(tl.load(k_ptr + src, mask=w_mask).to(tl.float32), K_SCALE, CACHE_QUANT)
+    new_v = quantize(tl.load(v_ptr + src, mask=w_mask).to(tl.float32), V_SCALE, CACHE_QUANT)
+    store_codes(key_cache_out_ptr, dst, new_k, w_mask, CACHE_QUANT)
+    store_codes(value_cache_out_ptr, dst, new_v, w_mask, CACHE_QUANT)
 
+    num_attend = num_new  # new tokens whose attention this kernel computes
+    if SPLIT_DECODE:
+        num_attend = tl.where(num_new == 1, 0, num_new)
     # Query rows: token tok0 + r // GROUP_PAD, query head kvh * GROUP + r % GROUP_PAD.
     rows = tl.arange(0, BLOCK_M * GROUP_PAD)
     tok = tok0 + rows // GROUP_PAD
     g = rows % GROUP_PAD
-    row_ok = (tok < num_new) & (g < GROUP)
+    row_ok = (tok < num_attend) & (g < GROUP)
     pos = first_new + tok
     head = kvh * GROUP + g
-    q_off = (
-        (q_start + tok).to(tl.int64)[:, None] * (NUM_HEADS * HEAD_DIM)
-        + (head * HEAD_DIM)[:, None]
-        + d[None, :]
-    )
-    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    row_off = (q_start + tok).to(tl.int64) * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM
+    q_off = row_off[:, None] + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     # Keys this tile can see: [kv_lo, kv_hi).
     kv_hi = tl.minimum(first_new + tok0 + BLOCK_M, context_len)
     kv_lo = 0
     if SLIDING_WINDOW > 0:
         kv_lo = tl.maximum(first_new + tok0 - SLIDING_WINDOW + 1, 0)
-    kv_hi = tl.where(tok0 < num_new, kv_hi, kv_lo)
+    kv_hi = tl.where(tok0 < num_attend, kv_hi, kv_lo)
 
-    m_i = tl.full([BLOCK_M * GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M * GROUP_PAD], tl.float32)
-    acc = tl.zeros([BLOCK_M * GROUP_PAD, BLOCK_D], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * max_blocks
-    for j0 in range(kv_lo, kv_hi, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        in_range = j < kv_hi
-        old = in_range & (j < first_new)  # in the cache before this step
-        new = in_range & (j >= first_new)  # this step's tokens: from k/v
-        block = tl.load(table_row + j // BLOCK_SIZE, mask=old, other=0).to(tl.int64)
-        cache_off = (block * BLOCK_SIZE + j % BLOCK_SIZE)[:, None] * kv_row + kv_col[None, :]
-        input_off = (q_start + j - first_new).to(tl.int64)[:, None] * kv_row + kv_col[None, :]
-        old_mask = old[:, None] & d_ok[None, :]
-        new_mask = new[:, None] & d_ok[None, :]
-
-        # Keys as float32 values, through the cache's quantization whichever way they come.
-        keys_old = _load_codes(key_cache_ptr, cache_off, old_mask, CACHE_QUANT)
-        keys_new = tl.load(k_ptr + input_off, mask=new_mask, other=0.0).to(tl.float32)
-        keys_new = _quantize(keys_new, K_SCALE, CACHE_QUANT)
-        keys = _dequantize(tl.where(new[:, None], keys_new, keys_old), K_SCALE, CACHE_QUANT)
-        scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION)
-        scores = scores * SCALE
-        if LOGIT_SOFTCAP > 0:
-            scores = LOGIT_SOFTCAP * _tanh(scores / LOGIT_SOFTCAP)
-        visible = row_ok[:, None] & in_range[None, :] & (j[None, :] <= pos[:, None])
-        if SLIDING_WINDOW > 0:
-            visible = visible & (j[None, :] > pos[:, None] - SLIDING_WINDOW)
-        scores = tl.where(visible, scores, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        # A row with nothing visible yet keeps m = -inf; exp(-inf - 0) = 0 keeps it empty.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-
-        values_old = _load_codes(value_cache_ptr, cache_off, old_mask, CACHE_QUANT)
-        values_new = tl.load(v_ptr + input_off, mask=new_mask, other=0.0).to(tl.float32)
-        values_new = _quantize(values_new, V_SCALE, CACHE_QUANT)
-        values = _dequantize(tl.where(new[:, None], values_new, values_old), V_SCALE, CACHE_QUANT)
-        pv = tl.dot(p, values, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-
+    _, l_i, acc = attend(
+        q, pos, row_ok, k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, table_row, q_start,
+        first_new, kv_lo, kv_hi, kv_col, d_ok, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, SCALE,
+        SLIDING_WINDOW, LOGIT_SOFTCAP, CACHE_QUANT, K_SCALE, V_SCALE, BLOCK_M * GROUP_PAD,
+        BLOCK_N, BLOCK_D, UPCAST_DOT,
+    )  # fmt: skip
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    out_off = (
-        (q_start + tok).to(tl.int64)[:, None] * (NUM_HEADS * HEAD_DIM)
-        + (head * HEAD_DIM)[:, None]
-        + d[None, :]
-    )
     tl.store(
-        out_ptr + out_off,
+        out_ptr + q_off,
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & d_ok[None, :],
     )

@@ -1,116 +1,26 @@
-"""Tile sizes and the torch launcher of the Triton paged-attention kernel.
+"""The torch launcher of the Triton paged-attention kernels.
 
 :func:`paged_attention_triton` runs :func:`~llmc.plugins.paged_attention.triton_kernel.
 paged_attention_kernel` on torch tensors (CUDA, or CPU under ``TRITON_INTERPRET=1``) with the
-reference's signature; :func:`kernel_config` and :func:`kernel_constants` are shared with the
-TensorRT AOT compile so both launch the same kernel the same way. Imports ``triton``.
+reference's signature, and for decode tokens the flash-decoding kernels of
+:mod:`~llmc.plugins.paged_attention.triton_flash_decoding` when
+:func:`~llmc.plugins.paged_attention.triton_tiles.choose_num_splits` says so. The tile sizes,
+kernel constants, shared memory and split count come from
+:mod:`~llmc.plugins.paged_attention.triton_tiles` (pure, shared with the TensorRT AOT compile
+and its lint). Imports ``triton`` only when a kernel is launched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import triton
 
-from llmc.plugins.paged_attention.triton_kernel import paged_attention_kernel
-
-#: Cache element kinds, the kernel's ``CACHE_QUANT`` constant.
-CACHE_QUANT = {"none": 0, "fp8": 1, "int8": 2}
+from llmc.plugins.paged_attention.triton_tiles import (
+    choose_num_splits,
+    kernel_config,
+    kernel_constants,
+)
 
 _ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tile sizes of one launch (all powers of two).
-
-    Attributes:
-        group: query heads per KV head, ``H // KVH``.
-        group_pad: ``group`` rounded up to a power of two.
-        block_m: new tokens per program; ``block_m * group_pad`` rows (>= 16: ``tl.dot``'s
-            minimum on a GPU).
-        block_n: keys per softmax update (>= 16).
-        block_d: head dim padded to a power of two (>= 16).
-    """
-
-    group: int
-    group_pad: int
-    block_m: int
-    block_n: int
-    block_d: int
-
-    def grid(self, num_tokens: int, num_seqs: int, num_kv_heads: int) -> tuple[int, int]:
-        """The launch grid: ``(num_tokens // block_m + num_seqs, num_kv_heads)``."""
-        return (num_tokens // self.block_m + num_seqs, num_kv_heads)
-
-
-def kernel_config(
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    *,
-    block_m: int | None = None,
-    block_n: int = 32,
-) -> KernelConfig:
-    """Choose tile sizes. ``block_m`` defaults to the fewest tokens that fill 16 rows.
-
-    Raises:
-        ValueError: ``num_heads`` is not a multiple of ``num_kv_heads``, or a block size is not
-            a power of two, or ``block_m * group_pad`` or ``block_n`` is below 16.
-    """
-    if num_kv_heads < 1 or num_heads % num_kv_heads != 0:
-        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    group = num_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    if block_m is None:
-        block_m = max(1, 16 // group_pad)
-    for name, value in (("block_m", block_m), ("block_n", block_n)):
-        if value < 1 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two, got {value}")
-    if block_m * group_pad < 16 or block_n < 16:
-        raise ValueError(
-            f"block_m * group_pad ({block_m} * {group_pad}) and block_n ({block_n}) must be "
-            "at least 16 (tl.dot's minimum tile on a GPU)"
-        )
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    return KernelConfig(group, group_pad, block_m, block_n, block_d)
-
-
-def kernel_constants(
-    config: KernelConfig,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    scale: float,
-    sliding_window: int | None,
-    logit_softcap: float | None,
-    cache_quant: str,
-    k_scale: float,
-    v_scale: float,
-    float32_inputs: bool,
-) -> dict[str, object]:
-    """The kernel's compile-time constants, by parameter name (also the AOT ``constexprs``)."""
-    return {
-        "NUM_HEADS": num_heads,
-        "NUM_KV_HEADS": num_kv_heads,
-        "HEAD_DIM": head_dim,
-        "GROUP": config.group,
-        "GROUP_PAD": config.group_pad,
-        "BLOCK_SIZE": block_size,
-        "SCALE": float(scale),
-        "SLIDING_WINDOW": int(sliding_window or 0),
-        "LOGIT_SOFTCAP": float(logit_softcap or 0.0),
-        "CACHE_QUANT": CACHE_QUANT[cache_quant],
-        "K_SCALE": float(k_scale),
-        "V_SCALE": float(v_scale),
-        "BLOCK_M": config.block_m,
-        "BLOCK_N": config.block_n,
-        "BLOCK_D": config.block_d,
-        "DOT_PRECISION": "ieee" if float32_inputs else "tf32",
-    }
 
 
 def cache_quant_of(cache_dtype: torch.dtype, activation_dtype: torch.dtype) -> str:
@@ -159,6 +69,7 @@ def paged_attention_triton(
     v_scale: float = 1.0,
     block_m: int | None = None,
     block_n: int = 32,
+    num_splits: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write the new tokens' K/V into the paged cache in place, then attend causally (Triton).
@@ -169,16 +80,20 @@ def paged_attention_triton(
     in float32, float16 or bfloat16; caches [num_blocks, block_size, KVH, D] in q's dtype,
     ``torch.float8_e4m3fn`` or ``torch.int8``, written in place (same storage, never copied);
     seq_lens [B], query_start_loc [B+1], block_tables [B, max_blocks] int32; slot_mapping [T]
-    int64. ``block_m``/``block_n``: tile sizes (see :func:`kernel_config`). ``out``: where to
-    write the result ([T, H*D], q's dtype, contiguous), e.g. a TensorRT output buffer.
+    int64. ``block_m``/``block_n``: tile sizes (see :func:`kernel_config`). ``num_splits``:
+    slices of each decode token's context (flash-decoding); None chooses with
+    :func:`choose_num_splits` (on CPU, where the interpreter runs programs one at a time, 1),
+    1 keeps decode on the main kernel. ``out``: where to write the result ([T, H*D], q's dtype,
+    contiguous), e.g. a TensorRT output buffer.
 
     Returns:
         [T, H*D] in q's dtype (``out`` when given).
 
     Raises:
-        ValueError: a dtype, rank, shape or layout the kernel does not take, or a scale that is
-            not a finite positive number. Metadata values (block ids, slots, lengths) are not
-            checked on the device: the runner's step builder guarantees them.
+        ValueError: a dtype, rank, shape or layout the kernel does not take, a scale that is
+            not a finite positive number, or ``num_splits`` below 1. Metadata values (block
+            ids, slots, lengths) are not checked on the device: the runner's step builder
+            guarantees them.
     """
     _check("q", q, _ACTIVATION_DTYPES, 2)
     _check("k", k, (q.dtype,), 2)
@@ -213,6 +128,9 @@ def paged_attention_triton(
         if not 0.0 < float(value) < float("inf"):
             raise ValueError(f"{name} must be a finite positive number, got {value}")
 
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be at least 1, got {num_splits}")
+
     if out is None:
         out = torch.empty_like(q)
     _check("out", out, (q.dtype,), 2)
@@ -220,6 +138,16 @@ def paged_attention_triton(
         raise ValueError(f"out must have shape {tuple(q.shape)}, got {tuple(out.shape)}")
     if num_tokens == 0 or num_seqs == 0:
         return out
+    import triton
+
+    from llmc.plugins.paged_attention.triton_kernel import paged_attention_kernel
+
+    if num_splits is None:
+        num_sms = 1  # the interpreter: one program at a time, a split only adds work
+        if q.is_cuda:
+            num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        max_context_len = block_tables.shape[1] * key_cache.shape[1]
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
     constants = kernel_constants(
         config,
         num_heads=num_heads,
@@ -232,8 +160,12 @@ def paged_attention_triton(
         cache_quant=cache_quant,
         k_scale=k_scale,
         v_scale=v_scale,
-        float32_inputs=q.dtype == torch.float32,
+        # Interpreted kernels are not JITFunctions (trt_aot.py tells them apart the same way).
+        upcast_dot=q.dtype == torch.bfloat16
+        and not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
+        split_decode=num_splits > 1,
     )
+    launch = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     grid = config.grid(num_tokens, num_seqs, num_kv_heads)
     if cache_quant == "fp8":  # the kernel reads and writes FP8 codes as bytes (same storage)
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
@@ -241,6 +173,53 @@ def paged_attention_triton(
         q, k, v, key_cache, value_cache, seq_lens, query_start_loc, block_tables, slot_mapping,
         num_seqs, block_tables.shape[1],
         out, key_cache, value_cache,
-        **constants,
+        **constants, **launch,
     )  # fmt: skip
+    if num_splits > 1:
+        _flash_decoding(q, k, v, key_cache, value_cache, seq_lens, query_start_loc,
+                        block_tables, num_splits, out, constants, launch)  # fmt: skip
     return out
+
+
+def _flash_decoding(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_tables: torch.Tensor,
+    num_splits: int,
+    out: torch.Tensor,
+    constants: dict[str, object],
+    launch: dict[str, int],
+) -> None:
+    """The decode tokens' attention in ``num_splits`` slices, then their reduction into ``out``
+    (triton_flash_decoding.py): partials [B, S, H, D] and [B, S, H] in float32."""
+    import triton
+
+    from llmc.plugins.paged_attention.triton_flash_decoding import (
+        flash_decoding_reduce_kernel,
+        flash_decoding_split_kernel,
+    )
+
+    num_seqs, num_heads = seq_lens.shape[0], constants["NUM_HEADS"]
+    head_dim, num_kv_heads = constants["HEAD_DIM"], constants["NUM_KV_HEADS"]
+    partial_out = torch.empty(
+        (num_seqs, num_splits, num_heads, head_dim), dtype=torch.float32, device=q.device
+    )
+    partial_lse = torch.empty(
+        (num_seqs, num_splits, num_heads), dtype=torch.float32, device=q.device
+    )
+    split_constants = {name: c for name, c in constants.items() if name != "SPLIT_DECODE"}
+    flash_decoding_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k, v, key_cache, value_cache, seq_lens, query_start_loc, block_tables,
+        block_tables.shape[1], num_splits, partial_out, partial_lse,
+        **split_constants, **launch,
+    )  # fmt: skip
+    flash_decoding_reduce_kernel[(num_seqs, num_heads)](
+        partial_out, partial_lse, query_start_loc, num_splits, out,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=constants["BLOCK_D"],
+        SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=launch["num_warps"],
+    )  # fmt: skip

@@ -1,0 +1,547 @@
+"""GPU acceptance of the paged-attention plugin kernel and the TensorRT path, in one command.
+
+    python ci/gpu_acceptance.py                            # NVIDIA GPU, torch (CUDA), triton
+    python ci/gpu_acceptance.py --device cpu --interpret   # dry run: tiny shapes, Triton's
+                                                           # CPU interpreter (no GPU needed)
+
+Parts (issue 18), each printed as a table:
+
+1. Accuracy: the Triton kernel (``paged_attention_triton``: the main kernel, and flash-decoding
+   for decode tokens) against the torch reference (``reference.py``, the ground truth, run on
+   the same device) on real shapes: Llama-3-8B (32 heads, 8 KV heads, head dim 128) and
+   Gemma 3 270M (4 heads, 1 KV head, head dim 256; its local layers' window of 512 and its
+   global layers), prefill, chunked prefill, a mixed step, and decode at batch 1/16/64 with
+   contexts 512/4096/32768 (a case whose tensors would not fit in free GPU memory is skipped
+   and says so), in bfloat16 and float16. Max abs error against a tolerance per dtype; the
+   caches the kernel writes must equal the reference's bit for bit.
+2. Time: median of ``--repeat`` runs timed with CUDA events, the kernel against
+   ``torch.nn.functional.scaled_dot_product_attention`` on the same data gathered dense from
+   the cache (outside the timing; SDPA's own error against the reference is shown too).
+3. Shared memory: Triton's count for each kernel, compiled for this GPU, against
+   ``triton_tiles.shared_memory_bytes`` (the TensorRT lint's formula): it must not be lower.
+4. TensorRT, where ``import tensorrt`` works: ``llmc build`` of tiny Llama and Gemma 3 engines
+   for cpu and for this GPU's smXX, and their greedy generations compared.
+
+Exit status: 0 when every part that ran passed (a part that cannot run here prints SKIP and
+why); 1 on any failure (accuracy, caches, the formula, a build, the generations); 3 when there
+is no CUDA GPU (nothing was accepted; ``--device cpu --interpret`` is the dry run); 2 for bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXIT_OK, EXIT_FAILED, EXIT_NO_GPU = 0, 1, 3
+
+#: (atol, rtol) of the kernel's output against the reference, by dtype: P is rounded to the
+#: 16-bit dtype for ``P V`` (2^-9 relative in bfloat16, 2^-12 in float16) and the output once.
+TOLERANCE = {"bfloat16": (1.6e-2, 1.6e-2), "float16": (2e-3, 4e-3)}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One attention layer's shape (DESIGN §3 attributes)."""
+
+    name: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+    logit_softcap: float | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One step: per sequence (context length after the step, new tokens)."""
+
+    name: str
+    seqs: tuple[tuple[int, int], ...]
+
+
+REAL_SHAPES = (
+    Shape("llama-3-8b", 32, 8, 128),
+    Shape("gemma-3-270m-local", 4, 1, 256, sliding_window=512),
+    Shape("gemma-3-270m-global", 4, 1, 256),
+)
+TINY_SHAPES = (
+    Shape("tiny-gqa4", 8, 2, 32),
+    Shape("tiny-mqa-window", 4, 1, 32, sliding_window=24),
+)
+
+
+def real_workloads(max_context: int) -> list[Workload]:
+    workloads = [
+        Workload("prefill 1x512", ((512, 512),)),
+        Workload("prefill 1x4096", ((4096, 4096),)),
+        Workload("prefill 4x1024", ((1024, 1024),) * 4),
+        Workload("chunk 512 of 4096", ((4096, 512),)),
+        Workload("mixed 15x4096 dec+512", ((4096, 1),) * 15 + ((512, 512),)),
+    ]
+    for batch in (1, 16, 64):
+        for context in (512, 4096, 32768):
+            if context <= max_context:
+                workloads.append(Workload(f"decode {batch}x{context}", ((context, 1),) * batch))
+    return [w for w in workloads if max(c for c, _ in w.seqs) <= max_context]
+
+
+TINY_WORKLOADS = (
+    Workload("prefill 1x40", ((40, 40),)),
+    Workload("chunk 16 of 48", ((48, 16),)),
+    Workload("mixed", ((70, 1), (30, 1), (20, 20))),
+    Workload("decode 2x60", ((60, 1),) * 2),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the accuracy/time table."""
+
+    shape: str
+    dtype: str
+    workload: str
+    splits: int | str
+    error: float | None
+    ok: bool | None  # None: skipped
+    kernel_ms: float | None = None
+    sdpa_ms: float | None = None
+    sdpa_error: float | None = None
+    note: str = ""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="GPU acceptance of the paged-attention kernel (accuracy against the "
+        "reference, time against SDPA, shared memory) and of the TensorRT path.",
+        epilog="exit status: 0 passed (skipped parts say SKIP), 1 a failure, 3 no CUDA GPU",
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (default), or cpu with --interpret for a dry run")  # fmt: skip
+    p.add_argument("--interpret", action="store_true",
+                   help="run the kernels in Triton's interpreter (TRITON_INTERPRET=1) on tiny "
+                   "shapes; needs --device cpu")  # fmt: skip
+    p.add_argument("--dtype", action="append", choices=tuple(TOLERANCE),
+                   help="activation dtype (repeatable; default both)")  # fmt: skip
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed runs per case, median reported (default 20 on cuda, 1 on cpu)",
+    )
+    p.add_argument("--max-context", type=int, default=32768,
+                   help="skip workloads with a longer context (default 32768)")  # fmt: skip
+    p.add_argument("--num-splits", type=int, default=None,
+                   help="flash-decoding slices (default: the launcher's heuristic on cuda, "
+                   "3 with --interpret)")  # fmt: skip
+    p.add_argument("--block-size", type=int, default=16, help="KV cache block size (16)")
+    p.add_argument("--no-tensorrt", action="store_true", help="skip the TensorRT part")
+    p.add_argument("--min-match", type=int, default=8,
+                   help="TensorRT part: greedy tokens each prompt must share with the CPU "
+                   "engine's (of 16; default 8: TF32 and fused kernels may flip a near-tie "
+                   "later)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.device == "cpu" and not args.interpret:
+        p.error("--device cpu runs the kernels only in Triton's interpreter: add --interpret")
+    if args.interpret and args.device != "cpu":
+        p.error("--interpret runs on the CPU: add --device cpu")
+    return args
+
+
+def make_step(shape: Shape, workload: Workload, dtype, device, block_size: int, seed: int):
+    """Random inputs of one step, in the reference's argument order: q, k, v, key_cache,
+    value_cache, seq_lens, query_start_loc, block_tables, slot_mapping. Blocks are shuffled."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    blocks = [-(-context // block_size) for context, _ in workload.seqs]
+    num_blocks = sum(blocks) + 2
+    ids = torch.randperm(num_blocks, generator=gen)[: sum(blocks)].to(torch.int32)
+    block_tables = torch.zeros((len(blocks), max(blocks)), dtype=torch.int32)
+    slots, start = [], 0
+    for b, ((context, num_new), n) in enumerate(zip(workload.seqs, blocks, strict=True)):
+        block_tables[b, :n] = ids[start : start + n]
+        start += n
+        slots += [int(block_tables[b, p // block_size]) * block_size + p % block_size
+                  for p in range(context - num_new, context)]  # fmt: skip
+    num_tokens = len(slots)
+    kv_width = shape.num_kv_heads * shape.head_dim
+
+    # Random values made on the device: the caches of the largest cases are gigabytes.
+    device_gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*size: int, scale: float = 1.0):
+        return torch.randn(size, generator=device_gen, device=device, dtype=dtype).mul_(scale)
+
+    cache_shape = (num_blocks, block_size, shape.num_kv_heads, shape.head_dim)
+    return [
+        randn(num_tokens, shape.num_heads * shape.head_dim, scale=2.0),
+        randn(num_tokens, kv_width),
+        randn(num_tokens, kv_width),
+        randn(*cache_shape),
+        randn(*cache_shape),
+        torch.tensor([c for c, _ in workload.seqs], dtype=torch.int32, device=device),
+        torch.tensor(
+            [0] + [sum(n for _, n in workload.seqs[: i + 1]) for i in range(len(workload.seqs))],
+            dtype=torch.int32,
+            device=device,
+        ),  # fmt: skip
+        block_tables.to(device),
+        torch.tensor(slots, dtype=torch.int64, device=device),
+    ]
+
+
+def step_bytes(shape: Shape, workload: Workload, block_size: int, itemsize: int) -> int:
+    """A bound on the memory one case needs: the caches three times (the kernel's, the
+    reference's copy, SDPA's dense gather) and the reference's float32 scores and keys."""
+    tokens = sum(-(-c // block_size) * block_size for c, _ in workload.seqs)
+    caches = 2 * tokens * shape.num_kv_heads * shape.head_dim * itemsize
+    longest = max(c for c, _ in workload.seqs)
+    widest = max(n for _, n in workload.seqs)
+    reference = 4 * shape.num_heads * (3 * widest * longest + 2 * longest * shape.head_dim)
+    return 3 * caches + reference
+
+
+def kwargs_of(shape: Shape) -> dict:
+    return dict(num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                head_dim=shape.head_dim, scale=shape.head_dim**-0.5,
+                sliding_window=shape.sliding_window, logit_softcap=shape.logit_softcap)  # fmt: skip
+
+
+def time_ms(fn: Callable[[], object], repeat: int, cuda: bool) -> float:
+    """Median milliseconds of ``repeat`` calls: CUDA events after one warm-up call on a GPU
+    (the time includes the launcher's Python work), wall time in the interpreter."""
+    import torch
+
+    if cuda:
+        fn()
+    times = []
+    for _ in range(repeat):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            begin = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin) * 1e3)
+    return statistics.median(times)
+
+
+def dense_sdpa(shape: Shape, workload: Workload, step: list, key_cache, value_cache):
+    """SDPA on the step's data gathered dense from the (written) caches: one call per group of
+    sequences with equal (context, new tokens). Returns (run, scatter): ``run()`` computes the
+    groups' outputs, ``scatter(outputs)`` packs them as [T, H*D]."""
+    import torch
+    import torch.nn.functional as F
+
+    q, query_start_loc, block_tables = step[0], step[6], step[7]
+    h, kvh, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    window = shape.sliding_window
+    groups: dict[tuple[int, int], list[int]] = {}
+    for b, seq in enumerate(workload.seqs):
+        groups.setdefault(seq, []).append(b)
+    calls = []
+    for (context, num_new), members in groups.items():
+        first = 0 if window is None or num_new > 1 else max(0, context - window)
+        # Dense [B, heads, tokens, D], filled sequence by sequence (one gathered copy at a time).
+        qd = q.new_empty((len(members), h, num_new, d))
+        kd = q.new_empty((len(members), kvh, context - first, d))
+        vd = torch.empty_like(kd)
+        rows = []
+        for i, b in enumerate(members):
+            blocks = block_tables[b, : -(-context // key_cache.shape[1])].long()
+            kd[i] = key_cache[blocks].reshape(-1, kvh, d)[first:context].transpose(0, 1)
+            vd[i] = value_cache[blocks].reshape(-1, kvh, d)[first:context].transpose(0, 1)
+            start = int(query_start_loc[b])
+            qd[i] = q[start : start + num_new].view(num_new, h, d).transpose(0, 1)
+            rows.append(torch.arange(start, start + num_new, device=q.device))
+        positions = torch.arange(context - num_new, context, device=q.device)[:, None]
+        key_pos = torch.arange(first, context, device=q.device)[None, :]
+        mask = key_pos <= positions
+        if window is not None:
+            mask &= key_pos > positions - window
+        causal = num_new == context and window is None
+        calls.append((qd, kd, vd, None if causal or num_new == 1 else mask, causal, rows))
+    try:
+        F.scaled_dot_product_attention(*calls[0][:3], scale=1.0, enable_gqa=True)
+        gqa = True
+    except (TypeError, RuntimeError):  # torch < 2.5: expand the KV heads (outside the timing)
+        gqa = False
+        calls = [(qd, kd.repeat_interleave(h // kvh, 1), vd.repeat_interleave(h // kvh, 1), m,
+                  c, r) for qd, kd, vd, m, c, r in calls]  # fmt: skip
+    extra = {"enable_gqa": True} if gqa else {}
+
+    def run() -> list:
+        return [F.scaled_dot_product_attention(qd, kd, vd, attn_mask=m, is_causal=c,
+                                               scale=d**-0.5, **extra)
+                for qd, kd, vd, m, c, _ in calls]  # fmt: skip
+
+    def scatter(outputs: list):
+        out = torch.zeros_like(q)
+        for (*_, rows), o in zip(calls, outputs, strict=True):
+            out[torch.cat(rows)] = o.transpose(1, 2).reshape(-1, h * d)
+        return out
+
+    return run, scatter
+
+
+def accuracy_and_time(args, shape: Shape, workload: Workload, dtype_name: str) -> Row:
+    import torch
+
+    from llmc.plugins.paged_attention.reference import paged_attention_reference
+    from llmc.plugins.paged_attention.triton_launch import paged_attention_triton
+    from llmc.plugins.paged_attention.triton_tiles import choose_num_splits
+
+    dtype, device = getattr(torch, dtype_name), torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        need = step_bytes(shape, workload, args.block_size, dtype.itemsize)
+        free = torch.cuda.mem_get_info()[0]
+        if need > 0.8 * free:
+            return Row(
+                shape.name,
+                dtype_name,
+                workload.name,
+                "-",
+                None,
+                None,
+                note=f"SKIP: needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} free",
+            )
+    step = make_step(shape, workload, dtype, device, args.block_size, seed=len(workload.seqs))
+    reference_step = [t.clone() for t in step]
+    splits = args.num_splits
+    if splits is None:
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
+        max_context = step[7].shape[1] * args.block_size
+        splits = choose_num_splits(len(workload.seqs), shape.num_kv_heads, max_context, num_sms)
+    kwargs = kwargs_of(shape)
+
+    out = paged_attention_triton(*step, **kwargs, num_splits=splits)
+    with device:  # the reference makes its tensors on the default device
+        expected = paged_attention_reference(*reference_step, **kwargs)
+    error = (out.float() - expected.float()).abs()
+    atol, rtol = TOLERANCE[dtype_name]
+    ok = bool((error <= atol + rtol * expected.float().abs()).all())
+    note = ""
+    caches = ((step[3], reference_step[3]), (step[4], reference_step[4]))
+    if not all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in caches):
+        ok, note = False, "FAIL: caches differ from the reference's"
+
+    repeat = args.repeat or (20 if cuda else 1)
+    kernel_ms = time_ms(lambda: paged_attention_triton(*step, **kwargs, num_splits=splits,
+                                                       out=out), repeat, cuda)  # fmt: skip
+    sdpa_ms = sdpa_error = None
+    if shape.logit_softcap is None:  # SDPA has no soft-cap
+        run, scatter = dense_sdpa(shape, workload, step, step[3], step[4])
+        sdpa_out = scatter(run())
+        sdpa_error = (sdpa_out.float() - expected.float()).abs().max().item()
+        sdpa_ms = time_ms(run, repeat, cuda)
+    return Row(shape.name, dtype_name, workload.name, splits, error.max().item(), ok,
+               kernel_ms, sdpa_ms, sdpa_error, note)  # fmt: skip
+
+
+def print_table(rows: list[Row], cuda: bool) -> None:
+    unit = "ms; speedup = SDPA / kernel" if cuda else "ms: interpreter, not a measurement"
+    print(f"\n{'shape':<20}{'dtype':<10}{'workload':<23}{'splits':>6}{'max err':>10}{'':>6}"
+          f"{'kernel':>10}{'SDPA':>10}{'speedup':>10}{'SDPA err':>10}   [{unit}]")  # fmt: skip
+    for r in rows:
+        if r.ok is None:
+            print(f"{r.shape:<20}{r.dtype:<10}{r.workload:<23}  {r.note}")
+            continue
+        verdict = " ok " if r.ok else " FAIL"
+        speed = f"{r.sdpa_ms / r.kernel_ms:>10.2f}" if r.sdpa_ms else f"{'-':>10}"
+        sdpa = f"{r.sdpa_ms:>10.3f}" if r.sdpa_ms is not None else f"{'-':>10}"
+        sdpa_err = f"{r.sdpa_error:>10.2e}" if r.sdpa_error is not None else f"{'-':>10}"
+        print(f"{r.shape:<20}{r.dtype:<10}{r.workload:<23}{r.splits:>6}{r.error:>10.2e}"
+              f"{verdict:<6}{r.kernel_ms:>10.3f}{sdpa}{speed}{sdpa_err}  {r.note}")  # fmt: skip
+
+
+def compiled_shared_memory(
+    num_heads: int, num_kv_heads: int, head_dim: int, dtype: str, arch: int, config
+) -> tuple[int, int, int]:
+    """Triton's shared memory (bytes) of the main, split and reduce kernels compiled for
+    ``arch`` (80, 90, ...) with ``config``'s tiles and launch options, as the launcher launches
+    them. Needs no GPU; needs a process without TRITON_INTERPRET."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from llmc.plugins.paged_attention import triton_flash_decoding as fd
+    from llmc.plugins.paged_attention import triton_kernel as tk
+    from llmc.plugins.paged_attention.triton_tiles import MAX_SPLITS, kernel_constants
+
+    name = str(dtype).removeprefix("torch.")
+    act = "*" + {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[name]
+    constants = kernel_constants(
+        config, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        block_size=16, scale=head_dim**-0.5, sliding_window=512, logit_softcap=None,
+        cache_quant="none", k_scale=1.0, v_scale=1.0, split_decode=True,
+    )  # fmt: skip
+    pointers = [act] * 5 + ["*i32"] * 3
+    main_types = [*pointers, "*i64", "i32", "i32", act, act, act]
+    main_names = (*tk.POINTER_INPUTS, *tk.SCALAR_INPUTS, *tk.POINTER_OUTPUTS)
+    split_names = (*tk.POINTER_INPUTS[:8], "max_blocks", "num_splits", "partial_out_ptr",
+                   "partial_lse_ptr")  # fmt: skip
+    split_types = [*pointers, "i32", "i32", "*fp32", "*fp32"]
+    split_constants = {name: c for name, c in constants.items() if name != "SPLIT_DECODE"}
+    reduce_constants = dict(NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+                            SPLITS_PAD=MAX_SPLITS, BLOCK_D=config.block_d)  # fmt: skip
+    reduce_signature = {"partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32",
+                        "query_start_loc_ptr": "*i32", "num_splits": "i32",
+                        "out_ptr": act}  # fmt: skip
+    kernels = (
+        (tk.paged_attention_kernel, dict(zip(main_names, main_types, strict=True)), constants),
+        (fd.flash_decoding_split_kernel, dict(zip(split_names, split_types, strict=True)),
+         split_constants),
+        (fd.flash_decoding_reduce_kernel, reduce_signature, reduce_constants),
+    )  # fmt: skip
+    shared = []
+    for fn, signature, consts in kernels:
+        signature = {**signature, **dict.fromkeys(consts, "constexpr")}
+        compiled = triton.compile(
+            ASTSource(fn=fn, signature=signature, constexprs=consts),
+            target=GPUTarget("cuda", arch, 32),
+            options=dict(num_warps=config.num_warps, num_stages=config.num_stages),
+        )
+        shared.append(compiled.metadata.shared)
+    return tuple(shared)
+
+
+def shared_memory_part(shapes: tuple[Shape, ...], dtypes: list[str], arch: int) -> bool:
+    from llmc.plugins.paged_attention.triton_tiles import kernel_config, shared_memory_bytes
+
+    print(f"\nshared memory, compiled for sm{arch} (bytes; 49152 = 48 KB without opt-in)")
+    print(f"{'shape':<22}{'dtype':<10}{'formula':>9}{'main':>8}{'split':>8}{'reduce':>8}")
+    ok = True
+    for shape in shapes:
+        for dtype in dtypes:
+            config = kernel_config(shape.num_heads, shape.num_kv_heads, shape.head_dim)
+            formula = shared_memory_bytes(shape.head_dim, dtype, config)
+            measured = compiled_shared_memory(shape.num_heads, shape.num_kv_heads,
+                                              shape.head_dim, dtype, arch, config)  # fmt: skip
+            verdict = "ok" if max(measured) <= formula else "FAIL: formula below Triton's count"
+            ok &= max(measured) <= formula
+            print(f"{shape.name:<22}{dtype:<10}{formula:>9}{measured[0]:>8}{measured[1]:>8}"
+                  f"{measured[2]:>8}  {verdict}")  # fmt: skip
+    return ok
+
+
+def tensorrt_part(args, arch: int | None) -> bool | None:
+    """Build tiny Llama and Gemma 3 engines for cpu and for this GPU, compare greedy tokens.
+    Returns None when skipped."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError as error:
+        print(f"\nSKIP tensorrt: `import tensorrt` failed ({error}); install TensorRT 11's "
+              "Python package to build and run an engine")  # fmt: skip
+        return None
+    from llmc.compiler.build_config import GPU_TARGETS
+
+    target = f"sm{arch}"
+    if arch is None or target not in GPU_TARGETS:
+        print(f"\nSKIP tensorrt: no GPU target for this device ({target}); llmc builds "
+              f"{', '.join(GPU_TARGETS)}")  # fmt: skip
+        return None
+    sys.path.insert(0, str(REPO))
+    from llmc.runtime.llm import LLM
+    from llmc.runtime.sampling_params import SamplingParams
+    from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
+
+    prompts = ["To be, or not to be", "ROMEO:", "First Citizen:\nBefore we proceed"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    ok = True
+    print(f"\nTensorRT: tiny engines for cpu and {target}, greedy tokens compared")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, make in (("llama", make_tiny_llama), ("gemma3", make_tiny_gemma3)):
+            try:
+                ckpt = make(Path(tmp) / name / "ckpt", sharp=True)
+            except (ImportError, OSError) as error:  # transformers, or the tokenizer's text
+                print(f"  SKIP tensorrt: cannot make the tiny {name} checkpoint ({error})")
+                return None
+            tokens = {}
+            for arch_name in ("cpu", target):
+                engine = Path(tmp) / name / arch_name
+                command = [sys.executable, "-m", "llmc.cli", "build", str(ckpt), "--arch",
+                           arch_name, "--dtype", "float32", "-o", str(engine)]  # fmt: skip
+                built = subprocess.run(command, capture_output=True, text=True)
+                if built.returncode != 0:
+                    print(f"  {name} {arch_name}: FAIL build exit {built.returncode}\n"
+                          f"{built.stdout[-2000:]}{built.stderr[-2000:]}")  # fmt: skip
+                    ok = False
+                    break
+                outputs = LLM(engine).generate(prompts, greedy)
+                tokens[arch_name] = [o.outputs[0].token_ids for o in outputs]
+            else:
+                for prompt, cpu, gpu in zip(prompts, tokens["cpu"], tokens[target], strict=True):
+                    same = next(
+                        (i for i, (a, b) in enumerate(zip(cpu, gpu, strict=True)) if a != b),
+                        len(cpu),
+                    )
+                    verdict = "ok" if same >= args.min_match else "FAIL"
+                    ok &= same >= args.min_match
+                    print(f"  {name:<7}{prompt[:24]!r:<28} {same:>2}/16 tokens equal  {verdict}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.interpret:
+        # Before the kernel modules are first imported: @triton.jit reads it there.
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(REPO))
+    import torch
+    import triton
+
+    dtypes = args.dtype or list(TOLERANCE)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("SKIP everything: no CUDA GPU visible to torch (torch.cuda.is_available() is "
+                  "False); nothing was accepted. Dry run: --device cpu --interpret")  # fmt: skip
+            return EXIT_NO_GPU
+        major, minor = torch.cuda.get_device_capability()
+        arch = 10 * major + minor
+        props = torch.cuda.get_device_properties(0)
+        print(f"device: {torch.cuda.get_device_name()} (sm{arch}, {props.multi_processor_count} "
+              f"SMs, {props.total_memory / 2**30:.0f} GiB)")  # fmt: skip
+        shapes, workloads = REAL_SHAPES, real_workloads(args.max_context)
+    else:
+        arch = None
+        print("device: cpu (Triton interpreter, tiny shapes: a dry run of this script)")
+        shapes, workloads = TINY_SHAPES, list(TINY_WORKLOADS)
+        if args.num_splits is None:
+            args.num_splits = 3
+    print(f"torch {torch.__version__}, triton {triton.__version__}, cuda {torch.version.cuda}")
+
+    rows = [accuracy_and_time(args, shape, workload, dtype)
+            for shape in shapes for dtype in dtypes for workload in workloads]  # fmt: skip
+    print_table(rows, args.device == "cuda")
+    ok = all(r.ok is not False for r in rows)
+    if arch is not None:
+        ok &= shared_memory_part(shapes, dtypes, arch)
+    else:
+        print("\nSKIP shared memory: the interpreter compiles nothing (run without --interpret)")
+    if args.no_tensorrt:
+        print("\nSKIP tensorrt: --no-tensorrt")
+    elif args.device == "cpu":
+        print("\nSKIP tensorrt: --device cpu (TensorRT needs an NVIDIA GPU)")
+    else:
+        ok &= tensorrt_part(args, arch) is not False
+    print(f"\n{'PASSED' if ok else 'FAILED'}")
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
