@@ -105,7 +105,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     from llmc.runtime.llm import LLM
     from llmc.runtime.sampling_params import SamplingParams
 
-    llm = LLM(_engine_dir(args).path)
+    engine = _engine_dir(args)
+    llm = LLM(engine.path, expected_manifest_sha256=engine.manifest_sha256)
     params = SamplingParams(
         temperature=args.temperature,
         top_p=args.top_p,
@@ -151,6 +152,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _add_serve(sub) -> None:
+    from llmc.runtime.server.limits import RequestLimits
+
     p = sub.add_parser("serve", help="serve an engine with the OpenAI-compatible API")
     p.add_argument("engine", help="engine directory, or a model id in the registry")
     _add_registry_option(p)
@@ -160,7 +163,12 @@ def _add_serve(sub) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require this bearer token on every route but /health, /ready, /metrics",
+        help="require this bearer token on every route but /health, /ready, /metrics "
+        "(default: $LLMC_API_KEY; the command line is visible to other users, the file and "
+        "the variable are not)",
+    )
+    p.add_argument(
+        "--api-key-file", default=None, metavar="PATH", help="read the API key from this file"
     )
     p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences per step")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
@@ -187,17 +195,26 @@ def _add_serve(sub) -> None:
         default=None,
         help="a CORS origin allowed to call the API ('*' for any; repeatable); default: CORS off",
     )
-    p.add_argument(
-        "--max-request-body-bytes",
-        type=int,
-        default=4 << 20,
-        help="larger request bodies get 413 (default 4 MiB)",
+    limits = p.add_argument_group(
+        "request limits",
+        "Past a limit a request gets a 400 naming the field and the limit (413 for the body); "
+        "max_tokens is bounded by --max-model-len.",
     )
+    for f in fields(RequestLimits):
+        limits.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f.name,
+            type=int,
+            default=f.default,
+            help=f"{f.metadata['help']} (default: {f.default})",
+        )
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from llmc.runtime.server.api_server import serve
+    from llmc.runtime.server.limits import RequestLimits
 
+    limits = RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
     kv_bytes = int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None
     engine = _engine_dir(args)
     serve(
@@ -206,6 +223,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         port=args.port,
         model_name=args.served_model_name or engine.model_name,
         api_key=args.api_key,
+        api_key_file=args.api_key_file,
         max_waiting=args.max_waiting,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -214,7 +232,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         enable_prefix_caching=args.enable_prefix_caching,
         shutdown_timeout_s=args.shutdown_timeout,
         allowed_origins=args.allowed_origins,
-        max_request_body_bytes=args.max_request_body_bytes,
+        limits=limits,
+        expected_manifest_sha256=engine.manifest_sha256,
     )
     return 0
 

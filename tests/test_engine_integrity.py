@@ -214,3 +214,25 @@ def test_poisoned_registry_checkout(engine: Path, tmp_path: Path):
     assert engine_dir_for(model, registry.root, pub).path == checkout
     with pytest.raises(EngineCorruptError, match="has sha256 .* but the manifest expects"):
         load_engine(checkout, num_blocks=8)
+
+
+def test_manifest_swapped_between_resolve_and_load(engine: Path, tmp_path: Path):
+    """``engine_dir_for`` checked the checkout's manifest; one swapped in before the load (for
+    zeroed weights, its digests rewritten to match) loads unless the resolved digest is passed."""
+    from llmc.registry.local import LocalRegistry
+    from llmc.registry.resolve import engine_dir_for
+    from llmc.runtime.llm import LLM
+
+    registry = LocalRegistry(tmp_path / "registry")
+    entry = registry.publish(engine)
+    resolved = engine_dir_for(entry.model_id, registry.root)
+    checkout = resolved.path
+    weights = checkout / weights_file(checkout)
+    size = weights.stat().st_size
+    weights.unlink()  # a hard link to a read-only blob: replace it, as an attacker would
+    weights.write_bytes(bytes(size))
+    (checkout / "manifest.json").unlink()
+    write_manifest(replace(read_manifest(engine), files=file_digests(checkout)), checkout)
+    with pytest.raises(EngineCorruptError, match="replaced after it was checked"):
+        LLM(checkout, num_blocks=8, expected_manifest_sha256=resolved.manifest_sha256)
+    load_engine(checkout, num_blocks=8)  # without it, the poisoned engine loads

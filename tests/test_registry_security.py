@@ -267,3 +267,25 @@ def test_lock_symlinked_out_of_the_root_is_refused(tmp_path):
     with pytest.raises(RegistryError, match="outside the registry root"):
         reg.gc(grace_s=0)
     assert (tmp_path / "precious.txt").read_text() == "keep"
+
+
+def test_newest_is_the_latest_time_not_the_greatest_string(tmp_path, key):
+    """created_at strings with other UTC offsets, or fractional seconds, do not order as the
+    times they name: the resolver compares times."""
+    reg = LocalRegistry(tmp_path / "reg")
+    times = [
+        "2026-01-01T09:00:00+09:00",  # 00:00 UTC: the oldest, the greatest string
+        "2026-01-01T05:00:00Z",  # 05:00 UTC
+        "2026-01-01T05:00:00.250000+00:00",  # 05:00:00.25 UTC: the newest, the least string
+    ]
+    assert sorted(times, reverse=True) == times
+    entries = []
+    for i, created_at in enumerate(times):
+        engine = fake_engine(
+            tmp_path / str(i), created_at=created_at, build_config_hash=f"{i}" * 64
+        )
+        entry = reg.publish(engine)
+        entries.append(reg.add(replace(entry, signature=sign_entry(entry, key))))
+    assert reg.find("toy") == entries[::-1]
+    assert resolve_local(reg, "toy") == entries[2]
+    assert resolve_local(reg, "toy", verify_key=f"{key}.pub") == entries[2]

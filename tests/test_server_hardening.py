@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmc.runtime.server import AsyncLLMEngine, build_app
+from llmc.runtime.server.limits import RequestLimits
 from tests.test_server import MAX_MODEL_LEN, MODEL, Server, _wait_until, tiny_llama_and_engine
 
 KEY = "sesame"
@@ -62,7 +63,7 @@ def hardened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hardened]:
         MODEL,
         api_key=KEY,
         allowed_origins=[ORIGIN],
-        max_request_body_bytes=MAX_BODY,
+        limits=RequestLimits(max_request_body_bytes=MAX_BODY),
     )
     server = Server(app)
     yield Hardened(server, app, async_engine, aborted, steps)

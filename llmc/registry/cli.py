@@ -49,7 +49,11 @@ def add_parser(sub) -> None:
     pull.add_argument("--verify-key", help="Ed25519 public key (PEM) the engine must be signed by")
     rm = cmds.add_parser("rm", parents=[common], help="remove engines from the index (see gc)")
     rm.add_argument("ref")
-    verify = cmds.add_parser("verify", parents=[common], help="re-hash every blob of the engines")
+    verify = cmds.add_parser(
+        "verify",
+        parents=[common],
+        help="re-hash every blob and checkout of the engines (exit code 1 on a problem)",
+    )
     verify.add_argument("ref", nargs="?", default=None)
     gc = cmds.add_parser("gc", parents=[common], help="delete blobs no engine references")
     gc.add_argument(

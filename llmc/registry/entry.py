@@ -114,6 +114,12 @@ class IndexEntry:
         )
 
     @property
+    def created(self) -> datetime:
+        """``created_at`` as an aware datetime: the order of "newest" (the strings do not order
+        as times across UTC offsets)."""
+        return datetime.fromisoformat(self.created_at)
+
+    @property
     def short_id(self) -> str:
         """The first 12 hex digits of the manifest digest, as ``docker images`` shows ids."""
         return self.manifest_digest[:12]

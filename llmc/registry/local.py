@@ -26,8 +26,9 @@ from llmc.errors import BlobCorruptError, EngineCorruptError, EngineError, Regis
 from llmc.registry.blobs import BlobStore
 from llmc.registry.entry import check_entry_agrees
 from llmc.registry.index import Index, IndexEntry, entry_from_manifest
-from llmc.registry.integrity import check_digest, write_stream_atomic
+from llmc.registry.integrity import check_checkout, check_digest, write_stream_atomic
 from llmc.registry.paths import confined, remove_tree
+from llmc.runtime.engine_files import verify_engine_files
 
 DEFAULT_ROOT = "engines"
 CHECKOUTS = "checkouts"
@@ -78,7 +79,7 @@ class LocalRegistry:
     def find(self, ref: str) -> list[IndexEntry]:
         """Entries ``ref`` names (model id, digest prefix or MODEL@PREFIX), newest first."""
         found = [e for e in self.entries() if e.matches(ref)]
-        return sorted(found, key=lambda e: e.created_at, reverse=True)
+        return sorted(found, key=lambda e: e.created, reverse=True)
 
     def get(self, ref: str) -> IndexEntry:
         """The one entry ``ref`` names. Raises RegistryError for none or several."""
@@ -217,8 +218,16 @@ class LocalRegistry:
         return removed
 
     def verify(self, ref: str | None = None) -> list[VerifyProblem]:
-        """Re-hash every blob of every entry (or of those ``ref`` names), and check each entry
-        against its manifest; returns the problems."""
+        """Re-hash every blob of every entry (or of those ``ref`` names), check each entry
+        against its manifest, and check each entry's checkout if there is one (its
+        ``manifest.json`` is the entry's, its files exactly the listed ones, each re-hashed: a
+        checkout is reused once assembled, so a file edited there later is found here, not at
+        load); returns the problems. A checkout is checked only when its entry's blobs are
+        sound: its files are hard links to them, so one damaged blob is one problem.
+
+        Raises:
+            RegistryError: ``ref`` names no entry.
+        """
         entries = self.find(ref) if ref else self.entries()
         if ref and not entries:
             raise RegistryError(f"no engine {ref!r} in the registry {self.root}")
@@ -235,8 +244,25 @@ class LocalRegistry:
                     self.manifest_bytes(entry)
             except EngineError as error:
                 found.append(VerifyProblem(entry, str(error)))
-            problems += found
+            problems += found or self._verify_checkout(entry)
         return problems
+
+    def _verify_checkout(self, entry: IndexEntry) -> list[VerifyProblem]:
+        """The problem with ``entry``'s checkout, if it exists and differs from the entry."""
+        checkout = self.root / CHECKOUTS / checkout_name(entry)
+        if not checkout.exists() and not checkout.is_symlink():
+            return []
+        todo = (
+            f"delete {checkout}: it is assembled again from the registry's blobs when the engine "
+            "is next served"
+        )
+        try:
+            confined(checkout, self.root)
+            check_checkout(checkout, entry.manifest_digest, f"{entry.model_id}@{entry.short_id}")
+            verify_engine_files(entry.files, checkout, todo)
+        except (EngineError, RegistryError) as error:
+            return [VerifyProblem(entry, str(error))]
+        return []
 
     def gc(self, grace_s: float = DEFAULT_GC_GRACE_S) -> GcReport:
         """Delete blobs no entry references and checkouts of removed entries, older than

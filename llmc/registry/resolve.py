@@ -4,8 +4,9 @@ Every engine of the model is a candidate. A candidate is refused when it fails a
 (``--target``, ``--quant``, ``--dtype``), when its manifest does not run here (target, machine,
 ISA features, backend and execution-provider versions: the same check the loader makes,
 ``engine_loader.check_runs_here``), when its manifest is damaged, or when ``--verify-key`` is
-given and its signature does not verify. Of those left, the one built for the most ISA features
-wins (the most specific engine this host runs: avx512 over avx2), then the newest.
+given and its signature (over the whole entry, ``signing.verify_entry``) does not verify. Of
+those left, the one built for the most ISA features wins (the most specific engine this host
+runs: avx512 over avx2), then the newest (``created_at`` compared as times, not as strings).
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ResolvedEngine:
-    """An engine directory to load, and the model name to serve it as (None: the directory's)."""
+    """An engine directory to load, the model name to serve it as (None: the directory's), and
+    the sha256 its ``manifest.json`` had when it was checked (None: a directory given by path,
+    not checked). Pass that digest to the loader (``expected_manifest_sha256``) so a manifest
+    swapped between resolving and loading is refused."""
 
     path: Path
     model_name: str | None
+    manifest_sha256: str | None = None
 
 
 def judge(
@@ -53,12 +58,14 @@ def judge(
 ) -> list[Candidate]:
     """Judge each entry: best fitting first, then the refused ones with their reasons.
 
-    ``manifest_bytes(entry)`` returns the entry's digest-checked manifest (raising
-    ``EngineError`` when it cannot); ``runs_here(manifest)`` raises ``EngineMismatchError``
-    for an engine this host cannot run (default: the loader's check).
+    ``manifest_bytes(entry)`` returns the entry's manifest checked against its digest and
+    against the entry's fields (raising ``EngineError`` when it cannot), so a signature over
+    the entry (``verify_entry``: every field and the manifest digest) covers that manifest;
+    ``runs_here(manifest)`` raises ``EngineMismatchError`` for an engine this host cannot run
+    (default: the loader's check).
     """
     from llmc.compiler.manifest import parse_manifest
-    from llmc.registry.signing import verify_manifest
+    from llmc.registry.signing import verify_entry
 
     if runs_here is None:
         from llmc.runtime.engine_loader import check_runs_here as runs_here
@@ -72,12 +79,12 @@ def judge(
                 manifest = parse_manifest(raw, f"manifest of {what}")
                 runs_here(manifest)
                 if verify_key is not None:
-                    verify_manifest(raw, entry.signature, verify_key, what)
+                    verify_entry(entry, verify_key, what)
             except (EngineError, SignatureError) as error:
                 reason = str(error)
         judged.append(Candidate(entry, reason))
     fitting = [c for c in judged if c.reason is None]
-    fitting.sort(key=lambda c: (len(c.entry.isa), c.entry.created_at), reverse=True)
+    fitting.sort(key=lambda c: (len(c.entry.isa), c.entry.created), reverse=True)
     return fitting + [c for c in judged if c.reason is not None]
 
 
@@ -116,7 +123,8 @@ def engine_dir_for(
     """What ``llmc serve``/``generate`` load: ``model_or_dir`` itself when it is a path (it
     exists or holds a ``/``), else the checkout of the engine it resolves to in the registry,
     its manifest checked against the (signature-verified, with ``verify_key``) manifest blob;
-    the loader checks every engine file against that manifest.
+    the loader checks every engine file against that manifest, and refuses a manifest that no
+    longer hashes to ``manifest_sha256`` when given it.
 
     Raises:
         EngineCorruptError: the checkout's manifest is not the registry's (``check_checkout``).
@@ -145,7 +153,7 @@ def engine_dir_for(
     entry = resolve_local(registry, model_or_dir, verify_key=verify_key)
     checkout = registry.checkout(entry)
     check_checkout(checkout, entry.manifest_digest, f"{entry.model_id}@{entry.short_id}")
-    return ResolvedEngine(checkout, entry.model_id)
+    return ResolvedEngine(checkout, entry.model_id, entry.manifest_digest)
 
 
 def describe(entry: IndexEntry) -> str:

@@ -83,11 +83,11 @@ class S3Registry:
                         entries.append(self._entry(item["Key"]))
         except (BotoCoreError, ClientError) as error:
             raise RegistryError(f"cannot list the remote registry {self.url}: {error}") from error
-        return sorted(entries, key=lambda e: e.created_at)
+        return sorted(entries, key=lambda e: e.created)
 
     def find(self, ref: str) -> list[IndexEntry]:
         return sorted(
-            (e for e in self.entries() if e.matches(ref)), key=lambda e: e.created_at, reverse=True
+            (e for e in self.entries() if e.matches(ref)), key=lambda e: e.created, reverse=True
         )
 
     def manifest_bytes(self, entry: IndexEntry) -> bytes:

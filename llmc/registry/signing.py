@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from llmc.errors import SignatureError
-from llmc.registry.entry import IndexEntry, entry_from_manifest
+from llmc.registry.entry import IndexEntry
 
 
 def generate_keypair(private_path: str | Path) -> Path:
@@ -109,28 +109,3 @@ def verify_entry(entry: IndexEntry, public_key_path: str | Path, what: str) -> N
             "Refusing it; re-sign the engine from a good copy with `llmc registry push REF "
             "--sign-key KEY [--remote ...]`"
         ) from error
-
-
-def verify_manifest(
-    manifest_bytes: bytes, signature: str | None, public_key_path: str | Path, what: str
-) -> None:
-    """``verify_entry`` for a caller holding only the manifest: the entry the manifest makes
-    (its fields and digest) signed by ``signature``. The caller must also check that the entry
-    it uses agrees with this manifest (``LocalRegistry.manifest_bytes`` and
-    ``S3Registry.manifest_bytes`` do); ``verify_entry`` on the entry needs no such check.
-
-    Raises:
-        SignatureError: as ``verify_entry``, or the manifest is not one an entry can hold.
-    """
-    import hashlib
-
-    from llmc.compiler.manifest import parse_manifest
-    from llmc.errors import EngineError, RegistryError
-
-    try:
-        manifest = parse_manifest(manifest_bytes, f"manifest of {what}")
-        digest = hashlib.sha256(manifest_bytes).hexdigest()
-        entry = entry_from_manifest(manifest, digest, 0, signature)
-    except (EngineError, RegistryError) as error:
-        raise SignatureError(f"{what}: cannot check its signature: {error}") from error
-    verify_entry(entry, public_key_path, what)

@@ -101,6 +101,7 @@ class LLMEngine:
         kv_cache_memory: int | None = None,
         threads: int | None = None,
         warmup: bool = True,
+        expected_manifest_sha256: str | None = None,
         **overrides: Any,
     ) -> LLMEngine:
         """Load an engine directory and serve it.
@@ -113,6 +114,8 @@ class LLMEngine:
             kv_cache_memory: KV cache budget in bytes when ``num_blocks`` is None.
             threads: runner threads; None lets the runner choose.
             warmup: run `warm_up` before returning (a few seconds on Gemma 3 270M).
+            expected_manifest_sha256: the sha256 (hex) ``manifest.json`` must have, e.g. the
+                registry's (``ResolvedEngine.manifest_sha256``); None: not checked.
             overrides: other `EngineConfig` fields (``max_model_len``, ``max_num_seqs``,
                 ``max_num_batched_tokens``, ``seed``); by default the engine's block size and
                 ``max_seq_len`` and the whole cache are used.
@@ -136,6 +139,7 @@ class LLMEngine:
             kv_cache_memory=kv_cache_memory,
             threads=threads,
             max_model_len=overrides.get("max_model_len"),
+            expected_manifest_sha256=expected_manifest_sha256,
         )
         manifest = loaded.manifest
         defaults = {

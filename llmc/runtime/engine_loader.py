@@ -6,6 +6,7 @@ engine is refused with what to rebuild instead of failing somewhere inside ONNX 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -119,25 +120,33 @@ def load_engine(
     threads: int | None = None,
     verify_digests: bool = True,
     max_model_len: int | None = None,
+    expected_manifest_sha256: str | None = None,
 ) -> LoadedEngine:
     """Check and load the engine at ``path``, its KV pool sized by ``plan_num_blocks`` for
     sequences of at most ``max_model_len`` tokens (None: the build's ``max_seq_len``).
     ``verify_digests=False`` skips hashing the files, not the other checks of
-    ``check_engine_files``.
+    ``check_engine_files``. ``expected_manifest_sha256`` (hex), when given, is the digest
+    ``manifest.json`` must have: the one the registry checked when it resolved the engine
+    (``ResolvedEngine.manifest_sha256``), so a manifest swapped since is refused.
 
     Raises EngineNotFoundError (no engine there), EngineMismatchError (built for another
-    target/ISA/backend; says what to rebuild), EngineCorruptError (see ``check_engine_files``),
-    EngineConfigError or EngineError (see ``plan_num_blocks``; before any engine file is read).
+    target/ISA/backend; says what to rebuild), EngineCorruptError (``manifest.json`` does not
+    hash to ``expected_manifest_sha256``; see ``check_engine_files``), EngineConfigError or
+    EngineError (see ``plan_num_blocks``; before any engine file is read).
     """
-    from llmc.compiler.manifest import read_manifest
+    from llmc.compiler.manifest import MANIFEST_NAME, parse_manifest
 
     engine_dir = Path(path)
-    if not (engine_dir / "manifest.json").is_file():
+    manifest_path = engine_dir / MANIFEST_NAME
+    if not manifest_path.is_file():
         raise EngineNotFoundError(
             f"{engine_dir} is not an engine directory (no manifest.json); build one with "
             "`llmc build MODEL --arch cpu -o DIR`"
         )
-    manifest = read_manifest(engine_dir)
+    raw = manifest_path.read_bytes()  # read once: the bytes checked are the bytes parsed
+    if expected_manifest_sha256 is not None:
+        _check_manifest_digest(raw, expected_manifest_sha256, manifest_path)
+    manifest = parse_manifest(raw, str(manifest_path))
     check_runs_here(manifest)
     from llmc.runtime.execution_provider import ProviderChoice
 
@@ -195,6 +204,19 @@ def check_engine_files(manifest, engine_dir: Path, hash_files: bool = True) -> N
     for relative in manifest.files:
         if relative.endswith(".onnx"):
             check_external_data(engine_dir, relative, todo)
+
+
+def _check_manifest_digest(raw: bytes, expected: str, path: Path) -> None:
+    """Refuse a ``manifest.json`` (bytes ``raw``, read from ``path``) whose sha256 is not
+    ``expected``."""
+    actual = hashlib.sha256(raw).hexdigest()
+    if actual != expected:
+        raise EngineCorruptError(
+            f"{path} hashes to sha256:{actual}, but the engine was resolved with the manifest "
+            f"sha256:{expected}; it was replaced after it was checked. Refusing it: delete "
+            f"{path.parent} if it is a registry checkout (it is assembled again from the "
+            "registry's blobs) and run `llmc registry verify`"
+        )
 
 
 def check_runs_here(manifest) -> None:

@@ -20,14 +20,25 @@ class LLM:
 
     Args:
         engine_dir: an engine directory built by ``llmc build``.
+        expected_manifest_sha256: the sha256 (hex) its ``manifest.json`` must have (e.g. the
+            registry's, ``ResolvedEngine.manifest_sha256``); None: not checked.
         overrides: `EngineConfig` fields (``max_num_seqs``, ``max_model_len``, ``seed``, ...).
 
     Raises:
         TypeError, ValueError: as `LLMEngine.from_engine_dir`.
     """
 
-    def __init__(self, engine_dir: str | Path, **overrides: Any) -> None:
-        self._init(LLMEngine.from_engine_dir(engine_dir, **overrides))
+    def __init__(
+        self,
+        engine_dir: str | Path,
+        *,
+        expected_manifest_sha256: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        engine = LLMEngine.from_engine_dir(
+            engine_dir, expected_manifest_sha256=expected_manifest_sha256, **overrides
+        )
+        self._init(engine)
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

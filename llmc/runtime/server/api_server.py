@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
-from llmc.runtime.server.app import DEFAULT_MAX_REQUEST_BODY_BYTES, build_app
+from llmc.runtime.server.api_key import resolve_api_key
+from llmc.runtime.server.app import build_app
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.drain import ABORT_GRACE_S, DrainingServer
+from llmc.runtime.server.limits import RequestLimits
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +21,7 @@ def serve(
     port: int = 8000,
     model_name: str | None = None,
     api_key: str | None = None,
+    api_key_file: str | None = None,
     max_waiting: int = 64,
     shutdown_timeout_s: float = 30.0,
     log_level: str = "info",
@@ -27,7 +31,8 @@ def serve(
     kv_cache_memory: int | None = None,
     enable_prefix_caching: bool = True,
     allowed_origins: list[str] | None = None,
-    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    limits: RequestLimits | None = None,
+    expected_manifest_sha256: str | None = None,
 ) -> None:
     """Serve an engine directory with the OpenAI-compatible API until SIGINT or SIGTERM.
 
@@ -43,6 +48,8 @@ def serve(
         model_name: the name clients pass as ``model``; default: the engine directory's name.
         api_key: when set, every route but /health, /ready, /metrics requires
             ``Authorization: Bearer <api_key>``.
+        api_key_file: a file holding the key instead; with neither, ``$LLMC_API_KEY`` if set
+            (``api_key.py``).
         max_waiting: requests that may wait for their first token before new ones get 503.
         shutdown_timeout_s: how long a drain lets in-flight requests run, seconds.
         log_level: uvicorn's log level.
@@ -51,9 +58,13 @@ def serve(
         kv_cache_memory: KV-cache budget in bytes (default: the loader's).
         enable_prefix_caching: share the KV blocks of common prompt prefixes between requests.
         allowed_origins: CORS origins (None: CORS off).
-        max_request_body_bytes: larger request bodies get 413.
+        limits: the bounds on one request; None: the defaults of `RequestLimits`.
+        expected_manifest_sha256: the sha256 (hex) the engine's ``manifest.json`` must have
+            (the registry's, when ``engine_dir`` was resolved from it); None: not checked.
 
     Raises:
+        EngineConfigError: both ``api_key`` and ``api_key_file``, or a key file that cannot be
+            read or holds no key.
         Whatever ``LLMEngine.from_engine_dir`` raises for a missing or mismatched engine or a
         configuration that cannot work (``llmc.errors.EngineConfigError``).
     """
@@ -61,8 +72,9 @@ def serve(
 
     from llmc.runtime.engine import LLMEngine
 
+    key = resolve_api_key(api_key, api_key_file, os.environ)
     name = model_name or Path(engine_dir).resolve().name
-    limits = {
+    overrides = {
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
         "max_model_len": max_model_len,
@@ -71,17 +83,18 @@ def serve(
         engine_dir,
         kv_cache_memory=kv_cache_memory,
         enable_prefix_caching=enable_prefix_caching,
-        **{k: v for k, v in limits.items() if v is not None},
+        expected_manifest_sha256=expected_manifest_sha256,
+        **{k: v for k, v in overrides.items() if v is not None},
     )
     engine = AsyncLLMEngine(llm_engine, max_waiting=max_waiting)
     try:
         app = build_app(
             engine,
             name,
-            api_key=api_key,
+            api_key=key,
             owns_engine=True,
             allowed_origins=allowed_origins,
-            max_request_body_bytes=max_request_body_bytes,
+            limits=limits,
         )
         config = uvicorn.Config(
             app,

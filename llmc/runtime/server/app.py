@@ -3,10 +3,11 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (behind the
 API key when one is set, like every route but the public three); ``GET /health`` (liveness: the
 engine thread is alive), ``GET /ready`` (readiness: alive and not draining) and
-``GET /metrics`` (Prometheus) are public, for load balancers and scrapers.
+``GET /metrics`` (Prometheus) are public, for load balancers and scrapers. ``HEAD`` works
+wherever ``GET`` does.
 
-Middleware, outermost first: CORS (only with ``allowed_origins``), then ``RequestGate`` (API
-key, drain, body size cap, UTF-8; see ``gate.py``).
+Middleware, outermost first: CORS (only with ``allowed_origins``), then ``RequestGate`` (HEAD,
+API key, drain, body size cap, UTF-8; see ``gate.py``).
 """
 
 from __future__ import annotations
@@ -23,16 +24,12 @@ from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.drain import Drain
 from llmc.runtime.server.errors import install_error_handlers
 from llmc.runtime.server.gate import RequestGate
+from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmc.runtime.server.responses import ModelCard, ModelList
 from llmc.runtime.server.serving import OpenAIServing
 from llmc.version import __version__
-
-# Default cap on request bodies: 4 MiB holds a 128k-token prompt sent as token ids (~7 bytes
-# per id in JSON) or as text, with room to spare, and stops a client from making the server
-# buffer arbitrary amounts of memory.
-DEFAULT_MAX_REQUEST_BODY_BYTES = 4 << 20
 
 
 def build_app(
@@ -42,7 +39,7 @@ def build_app(
     retry_after_s: int = 1,
     owns_engine: bool = False,
     allowed_origins: list[str] | None = None,
-    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    limits: RequestLimits | None = None,
 ) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine.
 
@@ -58,18 +55,21 @@ def build_app(
             re-raises the signal, so code after ``uvicorn.run`` never runs.
         allowed_origins: origins allowed by CORS (``["*"]`` for any); None or empty: no CORS
             headers at all, so browsers on other origins cannot call the API.
-        max_request_body_bytes: larger request bodies get 413.
+        limits: the bounds on one request (body size, n, stop strings, ...); None: the
+            defaults of `RequestLimits`.
 
     Returns:
         The app; ``app.state.drain`` is its `Drain` (set ``draining`` to start a drain).
     """
+    limits = limits or RequestLimits()
     metrics = ServerMetrics(engine, model_name)
-    serving = OpenAIServing(engine, model_name, metrics, retry_after_s)
+    serving = OpenAIServing(engine, model_name, metrics, limits, retry_after_s)
     drain = Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        serving.close()
         if owns_engine:
             await asyncio.to_thread(engine.shutdown)
 
@@ -105,7 +105,7 @@ def build_app(
         RequestGate,
         drain=drain,
         api_key=api_key,
-        max_body_bytes=max_request_body_bytes,
+        max_body_bytes=limits.max_request_body_bytes,
         retry_after_s=retry_after_s,
     )
     if allowed_origins:

@@ -76,7 +76,10 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    """A JSON response with OpenAI's error body."""
+    """A JSON response with OpenAI's error body. ``message`` and ``param`` may echo request text;
+    anything in them that UTF-8 cannot encode (lone surrogates) is sent escaped (``\\ud800``),
+    so the error body itself can always be sent."""
+    message, param = _encodable(message), None if param is None else _encodable(param)
     body = {"error": {"message": message, "type": type, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -86,10 +89,37 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+def _encodable(text: str) -> str:
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool"})
+
+
+def _path(loc: list[Any]) -> str:
+    """``messages[0].content`` from pydantic's loc, without the union members' tags."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.isidentifier() and part not in _UNION_TAGS:
+            path += f".{part}" if path else part
+    return path
+
+
+def _top_level(error: dict[str, Any]) -> str | None:
+    loc = [part for part in error.get("loc", ()) if part != "body"]
+    return str(loc[0]) if loc else None
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """One readable message and the offending top-level field from pydantic's error list."""
-    first = errors[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # A value error is the one a validator wrote; the others of a union (a string where a
+    # list was allowed too) only say that the other members did not match either.
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0])
+    loc = [part for part in first.get("loc", ()) if part != "body"]
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
         return f"The request body is not valid JSON: {detail}".rstrip(": "), None
@@ -97,11 +127,20 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if not loc:
         if first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
             msg = "it must be a JSON object (send Content-Type: application/json)"
+        elif first.get("type") == "string_unicode":  # a key with a lone surrogate
+            msg = "a field name is not valid Unicode (it holds a lone surrogate)"
         return f"Invalid request body: {msg}", None
-    more = f" ({len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    param, path = str(loc[0]), _path(loc)
     if first.get("type") == "missing":
-        return f"Missing required parameter: '{loc[0]}'.", loc[0]
-    return f"Invalid value for '{loc[0]}': {msg}{more}", loc[0]
+        return f"Missing required parameter: '{path}'.", param
+    if first.get("type") == "extra_forbidden":
+        if len(loc) == 1:  # OpenAI's words
+            return f"Unrecognized request argument supplied: {param}", param
+        return f"Unrecognized argument '{_path(loc[:-1])}.{loc[-1]}'.", param
+    # Errors of the other members of a union are about the same value: not counted.
+    fields = {_top_level(e) for e in errors} - {param, None}
+    more = f" (and errors in {len(fields)} more fields)" if fields else ""
+    return f"Invalid value for '{path}': {msg}{more}", param
 
 
 async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

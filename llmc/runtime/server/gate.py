@@ -1,20 +1,23 @@
-"""The ASGI middleware every request passes before a route: API key, drain, body size, UTF-8.
+"""The ASGI middleware every request passes before a route: HEAD, API key, drain, body size,
+UTF-8.
 
-In order: routes other than ``/health``, ``/ready`` and ``/metrics`` need
-``Authorization: Bearer <key>`` when the server has a key (401, checked before the body is
-read); while the server drains, ``/v1`` answers 503 with ``Retry-After``; a body over the size
-cap is refused with 413 (at once from ``Content-Length``, else as soon as the received bytes
-pass the cap, chunked uploads included); a body that is not UTF-8 gets 400. The body is read
-here and replayed to the app, after which ``receive`` is the server's own, so client
-disconnects still reach the app. ``/v1`` requests are counted for the drain.
+In order: ``HEAD`` is served as ``GET`` without the body, on every route (Starlette answers a
+``HEAD`` to a ``GET`` route with 405); routes other than ``/health``, ``/ready`` and ``/metrics``
+need exactly one ``Authorization: Bearer <key>`` header when the server has a key (401, checked
+before the body is read; ``api_key.py``); while the server drains, ``/v1`` answers 503 with
+``Retry-After``; a body over the size cap is refused with 413 (at once from
+``Content-Length``, else as soon as the received bytes pass the cap, chunked uploads included);
+a body that is not UTF-8 gets 400. The body is read here and replayed to the app, after which
+``receive`` is the server's own, so client disconnects still reach the app. ``/v1`` requests
+are counted for the drain.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from llmc.runtime.server.api_key import authorized
 from llmc.runtime.server.drain import Drain
 from llmc.runtime.server.errors import error_response
 
@@ -60,15 +63,18 @@ class RequestGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["method"] == "HEAD":
+            scope, send = {**scope, "method": "GET"}, _without_body(send)
         path = scope["path"]
         if path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
-        if self.api_key is not None and not _authorized(headers, self.api_key):
+        auth = [v for k, v in scope["headers"] if k.lower() == b"authorization"]
+        if self.api_key is not None and not authorized(auth, self.api_key):
             await error_response(
                 401,
-                "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                "Incorrect or missing API key: send one 'Authorization: Bearer <key>' header.",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )(scope, receive, send)
@@ -127,12 +133,16 @@ class RequestGate:
                 return b"".join(chunks)
 
 
-def _authorized(headers: dict[str, bytes], api_key: str) -> bool:
-    value = headers.get("authorization", b"").decode("latin-1")
-    scheme, _, token = value.partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(
-        token.strip().encode("latin-1"), api_key.encode()
-    )
+def _without_body(send: Send) -> Send:
+    """A ``send`` that keeps the response's status and headers (Content-Length included, as
+    HTTP wants for HEAD) and drops its body."""
+
+    async def send_head(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return send_head
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -1,74 +1,98 @@
 """Request bodies of the OpenAI-compatible API, as pydantic models.
 
-The fields follow OpenAI's API reference for ``/v1/completions`` and ``/v1/chat/completions``;
-``top_k``, ``min_p``, ``min_tokens``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
-``include_stop_str_in_output``, ``skip_special_tokens`` and ``return_tokens_as_token_ids`` are
-vLLM's extensions, with vLLM's meanings. Unknown fields are ignored, as OpenAI does. Known
-OpenAI fields that llmc cannot honour (logit_bias, tools, ...) are accepted at their neutral
-value and refused otherwise, so a request is never silently served differently from what it
-asked for.
+Every field of OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` requests is honoured or
+refused with a 400 naming it; none is silently ignored:
+
+- honoured: the sampling and stopping fields (see ``SamplingParams``), ``n``, ``best_of`` equal
+  to ``n``, ``stream``, ``stream_options.include_usage``, ``logprobs``, ``top_logprobs``,
+  ``echo``, ``max_tokens``, ``max_completion_tokens``, and ``messages`` (``chat_messages.py``);
+- accepted because they change nothing in the answer, at OpenAI either: ``user``,
+  ``safety_identifier``, ``metadata``, ``prompt_cache_key`` (llmc's prefix cache needs no key),
+  ``parallel_tool_calls`` (there are no tools), ``store`` false, ``service_tier`` "auto" or
+  "default";
+- refused unless at their empty value, until llmc implements them: ``tools``, ``tool_choice``
+  and ``function_call`` ("none"), ``functions``, ``response_format`` (``{"type": "text"}``),
+  ``logit_bias``, ``suffix``, ``audio``, ``modalities`` (``["text"]``), ``prediction``,
+  ``web_search_options``, ``reasoning_effort``, ``verbosity``,
+  ``stream_options.include_obfuscation``.
+
+vLLM's extensions, with vLLM's meanings: ``top_k``, ``min_p``, ``min_tokens``,
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
+``skip_special_tokens``, ``return_tokens_as_token_ids``. Any other field is refused
+("Unrecognized request argument supplied", as OpenAI answers; vLLM would ignore it).
 
 Numbers, booleans and strings are strict: ``"0.5"`` is not a temperature, ``1`` is not ``true``,
-NaN and infinities are refused. Every violation becomes a 400 in OpenAI's error body
+NaN and infinities are refused, strings must be valid Unicode (``strict_types.py``). Bounds set by
+the server's configuration (``n``, stop strings, logprobs) are checked after parsing, by
+``RequestLimits`` (``limits.py``). Every violation becomes a 400 in OpenAI's error body
 (``errors.py``), as OpenAI and vLLM answer them; nothing here is a 422.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from llmc.runtime.sampling_params import MAX_LOGPROBS
+from llmc.runtime.server.chat_messages import ChatMessage
+from llmc.runtime.server.strict_types import Bool, Float, Int, Text, TokenId, TokenIds
 
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]  # ints are accepted, strings and booleans are not
-Bool = Annotated[bool, Strict()]
-Str = Annotated[str, Strict()]
-TokenIds = Annotated[list[Annotated[int, Strict(), Field(ge=0)]], Field(min_length=1)]
-
-# OpenAI's limit on choices per request.
-MAX_N = 128
-
-# Field name -> the neutral values OpenAI treats as "off". Anything else is refused.
+# Field name -> the empty values OpenAI treats as "off". Anything else is refused.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "suffix": (None, ""),
+    "include_obfuscation": (None, False),
     "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+    "store": (None, False),
+    "service_tier": (None, "auto", "default"),
 }
+
+
+def _empty_only(cls: type, value: Any, info: ValidationInfo) -> Any:
+    if all(value != empty for empty in _UNSUPPORTED[info.field_name]):
+        raise ValueError(f"{info.field_name} is not supported by llmc; leave it unset")
+    return value
 
 
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with the token usage."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
-    include_usage: Bool = False
+    include_usage: Bool | None = False
+    include_obfuscation: Any = None
+
+    _refused = field_validator("include_obfuscation")(_empty_only)
 
 
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints; they map onto ``SamplingParams`` (see its docs)."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: Str
-    n: Int = Field(default=1, ge=1, le=MAX_N)
+    # The request field whose value is ``sampled_logprobs`` (for the limit's error message).
+    LOGPROBS_FIELD: ClassVar[str] = "logprobs"
+
+    model: Text
+    n: Int = Field(default=1, ge=1)
     best_of: Int | None = None
     temperature: Float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: Float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: Int | None = Field(default=None, ge=-1)
     min_p: Float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: Int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # torch's seed range
-    stop: Str | list[Str] | None = None
-    stop_token_ids: list[Annotated[int, Strict(), Field(ge=0)]] | None = None
+    seed: Int | None = Field(default=None, ge=0, le=2**64 - 1)  # uint64, as SamplingParams
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[TokenId] | None = None
     min_tokens: Int = Field(default=0, ge=0)
     ignore_eos: Bool = False
     include_stop_str_in_output: Bool = False
@@ -79,12 +103,10 @@ class SamplingFields(BaseModel):
     repetition_penalty: Float | None = Field(default=None, gt=0.0)
     stream: Bool | None = False
     stream_options: StreamOptions | None = None
-    user: Str | None = None
+    user: Text | None = None
+    logit_bias: Any = None
 
-    logit_bias: dict[str, float] | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
-    suffix: Str | None = None
+    _refused = field_validator("logit_bias")(_empty_only)
 
     @field_validator("top_k")
     @classmethod
@@ -97,13 +119,6 @@ class SamplingFields(BaseModel):
     def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> Any:
         if value is not None and not info.data.get("stream"):
             raise ValueError("stream_options is only allowed when stream is true")
-        return value
-
-    @field_validator(*_UNSUPPORTED)
-    @classmethod
-    def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and all(value != v for v in _UNSUPPORTED[info.field_name]):
-            raise ValueError(f"{info.field_name} is not supported by llmc; leave it unset")
         return value
 
     @field_validator("best_of")
@@ -122,20 +137,28 @@ class SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
+
+    @property
+    def sampled_logprobs(self) -> int | None:
+        """``SamplingParams.logprobs``: top logprobs per generated token, or None."""
+        raise NotImplementedError
 
 
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``. One prompt per request: a string or a list of token ids.
 
-    ``logprobs`` (0..20) returns that many top logprobs per token besides the sampled one;
-    ``echo`` puts the prompt before the completion, with its logprobs when ``logprobs`` is set.
+    ``logprobs`` returns that many top logprobs per token besides the sampled one; ``echo`` puts
+    the prompt before the completion, with its logprobs when ``logprobs`` is set.
     """
 
-    prompt: Str | list[Str] | TokenIds | list[TokenIds]
+    prompt: Text | list[Text] | TokenIds | list[TokenIds]
     max_tokens: Int | None = Field(default=16, ge=1)
-    logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Int | None = Field(default=None, ge=0)
     echo: Bool = False
+    suffix: Any = None
+
+    _completion_refused = field_validator("suffix")(_empty_only)
 
     @field_validator("prompt")
     @classmethod
@@ -166,39 +189,53 @@ class CompletionRequest(SamplingFields):
         return self.logprobs if self.echo else None
 
 
-class ChatMessage(BaseModel):
-    """One message of a chat. ``content`` is a string or a list of text parts."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Str | list[dict[str, Any]] | None = None
-    name: Str | None = None
-
-    def text(self) -> str:
-        """The message's content as one string; raises ValueError on non-text parts."""
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError("only text content parts are supported")
-            parts.append(part["text"])
-        return "".join(parts)
-
-
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` is OpenAI's newer spelling of
     ``max_tokens``; with neither set, generation may run to the end of the context.
-    ``logprobs: true`` returns the sampled tokens' logprobs, ``top_logprobs`` (0..20) that many
+    ``logprobs: true`` returns the sampled tokens' logprobs, ``top_logprobs`` that many
     alternatives per token."""
+
+    LOGPROBS_FIELD: ClassVar[str] = "top_logprobs"
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Int | None = Field(default=None, ge=1)
     max_completion_tokens: Int | None = Field(default=None, ge=1)
     logprobs: Bool | None = False
-    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Int | None = Field(default=None, ge=0)
     echo: Literal[False] | None = None  # vLLM's chat echo is not supported
+    parallel_tool_calls: Bool | None = None
+    metadata: dict[Text, Text] | None = None
+    prompt_cache_key: Text | None = None
+    safety_identifier: Text | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    store: Any = None
+    service_tier: Any = None
+
+    _chat_refused = field_validator(
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "response_format",
+        "audio",
+        "modalities",
+        "prediction",
+        "web_search_options",
+        "reasoning_effort",
+        "verbosity",
+        "store",
+        "service_tier",
+    )(_empty_only)
 
     @field_validator("top_logprobs")
     @classmethod

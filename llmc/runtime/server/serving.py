@@ -5,21 +5,33 @@ Both endpoints share one path; they differ only in how the prompt is built (raw 
 ids vs. the tokenizer's chat template) and in the response schema (``renderers.py``).
 Everything that can be wrong with a request is found before the response starts (the first
 engine output is awaited before the headers are sent), so errors get a proper status.
+
+Tokenization and chat templating run on one worker thread, off the event loop: a 4 MiB prompt
+takes seconds to tokenize, and meanwhile ``/health`` and every other request must be answered.
+One worker, as vLLM's tokenizer executor: a Hugging Face tokenizer must not be reconfigured
+while another thread uses it, and a flood of huge prompts then holds one core, not all of
+them. A request whose client has gone before its turn is dropped from the queue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
+from typing import TypeVar
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmc.errors import ContextLengthError
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
+from llmc.runtime.server.bounded_encode import encode_bounded
 from llmc.runtime.server.errors import ApiError, QueueFullError, bad_request
+from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.logprobs import TokenTexts
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -29,6 +41,7 @@ from llmc.runtime.server.streaming import RequestTracker, sse_events
 logger = logging.getLogger(__name__)
 
 Request = CompletionRequest | ChatCompletionRequest
+T = TypeVar("T")
 
 
 class OpenAIServing:
@@ -38,6 +51,7 @@ class OpenAIServing:
         engine: the running async engine.
         model_name: the only value of ``model`` the server accepts (else 404).
         metrics: where request statistics go.
+        limits: the bounds every request is checked against (400 past one).
         retry_after_s: the ``Retry-After`` sent with 503 when the queue is full, seconds.
     """
 
@@ -46,26 +60,35 @@ class OpenAIServing:
         engine: AsyncLLMEngine,
         model_name: str,
         metrics: ServerMetrics,
+        limits: RequestLimits,
         retry_after_s: int = 1,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.metrics = metrics
+        self.limits = limits
         self.retry_after_s = retry_after_s
         self._texts = TokenTexts(engine.tokenizer)
         self._ids = TokenTexts(engine.tokenizer, as_ids=True)
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmc-tokenize")
+
+    def close(self) -> None:
+        """Stop the tokenizer thread once it is idle; queued work is dropped."""
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
 
     async def completion(self, request: CompletionRequest) -> JSONResponse | StreamingResponse:
         """``POST /v1/completions``."""
-        self._check_model(request.model)
-        prompt = request.prompt
+        self._check(request)
+        prompt, tokenizer = request.prompt, self.engine.tokenizer
         if isinstance(prompt, str):
-            prompt_ids, text = self.engine.tokenizer.encode(prompt), prompt
+            prompt_ids, text = await self._encode_off_loop(prompt, True, "prompt"), prompt
         else:
             prompt_ids, text = list(prompt), None  # the engine checks the vocabulary range
         prefix = ""
-        if request.echo:
-            prefix = text if text is not None else self.engine.tokenizer.decode(prompt_ids)
+        if request.echo and text is not None:
+            prefix = text
+        elif request.echo:
+            prefix = await self._off_loop(tokenizer.decode, prompt_ids)
         renderer = CompletionRenderer(
             f"cmpl-{uuid.uuid4().hex}",
             self.model_name,
@@ -79,10 +102,9 @@ class OpenAIServing:
     async def chat(self, request: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
         """``POST /v1/chat/completions``: the prompt is the tokenizer's chat template applied
         to ``messages`` with ``add_generation_prompt=True``."""
-        self._check_model(request.model)
-        text = self._render_chat(request)
-        # The template already holds every special token (BOS included, if the model uses one).
-        prompt_ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
+        self._check(request)
+        text = await self._off_loop(self._render_chat, request)
+        prompt_ids = await self._encode_off_loop(text, False, "messages")
         renderer = ChatRenderer(
             f"chatcmpl-{uuid.uuid4().hex}",
             self.model_name,
@@ -129,7 +151,10 @@ class OpenAIServing:
         events = sse_events(first, outputs, renderer, tracker, params.n, request.include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
 
-    def _check_model(self, model: str) -> None:
+    def _check(self, request: Request) -> None:
+        """404 for another model; 400 past a limit (`RequestLimits.check`) or for a stop token
+        id outside the vocabulary (the engine checks the prompt's ids)."""
+        model = request.model
         if model != self.model_name:
             raise ApiError(
                 404,
@@ -137,15 +162,52 @@ class OpenAIServing:
                 param="model",
                 code="model_not_found",
             )
+        self.limits.check(request)
+        stop_ids = request.stop_token_ids
+        if stop_ids and max(stop_ids) >= (vocab_size := self.engine.vocab_size):
+            raise bad_request(
+                f"Invalid value for 'stop_token_ids': token id {max(stop_ids)} is outside the "
+                f"vocabulary; this model's vocabulary size is {vocab_size} (ids 0 to "
+                f"{vocab_size - 1}).",
+                "stop_token_ids",
+            )
+
+    async def _off_loop(self, work: Callable[..., T], *args: object) -> T:
+        """``work(*args)`` on the tokenizer thread; cancelled with the request."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, work, *args)
+
+    async def _encode_off_loop(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """``text``'s token ids, encoded on the tokenizer thread in pieces (`encode_bounded`);
+        400 ``context_length_exceeded`` as soon as the pieces prove it longer than the model."""
+        tokenizer = self.engine.tokenizer
+
+        def encode() -> list[int]:
+            return encode_bounded(
+                lambda t: tokenizer.encode(t, add_special_tokens=add_special_tokens),
+                lambda t: len(tokenizer.encode(t, add_special_tokens=False)),
+                text,
+                self.engine.max_model_len,
+            )
+
+        try:
+            return await self._off_loop(encode)
+        except ContextLengthError as exc:
+            raise bad_request(str(exc), param, "context_length_exceeded") from exc
 
     def _render_chat(self, request: ChatCompletionRequest) -> str:
+        """The chat template applied to the messages (on the tokenizer thread)."""
+        tokenizer = self.engine.tokenizer
         try:
-            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-            return self.engine.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
+            text = tokenizer.apply_chat_template(
+                [m.template_input() for m in request.messages],
+                add_generation_prompt=True,
+                tokenize=False,
             )
         except Exception as exc:  # jinja2.TemplateError, ValueError: the messages do not fit
             raise bad_request(f"Cannot apply the chat template: {exc}", "messages") from exc
+        # The template already holds every special token (BOS included, if the model uses one):
+        # the caller encodes it with add_special_tokens=False.
+        return text
 
     def _sampling_params(
         self, request: Request, num_prompt_tokens: int, param: str
