@@ -184,6 +184,13 @@ def _add_serve(sub) -> None:
         help="do not share KV blocks of common prompt prefixes",
     )
     p.add_argument(
+        "--max-consecutive-step-failures",
+        type=int,
+        default=3,
+        help="failed engine steps in a row after which the server reports itself dead (/health "
+        "503); a single failed step only fails the requests it carried (default 3)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -234,6 +241,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         allowed_origins=args.allowed_origins,
         limits=limits,
         expected_manifest_sha256=engine.manifest_sha256,
+        max_consecutive_step_failures=args.max_consecutive_step_failures,
     )
     return 0
 

@@ -33,6 +33,7 @@ def serve(
     allowed_origins: list[str] | None = None,
     limits: RequestLimits | None = None,
     expected_manifest_sha256: str | None = None,
+    max_consecutive_step_failures: int = 3,
 ) -> None:
     """Serve an engine directory with the OpenAI-compatible API until SIGINT or SIGTERM.
 
@@ -61,6 +62,8 @@ def serve(
         limits: the bounds on one request; None: the defaults of `RequestLimits`.
         expected_manifest_sha256: the sha256 (hex) the engine's ``manifest.json`` must have
             (the registry's, when ``engine_dir`` was resolved from it); None: not checked.
+        max_consecutive_step_failures: failed steps in a row after which the engine is taken
+            to be broken (/health 503); one failed step only fails the requests it carried.
 
     Raises:
         EngineConfigError: both ``api_key`` and ``api_key_file``, or a key file that cannot be
@@ -86,7 +89,11 @@ def serve(
         expected_manifest_sha256=expected_manifest_sha256,
         **{k: v for k, v in overrides.items() if v is not None},
     )
-    engine = AsyncLLMEngine(llm_engine, max_waiting=max_waiting)
+    engine = AsyncLLMEngine(
+        llm_engine,
+        max_waiting=max_waiting,
+        max_consecutive_step_failures=max_consecutive_step_failures,
+    )
     try:
         app = build_app(
             engine,
