@@ -291,6 +291,7 @@ def test_random_workload_keeps_invariants_and_finishes_every_request(caching):
         num_preemptions += len(out.preempted_request_ids)
         assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= 10
         assert len(out.scheduled) <= 4 and len(sched.running) <= 4
+        assert sum(s.index > 0 for s in sched.running) <= cfg.fork_limit == 2
         assert all(s.seq.status is SequenceStatus.RUNNING for s in out.scheduled)
         # Every live sequence, including completions forked in this step (they join the queues
         # when the step's tokens come back).
@@ -359,7 +360,7 @@ def test_n_completions_fork_after_the_prompt_and_share_its_full_blocks():
     sched.update_from_output(out, [7, 8, 9])
     parent, c1, c2 = sched.requests["a"]
     assert [s.output_token_ids for s in (parent, c1, c2)] == [[7], [8], [9]]
-    assert [s.request_id for s in sched.waiting] == ["a", "a"]
+    assert [s.request_id for s in sched.waiting.forks] == ["a", "a"]
     assert [b.ref_cnt for b in sched.block_pool.blocks[:3]] == [3, 3, 1]
     out = run_step(sched)
     # The parent decodes; each child recomputes the 2 prompt tokens past the shared blocks and
@@ -423,3 +424,86 @@ def test_decodes_are_scheduled_before_a_running_prompt_chunk():
     sched.kv_cache_manager.free(a)
     out = run_step(sched)
     assert plan(out) == [("b", 3, 1, True), ("a", 0, 5, False)]
+
+
+# ---- fairness: forks hold at most max_num_forked_seqs slots (issue 17) ----------------------
+
+
+def start_n128(sched: Scheduler, num_steps: int) -> Sequence:
+    """Add a request of n = 128 completions of 40 tokens and run ``num_steps`` steps."""
+    big = make_seq("big", 4, n=128, max_tokens=40)
+    sched.add_request(big)
+    for _ in range(num_steps):
+        run_step(sched)
+    return big
+
+
+def test_a_new_request_is_scheduled_in_the_step_after_it_arrives_while_n128_runs():
+    # max_num_seqs 8: forks hold at most 4 slots (the default, half), the parent one more.
+    sched = make_scheduler(max_num_seqs=8, num_blocks=128)
+    start_n128(sched, 10)
+    assert [(s.request_id, s.index) for s in sched.running] == [("big", i) for i in range(5)]
+    assert len(sched.waiting.forks) == 123
+    q = make_seq("q", 4, max_tokens=4)
+    sched.add_request(q)
+    out = run_step(sched)
+    # Bound: the next step (max_num_seqs >= 4 + 2, budget > 4 + 1, blocks free).
+    assert plan(out) == [("big", 13, 1, True)] * 5 + [("q", 0, 4, True)]
+    for _ in range(3):
+        run_step(sched)
+    assert q.status is SequenceStatus.FINISHED_LENGTH_CAPPED and len(sched.running) == 5
+
+
+def test_without_the_cap_the_new_request_waits_for_all_128_completions_to_start():
+    sched = make_scheduler(max_num_seqs=8, num_blocks=128, max_num_forked_seqs=8)
+    start_n128(sched, 10)
+    assert len(sched.running) == 8
+    q = make_seq("q", 4, max_tokens=4)
+    sched.add_request(q)
+    num_steps = 0
+    while q.num_output_tokens == 0:
+        run_step(sched)
+        num_steps += 1
+    # 128 completions 8 at a time: after the prompt's step, 16 rounds of 39 steps; q arrived
+    # after step 10 and starts in the step after the last round.
+    assert not sched.waiting.forks and num_steps == 1 + 16 * 39 + 1 - 10
+
+
+def test_every_completion_of_the_n128_request_still_finishes_beside_new_requests():
+    sched = make_scheduler(max_num_seqs=8, num_blocks=128)
+    big = start_n128(sched, 0)
+    others = []
+    for step in range(2000):
+        if step % 7 == 0 and len(others) < 100:
+            others.append(make_seq(f"q{step}", 4, max_tokens=4))
+            sched.add_request(others[-1])
+        out = run_step(sched)
+        assert sum(s.seq.index > 0 for s in out.scheduled) <= 4
+        assert not sched.waiting.firsts  # every new request started in the step it arrived
+        if not sched.has_unfinished_requests():
+            break
+    assert step < 2000 and len(others) == 100
+    assert all(q.status is SequenceStatus.FINISHED_LENGTH_CAPPED for q in others)
+    assert big.num_output_tokens == 40  # and its 127 forks: every completion left its blocks
+    assert sched.block_pool.num_free_blocks == 128
+
+
+def test_a_fork_held_back_by_the_cap_does_not_hold_back_a_new_request():
+    sched = make_scheduler(max_num_seqs=4, max_num_forked_seqs=1)
+    sched.add_request(make_seq("a", 4, n=3, max_tokens=4))
+    run_step(sched)
+    sched.add_request(make_seq("b", 1, max_tokens=4))
+    out = run_step(sched)
+    # One fork runs (the cap); the other waits, and b, which came later, starts.
+    assert plan(out) == [("a", 4, 1, True), ("a", 4, 1, True), ("b", 0, 1, True)]
+    assert [(s.seq.index) for s in out.scheduled] == [0, 1, 0]
+    assert [s.index for s in sched.waiting.forks] == [2]
+
+
+def test_fork_limit_defaults_to_half_of_max_num_seqs():
+    cfg = dict(max_model_len=8, block_size=4, num_blocks=2)
+    limits = [SchedulerConfig(**cfg, max_num_seqs=m).fork_limit for m in (1, 2, 5, 16)]
+    assert limits == [1, 1, 2, 8]
+    assert SchedulerConfig(**cfg, max_num_forked_seqs=3).fork_limit == 3
+    with pytest.raises(ValueError, match="max_num_forked_seqs must be >= 1"):
+        SchedulerConfig(**cfg, max_num_forked_seqs=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.stop_matcher import StopMatcher
 
 # Prompt tokens decoded as left context of the first output token, so that tokenizers which
 # drop a leading space at the start of a decode (SentencePiece) keep it (vLLM uses 5 too).
@@ -24,20 +25,31 @@ class IncrementalDetokenizer:
     and the offsets stay until a later token completes it. Each step costs a decode of a few
     tokens, never of the whole output.
 
-    Stop strings are searched only in the text that the new characters can have completed (the
-    last ``new_chars + len(stop) - 1`` characters), so they are found even when they span tokens;
-    the text is cut before the earliest match (after it with ``include_stop_str_in_output``).
-    As in vLLM, stop strings are only searched once more than ``min_tokens`` tokens were added.
+    Stop strings: each new piece of text goes through the request's Aho-Corasick automaton
+    (`StopMatcher`), whose state carries over from step to step, so a stop string is found when
+    its last character arrives, even when it spans tokens, at a cost per step linear in the new
+    text whatever the number of stop strings. The text is cut before the earliest match (after
+    it with ``include_stop_str_in_output``). As in vLLM, stop strings are only searched once more
+    than ``min_tokens`` tokens were added.
 
     Args:
         tokenizer: a Hugging Face tokenizer (``decode`` is the only method used).
         prompt_token_ids: the request's prompt; its last few tokens are decoding context.
         params: the request's ``stop`` and ``skip_special_tokens``.
+        stop_matcher: the automaton of ``params.stop``, built once per request and shared by its
+            completions; None builds one.
     """
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams):
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        stop_matcher: StopMatcher | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
-        self.stop = params.stop
+        matcher = StopMatcher(params.stop) if stop_matcher is None else stop_matcher
+        self._stop_scanner = matcher.scanner()
         self.include_stop = params.include_stop_str_in_output
         self.min_tokens = params.min_tokens
         self.num_output_tokens = 0
@@ -49,7 +61,7 @@ class IncrementalDetokenizer:
         self._stopped = False
         # While running, hold back the characters that could be the start of a stop string, so
         # that streamed text never shows a stop string that is cut later.
-        self._holdback = max((len(s) for s in self.stop), default=1) - 1
+        self._holdback = max(matcher.max_len - 1, 0)
 
     def update(self, token_id: int) -> str | None:
         """Add one output token.
@@ -92,23 +104,16 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
         self.output_text += new_text
-        return self._check_stop(len(new_text))
+        return self._check_stop(new_text)
 
-    def _check_stop(self, num_new_chars: int) -> str | None:
-        if self.num_output_tokens <= self.min_tokens:
+    def _check_stop(self, new_text: str) -> str | None:
+        match = self._stop_scanner.feed(new_text, search=self.num_output_tokens > self.min_tokens)
+        if match is None:
             return None
-        best: tuple[int, str] | None = None
-        for stop in self.stop:
-            start = max(len(self.output_text) - num_new_chars - len(stop) + 1, 0)
-            index = self.output_text.find(stop, start)
-            if index >= 0 and (best is None or index < best[0]):
-                best = (index, stop)
-        if best is None:
-            return None
-        end = best[0] + len(best[1]) if self.include_stop else best[0]
+        end = match.start + len(match.stop) if self.include_stop else match.start
         self.output_text = self.output_text[:end]
         self._stopped = True
-        return best[1]
+        return match.stop
 
     def _decode(self, token_ids: list[int]) -> str:
         # No clean-up of tokenization spaces: it rewrites text across token boundaries, which

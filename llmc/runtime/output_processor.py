@@ -13,6 +13,7 @@ from llmc.runtime.detokenizer import IncrementalDetokenizer
 from llmc.runtime.logprobs import TokenLogprobs, compute_logprobs
 from llmc.runtime.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from llmc.runtime.sequence import Sequence
+from llmc.runtime.stop_matcher import StopMatcher
 
 
 @dataclass
@@ -27,10 +28,12 @@ class _Completion:
 
 @dataclass
 class _RequestState:
-    """What is kept about one request besides its sequences: its completions (they grow to
-    ``n`` at the fork) and its prompt logprobs so far (entry 0 is None)."""
+    """What is kept about one request besides its sequences: the automaton of its stop strings
+    (shared by its completions), its completions (they grow to ``n`` at the fork) and its prompt
+    logprobs so far (entry 0 is None)."""
 
     seq: Sequence
+    stop_matcher: StopMatcher
     completions: dict[int, _Completion] = field(default_factory=dict)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
 
@@ -50,7 +53,9 @@ class OutputProcessor:
         return request_id in self._requests
 
     def add_request(self, seq: Sequence) -> None:
-        state = _RequestState(seq)
+        """Track a new request; builds its stop strings' automaton (time linear in their total
+        length), once for all its completions."""
+        state = _RequestState(seq, StopMatcher(seq.params.stop))
         if seq.params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
         self._requests[seq.request_id] = state
@@ -145,7 +150,9 @@ class OutputProcessor:
         completion = state.completions.get(seq.index)
         if completion is None:
             wants = seq.params.logprobs is not None
-            detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, seq.params)
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer, seq.prompt_token_ids, seq.params, state.stop_matcher
+            )
             completion = _Completion(
                 seq, detokenizer, [] if wants else None, 0.0 if wants else None
             )

@@ -6,7 +6,6 @@ blocks; it never touches a tensor. It is tested with fake model outputs.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
 from llmc.runtime.block_pool import BlockPool
@@ -15,13 +14,14 @@ from llmc.runtime.scheduler_config import SchedulerConfig
 from llmc.runtime.scheduler_output import ScheduledSequence, SchedulerOutput
 from llmc.runtime.sequence import Sequence, SequenceStatus
 from llmc.runtime.stats import EngineStats
+from llmc.runtime.waiting_queue import WaitingQueue
 
 __all__ = ["ScheduledSequence", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
 
 
 class Scheduler:
     """FCFS continuous-batching scheduler: chunked prefill, prefix caching, preemption by
-    recompute, n > 1 completions forked after the prompt.
+    recompute, n > 1 completions forked after the prompt and capped to a share of the slots.
 
     Args:
         config: the limits.
@@ -34,9 +34,7 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(
             config.num_blocks, config.block_size, config.enable_prefix_caching
         )
-        # Finished (aborted) sequences stay in `waiting` until they reach its front (no O(n)
-        # removal).
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Sequence] = []  # admission order; at most max_num_seqs
         self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished sequences
         self.num_preemptions = 0
@@ -85,7 +83,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.requests[seq.request_id] = [seq]
         self._num_seqs += 1
-        self.waiting.append(seq)
+        self.waiting.add_request(seq)
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step.
@@ -102,16 +100,26 @@ class Scheduler:
            fit the rest of the budget. Each gets the blocks its new tokens need. When the pool
            runs dry, the most recently admitted running sequence not yet scheduled in this step
            is preempted: its blocks are freed (cached full blocks stay findable), its
-           ``num_computed_tokens`` reset to 0, and it goes back to the front of the waiting queue
+           ``num_computed_tokens`` reset to 0, and it goes back to the front of its waiting queue
            to be recomputed. This repeats until the allocation succeeds or the sequence has
            preempted itself.
-        2. Then, unless something was preempted, waiting sequences are admitted in FCFS order
-           while budget, ``max_num_seqs`` and blocks last; a sequence with nothing computed
-           starts after its longest cached prefix. The first one that does not fit stops
-           admission: no later request overtakes it.
+        2. Then, unless something was preempted, waiting sequences are admitted while budget,
+           ``max_num_seqs`` and blocks last: first forked completions (1..n-1 of n > 1 requests,
+           in the order they were forked) while fewer than ``max_num_forked_seqs`` run, then
+           requests' first completions in FCFS order. A sequence with nothing computed starts
+           after its longest cached prefix. The first one that does not fit stops admission: no
+           later one overtakes it. A fork held back by the cap does not stop admission.
 
         A sequence samples when its computed tokens reach its full length; the first time an
         n > 1 request samples, it forks its other n - 1 completions.
+
+        Bound (issue 17: no request may starve the others): forks hold at most
+        ``F = max_num_forked_seqs`` slots, so a first completion competes for the other
+        ``max_num_seqs - F`` with other requests' first completions only, as if every request
+        had n = 1. With one n > 1 request running, a new request is scheduled in the step after
+        it arrives if ``max_num_seqs >= F + 2``, ``max_num_batched_tokens > F + 1`` and the pool
+        has blocks for its first chunk (test_scheduler.py checks it with n = 128). Without the
+        cap it waited until all but ``max_num_seqs - 1`` of the n completions had finished.
         """
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
@@ -132,12 +140,10 @@ class Scheduler:
                     budget -= num_new
 
         kv = self.kv_cache_manager
-        while not preempted and self.waiting and budget > 0:
-            seq = self.waiting[0]
-            if seq.is_finished:  # aborted while waiting
-                self.waiting.popleft()
-                continue
-            if len(self.running) >= self.config.max_num_seqs:
+        num_forks = sum(seq.index > 0 for seq in self.running)
+        while not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting.peek(forks_allowed=num_forks < self.config.fork_limit)
+            if seq is None:
                 break
             new_request = seq.num_computed_tokens == 0
             cached = kv.get_computed_blocks(seq) if new_request else []
@@ -150,11 +156,12 @@ class Scheduler:
                 if seq.num_output_tokens == 0:
                     seq.num_cached_tokens = num_cached
             seq.num_computed_tokens += num_cached
-            self.waiting.popleft()
+            self.waiting.pop(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(self._plan(seq, num_new))
             budget -= num_new
+            num_forks += seq.index > 0
 
         return SchedulerOutput(
             scheduled=tuple(scheduled),
@@ -170,7 +177,7 @@ class Scheduler:
         Stops on EOS (unless ``ignore_eos``), a stop token id (both only once ``min_tokens``
         are out), ``max_tokens`` or ``max_model_len``; a finished sequence's blocks are freed at
         once. Stop *strings* are the detokenizer's business: the engine reports them through
-        `finish_request`. Forked completions join the front of the waiting queue.
+        `finish_request`. Forked completions join the back of the waiting forks.
 
         Args:
             scheduler_output: the plan the step ran.
@@ -208,7 +215,7 @@ class Scheduler:
                 status = self._check_stop(s)
                 if status is not None:
                     self._finish(s, status)
-            self.waiting.extendleft(c for c in reversed(planned.forks) if not c.is_finished)
+            self.waiting.add_forks(c for c in planned.forks if not c.is_finished)
         return updated
 
     def fail_step(self, scheduler_output: SchedulerOutput) -> tuple[str, ...]:
@@ -286,7 +293,7 @@ class Scheduler:
             self.kv_cache_manager.free(victim)
             victim.num_computed_tokens = 0
             victim.status = SequenceStatus.WAITING
-            self.waiting.appendleft(victim)
+            self.waiting.requeue(victim)
             done.add(id(victim))
             preempted.append(victim.request_id)
             self.num_preemptions += 1

@@ -18,6 +18,11 @@ class SchedulerConfig:
         max_num_seqs: most sequences running at once (in one step).
         max_num_batched_tokens: token budget of one step (T, the packed tokens).
         enable_prefix_caching: share cached full blocks between requests with the same prefix.
+        max_num_forked_seqs: most running sequences that are completions 1..n-1 of n > 1
+            requests (all requests together); the other slots are left to requests' first
+            completions, so that a large-n request cannot keep new requests waiting (issue 17).
+            None: half of ``max_num_seqs``, at least 1 (`fork_limit`). ``max_num_seqs`` lifts
+            the cap.
 
     Raises:
         EngineConfigError: if a limit is < 1, or if the cache cannot hold one sequence of
@@ -30,11 +35,12 @@ class SchedulerConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    max_num_forked_seqs: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, bool) and value < 1:
+            if value is not None and not isinstance(value, bool) and value < 1:
                 raise EngineConfigError(f"{f.name} must be >= 1, got {value}")
         capacity = self.num_blocks * self.block_size
         if capacity < self.max_model_len:
@@ -44,3 +50,10 @@ class SchedulerConfig:
                 "max_model_len tokens must fit: lower max_model_len (--max-model-len) or give "
                 "the cache more blocks (--kv-cache-memory, --num-blocks)"
             )
+
+    @property
+    def fork_limit(self) -> int:
+        """``max_num_forked_seqs``, or by default half of ``max_num_seqs`` (at least 1)."""
+        if self.max_num_forked_seqs is not None:
+            return self.max_num_forked_seqs
+        return max(self.max_num_seqs // 2, 1)

@@ -59,7 +59,7 @@ class Sequence:
         first_token_time: when the first output token was appended (``time.monotonic()``), for
             TTFT; None before.
         generator: the request's own torch.Generator, created when ``params.seed`` is set
-            (seeded with ``seed + index``).
+            (seeded with ``params.completion_seed(index)``).
         index: which of the request's ``params.n`` completions this sequence is (0..n-1).
         block_hashes: chained hashes of the full blocks of its tokens so far (prefix caching).
         num_cached_tokens: prompt tokens whose KV came from the prefix cache at first admission.
@@ -86,7 +86,8 @@ class Sequence:
         if self.params.seed is not None and self.generator is None:
             import torch  # only seeded requests pay for the import here
 
-            self.generator = torch.Generator().manual_seed(self.params.seed + self.index)
+            seed = self.params.completion_seed(self.index)
+            self.generator = torch.Generator().manual_seed(seed)
 
     def fork(self, index: int) -> Sequence:
         """Completion ``index`` of the same request: same prompt, no output, no blocks yet.
