@@ -142,3 +142,24 @@ def test_top_k_larger_than_the_vocabulary_is_no_limit():
 def test_row_count_mismatch_is_refused():
     with pytest.raises(ValueError, match="2 logits rows but 1 sequences"):
         sample(Sampler(), np.zeros((2, 4), np.float32), [SamplingParams()])
+
+
+def test_an_extreme_repetition_penalty_keeps_sampling_finite() -> None:
+    """A penalty of 5e-324 once made seen tokens' logits +inf, the softmax NaN, and every
+    sampled token id 0; the penalized row must stay finite and keep the penalty's order."""
+    from llmc.runtime.penalties import apply_penalties
+    from llmc.runtime.sampling_params import SamplingParams
+    from llmc.runtime.sequence import Sequence
+
+    for penalty in (5e-324, 1e-30, 1e300):
+        params = SamplingParams(temperature=1e-5, repetition_penalty=penalty, max_tokens=4)
+        seq = Sequence("r", [3, 5], params)
+        logits = np.array([[1.0, -1.0, 2.0, 0.5, 0.0, -0.5]], np.float32)
+        apply_penalties(logits, [seq])
+        assert np.isfinite(logits).all()
+        assert np.isfinite(logits / np.float32(1e-5)).all()
+        # Seen tokens 3 (logit 0.5) and 5 (-0.5): a penalty below 1 raises both, above 1 lowers.
+        if penalty < 1:
+            assert logits[0, 3] > 2.0 and logits[0, 5] > -0.5
+        else:
+            assert logits[0, 3] < 0.5 and logits[0, 5] < -1.0

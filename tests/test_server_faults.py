@@ -251,3 +251,28 @@ def test_only_failed_steps_in_a_row_kill_the_engine(
     finally:
         served.server.stop()
         served.engine.shutdown()
+
+
+def test_a_500_keeps_the_keep_alive_connection_open(faulty: Faulty) -> None:
+    """Starlette's catch-all handler sends the 500 and re-raises, and uvicorn then closes the
+    connection: the client's next request on it was reset. One connection, used three times."""
+    runner = faulty.runner
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    with httpx.Client(base_url=faulty.server.url, timeout=60, limits=one) as http:
+        assert http.get("/health").status_code == 200
+        runner.fail_steps = {runner.num_steps}
+        _assert_500(http.post(C, json=GREEDY | {"prompt": PROMPTS["a"]}))
+        response = http.post(C, json=GREEDY | {"prompt": PROMPTS["b"]})
+        assert response.status_code == 200, response.text
+    with httpx.Client(base_url=faulty.server.url, timeout=60, limits=one) as http:
+        failure = http.get("/unexpected-failure")
+        assert failure.status_code == 500 and failure.json()["error"]["type"] == "server_error"
+        assert http.get("/health").status_code == 200
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _a_route_with_a_bug(faulty: Faulty) -> None:
+    def unexpected() -> None:
+        raise RuntimeError("a bug in a route")
+
+    faulty.server.server.config.app.add_api_route("/unexpected-failure", unexpected)

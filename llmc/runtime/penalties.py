@@ -8,6 +8,10 @@ import numpy as np
 
 from llmc.runtime.sequence import Sequence
 
+# Penalized logits stay within +-1e30: divided by the smallest sampled temperature (1e-5) they
+# are still finite in float32 (max 3.4e38), so no row's softmax turns NaN.
+_FINITE = np.float32(1e30)
+
 
 def apply_min_tokens(
     logits: np.ndarray, seqs: list[Sequence], eos_token_ids: Iterable[int]
@@ -58,7 +62,11 @@ def apply_penalties(logits: np.ndarray, seqs: list[Sequence]) -> None:
             seen[output] = True
             x = row[seen]
             penalty = np.float32(params.repetition_penalty)
-            row[seen] = np.where(x > 0, x / penalty, x * penalty)
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                x = np.where(x > 0, x / penalty, x * penalty)
+            # A penalty near 0 (or past float32's range) would make a logit +-inf and the row's
+            # softmax NaN: clip to the finite range, which keeps the penalty's order.
+            row[seen] = np.clip(np.nan_to_num(x), -_FINITE, _FINITE)
         if output.size and (params.frequency_penalty or params.presence_penalty):
             counts = np.bincount(output, minlength=vocab_size).astype(np.float32)
             row -= np.float32(params.frequency_penalty) * counts

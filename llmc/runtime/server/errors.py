@@ -18,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from llmc.errors import StepFailedError
+
 logger = logging.getLogger(__name__)
 
 
@@ -171,10 +173,51 @@ async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"Internal server error: {exc}", "server_error")
 
 
+async def _on_step_failed(_: Request, exc: StepFailedError) -> JSONResponse:
+    return error_response(500, str(exc), "server_error")
+
+
+class UnexpectedErrorMiddleware:
+    """Answers an exception that no handler took with a 500 in OpenAI's body, and keeps the
+    client's keep-alive connection open.
+
+    Starlette gives an ``Exception`` handler to its outermost ``ServerErrorMiddleware``, which
+    sends the handler's response and then re-raises, so uvicorn logs the error and closes the
+    connection: the client's next request on it fails with a reset. This ASGI middleware sits
+    inside that one and does not re-raise when the response has not started (once it has, the
+    stream is cut and the error goes on up).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            logger.exception("unhandled error while serving a request", exc_info=exc)
+            response = error_response(500, f"Internal server error: {exc}", "server_error")
+            await response(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error the app can raise to OpenAI's error body."""
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
     app.add_exception_handler(EngineDeadError, _on_engine_dead)
-    app.add_exception_handler(Exception, _on_unexpected)
+    app.add_exception_handler(StepFailedError, _on_step_failed)
+    app.add_exception_handler(Exception, _on_unexpected)  # outside UnexpectedErrorMiddleware
+    app.add_middleware(UnexpectedErrorMiddleware)
