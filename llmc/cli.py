@@ -172,6 +172,13 @@ def _add_serve(sub) -> None:
     )
     p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences per step")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
+    p.add_argument(
+        "--max-num-forked-seqs",
+        type=int,
+        default=None,
+        help="most running completions 1..n-1 of n > 1 requests, so one large-n request cannot "
+        "crowd out new ones (default: half of --max-num-seqs)",
+    )
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output")
     p.add_argument(
         "--kv-cache-memory", type=float, default=None, help="KV-cache budget in GiB (default 2)"
@@ -234,6 +241,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_forked_seqs=args.max_num_forked_seqs,
         max_model_len=args.max_model_len,
         kv_cache_memory=kv_bytes,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -32,6 +32,8 @@ class EngineConfig:
             ``max_seq_len``.
         max_num_seqs: most requests in one step.
         max_num_batched_tokens: most tokens in one step (prompt chunks + decodes).
+        max_num_forked_seqs: most running completions 1..n-1 of n > 1 requests, so a large-n
+            request cannot crowd out new ones; None: half of ``max_num_seqs`` (at least 1).
         seed: seed of the sampler's generator for requests without a seed of their own; None
             seeds it from the operating system.
         enable_prefix_caching: reuse the KV blocks of earlier requests with the same prefix
@@ -43,6 +45,7 @@ class EngineConfig:
     max_model_len: int
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
+    max_num_forked_seqs: int | None = None
     seed: int | None = None
     enable_prefix_caching: bool = True
 
@@ -53,6 +56,7 @@ class EngineConfig:
             num_blocks=self.num_blocks,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_forked_seqs=self.max_num_forked_seqs,
             enable_prefix_caching=self.enable_prefix_caching,
         )
 

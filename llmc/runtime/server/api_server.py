@@ -27,6 +27,7 @@ def serve(
     log_level: str = "info",
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    max_num_forked_seqs: int | None = None,
     max_model_len: int | None = None,
     kv_cache_memory: int | None = None,
     enable_prefix_caching: bool = True,
@@ -56,6 +57,8 @@ def serve(
         log_level: uvicorn's log level.
         max_num_seqs, max_num_batched_tokens, max_model_len: engine limits (default: the
             engine's build limits).
+        max_num_forked_seqs: most running completions 1..n-1 of n > 1 requests (default: half
+            of max_num_seqs).
         kv_cache_memory: KV-cache budget in bytes (default: the loader's).
         enable_prefix_caching: share the KV blocks of common prompt prefixes between requests.
         allowed_origins: CORS origins (None: CORS off).
@@ -80,6 +83,7 @@ def serve(
     overrides = {
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_forked_seqs": max_num_forked_seqs,
         "max_model_len": max_model_len,
     }
     llm_engine = LLMEngine.from_engine_dir(
