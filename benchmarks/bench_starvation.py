@@ -1,25 +1,27 @@
-"""Latency of a short request beside a request that used to starve it (issue 17): thousands of
-stop strings, or n = 128 long completions. In-process, through `LLMEngine.step`, no server.
+"""Latency of a short request beside one that starves it without llmc's bounds (issue 17):
+thousands of stop strings, or n = 128 long completions. In-process, through `LLMEngine.step`, no
+server.
 
     python benchmarks/bench_starvation.py                    # the tests' tiny Llama, built here
     python benchmarks/bench_starvation.py --engine engines/gemma-3-270m-cpu-float32-none
 
 The probe: a 4-token prompt asking for 4 greedy tokens (EOS ignored). Its latency is the wall
 time from `add_request` to the step that finishes it, and the number of steps in between.
-Scenarios, each measured with the new code and with the old behaviour on the same host:
+Scenarios, each measured with llmc as it is ("new" columns) and with a baseline without the
+bounds ("old" columns) on the same host:
 
 - *alone*: the probe by itself;
 - *stops*: the probe added once a request with ``--stops`` (10,000) random stop strings (never
   found) has decoded ``--head-start`` steps;
 - *n=128*: the same beside an ``--n`` (128) completion request of ``--long-tokens`` (200) tokens.
 
-Old behaviour: stop strings searched one ``str.find`` per string per step (the search the
-Aho-Corasick `StopMatcher` replaced, reproduced here), and no cap on forked completions
+The baseline: stop strings searched one ``str.find`` per string per step (reproduced here;
+llmc's `StopMatcher` runs one Aho-Corasick automaton), and no cap on forked completions
 (``max_num_forked_seqs = max_num_seqs``). The build time of the stop strings' automaton, paid
 once in ``add_request`` on the engine thread, is printed too. Each cell is the median of
 ``--repeat`` (3) rounds. Numbers vary with the load of the machine (2 shared cores): compare the
-columns of one run. The old n=128 cell runs about ``n / max_num_seqs * long_tokens`` steps: with
-a real engine, lower ``--long-tokens`` or ``--repeat``.
+columns of one run. The baseline's n=128 cell runs about ``n / max_num_seqs * long_tokens``
+steps: with a real engine, lower ``--long-tokens`` or ``--repeat``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ PROBE_PROMPT = [11, 12, 13, 14]
 
 
 class FindEachStop:
-    """The old stop-string search: one ``str.find`` per stop string over the new characters and
+    """The baseline stop-string search: one ``str.find`` per stop string over the new characters and
     the ``len(stop) - 1`` before them."""
 
     def __init__(self, stops: list[str]) -> None:
@@ -63,7 +65,8 @@ class FindEachStop:
 
 
 class OldStopMatcher(StopMatcher):
-    """A `StopMatcher` whose scanners search the old way (`FindEachStop`), for the old column."""
+    """A `StopMatcher` whose scanners search as the baseline does (`FindEachStop`), for the "old"
+    column."""
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = list(dict.fromkeys(stops))

@@ -12,7 +12,7 @@ attention, norms and the rest stay float32. Calibration windows come from the fi
 It prints top-1 agreement and mean KL against float32 for: every layer in FP8; each layer alone
 in FP8 (its sensitivity); then every layer but the k most sensitive, k = 1, 2, ... until the
 target is met, with the ``--exclude`` value that keeps those layers in high precision. Check the
-chosen value with a real build (its accuracy report). Measured on Gemma 3 270M (session 8): the
+chosen value with a real build (its accuracy report). Measured on Gemma 3 270M: the
 simulation gave 90.6% top-1 with every layer in FP8 where the engine's report gives 91.45%.
 """
 

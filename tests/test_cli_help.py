@@ -2,8 +2,8 @@
 
 A fresh ``pip install -e .`` has none of the optional extras (``[dev]``, ``[registry]``,
 ``[gemma]``, ``[openvino]``). This test runs the CLI in a subprocess whose import system refuses
-every top-level module that only an extra brings, so a start-up import of one (as ``httpx``
-once was, through ``llmc bench``) fails here as it fails for a new user. CI also runs the README's
+every top-level module that only an extra brings, so a start-up import of one (``httpx``
+through ``llmc bench``, say) fails here as it fails for a new user. CI also runs the README's
 commands in fresh virtual environments (``.ci/run``); this is the fast check of the same rule.
 """
 
