@@ -25,13 +25,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from llmc.compiler.quantize.formats import (
+from llmc.compiler.quantize.rounding import gptq_on_grid
+from llmc.quant.grids import (
+    FP8_E4M3,
+    INT8,
     dequantize,
     fake_quant_activation,
     quantize_weight_blockwise,
     quantize_weight_per_channel,
 )
-from llmc.compiler.quantize.rounding import gptq_on_grid
 
 
 def main() -> None:
@@ -72,7 +74,7 @@ def main() -> None:
     # The head's own copy (Gemma ties it to the embedding table, which stays float32), 8-bit
     # block-32 weight-only as the build gives it.
     head = model.get_output_embeddings()
-    head_w = dequantize(quantize_weight_blockwise(head.weight.data.T.numpy(), 8, 32))
+    head_w = dequantize(quantize_weight_blockwise(head.weight.data.T.numpy(), INT8, 32))
     head.weight = torch.nn.Parameter(torch.from_numpy(head_w).T.contiguous(), requires_grad=False)
 
     # Calibration: per-tensor amax and X^T X of every linear layer's input.
@@ -99,7 +101,7 @@ def main() -> None:
     fp8_w = {}
     for n, w in float_w.items():  # nn.Linear keeps [N, K]; the build's MatMul B is [K, N]
         b = w.T.numpy()
-        qw = quantize_weight_per_channel(b, "fp8")
+        qw = quantize_weight_per_channel(b, FP8_E4M3)
         if args.rounding == "gptq":
             qw = gptq_on_grid(b, qw, gram[n].numpy())
         fp8_w[n] = torch.from_numpy(dequantize(qw)).T.contiguous()
@@ -111,7 +113,7 @@ def main() -> None:
     num_layers = 1 + max(layer_of(n) for n in linears)
 
     def fp8_input(x: torch.Tensor, name: str) -> torch.Tensor:  # per-tensor static E4M3 Q/DQ
-        return torch.from_numpy(fake_quant_activation(x.numpy(), amax[name], "fp8"))
+        return torch.from_numpy(fake_quant_activation(x.numpy(), amax[name], FP8_E4M3))
 
     def evaluate(fp8_layers: set[int]) -> tuple[float, float]:
         """(top-1 agreement, mean KL in nats) with ``fp8_layers`` in FP8."""

@@ -255,7 +255,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_verify(sub) -> None:
-    from llmc.compiler.verify import VerifyConfig
+    from llmc.compiler.verify_config import VerifyConfig
 
     p = sub.add_parser(
         "verify",
@@ -281,7 +281,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from llmc.compiler.progress import BuildProgress
-    from llmc.compiler.verify import VerifyConfig, result_tables, verify_engine
+    from llmc.compiler.verify import result_tables, verify_engine
+    from llmc.compiler.verify_config import VerifyConfig
 
     config = VerifyConfig(**{f.name: getattr(args, f.name) for f in fields(VerifyConfig)})
     with BuildProgress() as progress:

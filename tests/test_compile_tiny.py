@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
+from llmc.engine.plugin import REQUIRED_ATTRIBUTES, plugin_nodes
 from llmc.errors import BuildConfigError, EngineCorruptError, EngineMismatchError
-from llmc.plugins import schema
 from llmc.runtime.engine import LLMEngine
 from llmc.runtime.llm import LLM
 from llmc.runtime.sampling_params import SamplingParams
@@ -111,11 +111,11 @@ def test_exported_plugin_nodes_carry_the_contract(tiny):
     from llmc.compiler.model_source import load_model, resolve_model
 
     proto = export_onnx(load_model(resolve_model(str(ckpt))), block_size=4)
-    nodes = schema.plugin_nodes(proto)
+    nodes = plugin_nodes(proto)
     assert len(nodes) == 2
     for node in nodes:
         attrs = {a.name for a in node.attribute}
-        assert set(schema.REQUIRED_ATTRIBUTES) <= attrs
+        assert set(REQUIRED_ATTRIBUTES) <= attrs
         assert (
             onnx.helper.get_attribute_value(
                 next(a for a in node.attribute if a.name == "plugin_namespace")
@@ -160,13 +160,13 @@ def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
     """``--dtype bfloat16``: the same graph on the OpenVINO EP with bf16 compute. Its logits stay
     within bf16 error of the float32 engine's and it is recorded as such in the manifest."""
     pytest.importorskip("onnxruntime_ep_openvino")
-    from llmc.compiler.isa import detect_host_isa
+    from llmc.engine.isa import detect_host_isa
     from llmc.runtime.execution_provider import openvino_cpu_devices
 
     if "avx512-bf16" not in detect_host_isa().features:
         pytest.skip("this host does not run AVX-512 BF16")
     devices, why_not = openvino_cpu_devices()
-    if not devices:  # e.g. the AMD EPYC hosts of sessions 4-7, AVX-512 BF16 or not
+    if not devices:  # e.g. on AMD hosts, AVX-512 BF16 or not: the EP takes Intel CPUs only
         pytest.skip(why_not)
     ckpt = make_tiny_gemma3(tmp_path / "ckpt", sharp=True)
     engines = {}
@@ -205,8 +205,8 @@ def test_build_chose_the_provider_by_measurement(tiny, capsys):
     """The manifest records the measured CPU EP, the OpenVINO EP's real reason on a host where
     it exposes no CPU device, and ``llmc inspect`` prints both."""
     from llmc.cli import main
-    from llmc.compiler.manifest import read_manifest
     from llmc.compiler.provider_choice import ProviderSelection
+    from llmc.engine.manifest import read_manifest
     from llmc.runtime.execution_provider import openvino_cpu_devices
 
     _, _, result = tiny

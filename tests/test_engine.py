@@ -319,7 +319,7 @@ def hf_reference(llama_dir) -> list[list[int]]:
 
 
 def torch_engine(llama_dir, tokenizer, num_blocks=64, **kw) -> LLMEngine:
-    from llmc.runtime.torch_runner import TorchRunner
+    from llmc.compiler.torch_runner import TorchRunner
 
     runner = TorchRunner(llama_dir, num_blocks=num_blocks, block_size=4)
     cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_model_len=64, **kw)

@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from llmc.compiler.manifest import file_digests, read_manifest, write_manifest
+from llmc.engine.manifest import file_digests, read_manifest, write_manifest
 from llmc.errors import EngineCorruptError
 from llmc.runtime.engine_loader import load_engine
 from tests.tiny_models import make_tiny_llama

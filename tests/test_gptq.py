@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from llmc.calibration import gptq
-from llmc.compiler.quantize import formats
 from llmc.compiler.quantize.rounding import gptq_on_grid, smoothed_hessian
+from llmc.quant import grids
 
 K, N, ROWS = 64, 48, 512
 
@@ -22,16 +22,16 @@ def correlated_inputs(rng: np.random.Generator) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def rtn(w: np.ndarray, kind: str) -> formats.QuantizedWeight:
+def rtn(w: np.ndarray, kind: str) -> grids.QuantizedWeight:
     if kind == "int4":
-        return formats.quantize_weight_blockwise(w, 4, 16)
+        return grids.quantize_weight_blockwise(w, grids.INT4, 16)
     if kind == "int8_blockwise":
-        return formats.quantize_weight_blockwise(w, 8, 32)
-    return formats.quantize_weight_per_channel(w, kind)
+        return grids.quantize_weight_blockwise(w, grids.INT8, 32)
+    return grids.quantize_weight_per_channel(w, {"int8": grids.INT8, "fp8": grids.FP8_E4M3}[kind])
 
 
-def output_error(x: np.ndarray, w: np.ndarray, qw: formats.QuantizedWeight) -> float:
-    return float(np.sum((x @ w - x @ formats.dequantize(qw)) ** 2))
+def output_error(x: np.ndarray, w: np.ndarray, qw: grids.QuantizedWeight) -> float:
+    return float(np.sum((x @ w - x @ grids.dequantize(qw)) ** 2))
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8", "int4", "int8_blockwise"])
@@ -60,7 +60,7 @@ def test_uncorrelated_inputs_give_round_to_nearest():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((K, N)).astype(np.float32)
     hessian = np.diag(rng.uniform(0.5, 2.0, K))
-    near = formats.quantize_weight_per_channel(w, "int8")
+    near = grids.quantize_weight_per_channel(w, grids.INT8)
     np.testing.assert_array_equal(gptq_on_grid(w, near, hessian).data, near.data)
 
 
@@ -69,9 +69,9 @@ def test_channels_without_input_are_rounded_to_nearest_and_nothing_is_nan():
     x = correlated_inputs(rng)
     x[:, 5] = 0.0  # a dead input channel: H[5, 5] == 0
     w = rng.standard_normal((K, N)).astype(np.float32)
-    near = formats.quantize_weight_blockwise(w, 4, 16)
+    near = grids.quantize_weight_blockwise(w, grids.INT4, 16)
     out = gptq_on_grid(w, near, x.T.astype(np.float64) @ x)
-    assert np.isfinite(formats.dequantize(out)).all()
+    assert np.isfinite(grids.dequantize(out)).all()
     assert output_error(x, w, out) < output_error(x, w, near)
 
 
@@ -79,7 +79,7 @@ def test_output_channels_in_chunks_give_the_same_codes(monkeypatch):
     rng = np.random.default_rng(3)
     x = correlated_inputs(rng)
     w = rng.standard_normal((K, N)).astype(np.float32)
-    near = formats.quantize_weight_per_channel(w, "fp8")
+    near = grids.quantize_weight_per_channel(w, grids.FP8_E4M3)
     hessian = x.T.astype(np.float64) @ x
     whole = gptq_on_grid(w, near, hessian)
     monkeypatch.setattr(gptq, "ROWS", 7)

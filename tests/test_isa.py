@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmc.compiler import isa
-from llmc.compiler.isa import HostIsa, detect_host_isa, isa_name, missing_features
+from llmc.engine import isa
+from llmc.engine.isa import HostIsa, detect_host_isa, isa_name, missing_features
 
 FLAGS = isa._cpu_flags()
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")

@@ -14,11 +14,11 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from llmc.compiler import segment
-from llmc.compiler.segment import ExecutionPlan, PluginCall, SegmentSpec
+from llmc.engine.kv_cache import KV_CACHE_DTYPES, NUMPY_DTYPES
+from llmc.engine.plan import ExecutionPlan, PluginCall, SegmentSpec
+from llmc.engine.plugin import DOMAIN, INPUTS, OP_TYPE, OPTIONAL_ATTRIBUTES, SCHEMA_VERSION
 from llmc.plugins import schema
 from llmc.plugins.paged_attention.cpu import (
-    KV_CACHE_DTYPES,
     dequantize_cpu,
     paged_attention_cpu,
     quantize_cpu,
@@ -249,36 +249,36 @@ def test_bad_caches_and_scales_are_refused_before_any_write() -> None:
 
 def plugin_node(**optional: object) -> onnx.NodeProto:
     return helper.make_node(
-        schema.OP_TYPE, list(schema.INPUTS), ["out"], domain=schema.DOMAIN,
+        OP_TYPE, list(INPUTS), ["out"], domain=DOMAIN,
         plugin_namespace="llmc", plugin_version="1", num_heads=4, num_kv_heads=2, head_dim=16,
         scale=0.25, sliding_window=0, logit_softcap=0.0, block_size=4, layer_idx=0, **optional,
     )  # fmt: skip
 
 
 def test_plugin_call_reads_the_optional_attributes() -> None:
-    call = segment._plugin_call(plugin_node(kv_cache_dtype="fp8", k_scale=0.5, v_scale=0.25))
+    call = PluginCall.from_node(plugin_node(kv_cache_dtype="fp8", k_scale=0.5, v_scale=0.25))
     assert (call.kv_cache_dtype, call.k_scale, call.v_scale) == ("fp8", 0.5, 0.25)
 
-    call = segment._plugin_call(plugin_node())
+    call = PluginCall.from_node(plugin_node())
     assert (call.kv_cache_dtype, call.k_scale, call.v_scale) == ("auto", 1.0, 1.0)
-    assert set(schema.KV_CACHE_DTYPES) == set(KV_CACHE_DTYPES)
+    assert set(KV_CACHE_DTYPES) == set(NUMPY_DTYPES)
 
 
 def test_schema_accepts_nodes_with_and_without_the_optional_attributes() -> None:
     schema.register_schema()
     context = onnx.checker.C.CheckerContext()
     context.ir_version = onnx.IR_VERSION
-    context.opset_imports = {"": 17, schema.DOMAIN: schema.SCHEMA_VERSION}
+    context.opset_imports = {"": 17, DOMAIN: SCHEMA_VERSION}
     for node in (plugin_node(), plugin_node(kv_cache_dtype="int8", k_scale=0.5, v_scale=0.5)):
         onnx.checker.check_node(node, context)  # checks the attributes against the schema
     with pytest.raises(onnx.checker.ValidationError, match="kv_cache_type"):
         onnx.checker.check_node(plugin_node(kv_cache_type="fp8"), context)
-    opset = schema.defs.get_schema(schema.OP_TYPE, schema.SCHEMA_VERSION, schema.DOMAIN)
-    assert not any(opset.attributes[name].required for name in schema.OPTIONAL_ATTRIBUTES)
+    opset = schema.defs.get_schema(OP_TYPE, SCHEMA_VERSION, DOMAIN)
+    assert not any(opset.attributes[name].required for name in OPTIONAL_ATTRIBUTES)
 
 
 def test_plan_json_without_the_new_fields_still_loads() -> None:
-    plan = ExecutionPlan([], [segment._plugin_call(plugin_node(kv_cache_dtype="int8"))], "x")
+    plan = ExecutionPlan([], [PluginCall.from_node(plugin_node(kv_cache_dtype="int8"))], "x")
     old = json.loads(plan.to_json())
     for name in ("kv_cache_dtype", "k_scale", "v_scale"):
         del old["plugins"][0][name]
@@ -335,11 +335,14 @@ def write_engine(engine_dir, kv_cache_dtype: str) -> ExecutionPlan:
     plugins = []
     for layer in range(2):
         names = [f"q{layer}", f"k{layer}", f"v{layer}", f"key_cache.{layer}",
-                 f"value_cache.{layer}", *schema.INPUTS[5:]]  # fmt: skip
+                 f"value_cache.{layer}", *INPUTS[5:]]  # fmt: skip
         k_scale, v_scale = SCALES[kv_cache_dtype][layer] if kv_cache_dtype in SCALES else (1.0, 1.0)
-        plugins.append(PluginCall(layer, names, f"attn{layer}", HEADS, KV_HEADS, HEAD_DIM,
-                                  HEAD_DIM**-0.5, 0, 0.0, BLOCK_SIZE, kv_cache_dtype,
-                                  k_scale, v_scale))  # fmt: skip
+        plugins.append(PluginCall(
+            layer_idx=layer, inputs=names, output=f"attn{layer}", num_heads=HEADS,
+            num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, scale=HEAD_DIM**-0.5, sliding_window=0,
+            logit_softcap=0.0, block_size=BLOCK_SIZE, kv_cache_dtype=kv_cache_dtype,
+            k_scale=k_scale, v_scale=v_scale,
+        ))  # fmt: skip
     plan = ExecutionPlan(segments, plugins, "logits")
     (engine_dir / "plan.json").write_text(plan.to_json())
     return plan
@@ -370,16 +373,14 @@ def test_runner_allocates_the_cache_dtype_and_passes_the_scales(tmp_path, kv_cac
 
     shape = (6, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     assert {name: (c.dtype, c.shape) for name, c in runner.kv_caches.items()} == {
-        name: (KV_CACHE_DTYPES[kv_cache_dtype], shape)
-        for p in plan.plugins
-        for name in p.inputs[3:5]
+        name: (NUMPY_DTYPES[kv_cache_dtype], shape) for p in plan.plugins for name in p.inputs[3:5]
     }
     addresses = {name: c.ctypes.data for name, c in runner.kv_caches.items()}
     torch_dtype = QUANTIZED[kv_cache_dtype][1] if kv_cache_dtype in QUANTIZED else torch.float32
     reference_caches = {name: torch.zeros(shape, dtype=torch_dtype) for name in addresses}
     for step in (step_inputs(7, 7, [4, 1]), step_inputs(8, 1, [4, 1])):
         env = runner.run_step(step)
-        metadata = [torch.from_numpy(getattr(step, name)) for name in schema.INPUTS[5:]]
+        metadata = [torch.from_numpy(getattr(step, name)) for name in INPUTS[5:]]
         for p in plan.plugins:
             expected = paged_attention_reference(
                 *(torch.from_numpy(env[name]) for name in p.inputs[:3]),

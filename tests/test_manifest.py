@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from llmc.compiler import manifest as mf
-from llmc.compiler.isa import HostIsa
-from llmc.compiler.manifest import (
+from llmc.engine import manifest as mf
+from llmc.engine.host import check_host
+from llmc.engine.isa import HostIsa
+from llmc.engine.manifest import (
     FORMAT_VERSION,
     EngineManifest,
-    check_host,
     file_digests,
     read_manifest,
     verify_files,

@@ -9,9 +9,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from llmc.engine.kv_cache import NUMPY_DTYPES
+from llmc.engine.plugin import INPUTS, OP_TYPE
 from llmc.plugins import schema
 from llmc.plugins.paged_attention import ort_op
-from llmc.plugins.paged_attention.cpu import KV_CACHE_DTYPES, paged_attention_cpu
+from llmc.plugins.paged_attention.cpu import paged_attention_cpu
 from llmc.runtime.ort_env import session_options
 from tests.test_paged_attention import (
     CASES,
@@ -35,7 +37,7 @@ SCALES = {"auto": (1.0, 1.0), "fp8": (0.011, 0.017), "int8": (0.021, 0.027)}
 def one_node_model(
     case: Case, kv_cache_dtype: str = "auto", attributes: dict | None = None, cache_type=None
 ) -> onnx.ModelProto:
-    """A graph of one PagedAttention node; inputs named as in schema.INPUTS. ``attributes``
+    """A graph of one PagedAttention node; inputs named as in INPUTS. ``attributes``
     override the node's; ``cache_type`` the caches' declared element type."""
     k_scale, v_scale = SCALES[kv_cache_dtype]
     attrs = dict(
@@ -49,13 +51,13 @@ def one_node_model(
     types = [TensorProto.FLOAT] * 3 + [cache_type] * 2 + list(METADATA_TYPES)
     shapes = [["T", "QW"], ["T", "KW"], ["T", "KW"], ["N", "S", "KVH", "D"],
               ["N", "S", "KVH", "D"], ["B"], ["B1"], ["B", "M"], ["T"]]  # fmt: skip
-    node = helper.make_node(schema.OP_TYPE, list(schema.INPUTS), ["out"], domain="llmc", **attrs)
+    node = helper.make_node(OP_TYPE, list(INPUTS), ["out"], domain="llmc", **attrs)
     graph = helper.make_graph(
         [node],
         "paged_attention",
         [
             helper.make_tensor_value_info(n, t, shape)
-            for n, t, shape in zip(schema.INPUTS, types, shapes, strict=True)
+            for n, t, shape in zip(INPUTS, types, shapes, strict=True)
         ],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["T", "QW"])],
     )
@@ -81,13 +83,13 @@ def feed(batch: Batch, caches: tuple[np.ndarray, np.ndarray] | None = None) -> d
     if caches is not None:
         arrays[3:5] = caches
     for i in (3, 4):
-        if arrays[i].dtype == KV_CACHE_DTYPES["fp8"]:
+        if arrays[i].dtype == NUMPY_DTYPES["fp8"]:
             arrays[i] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
                 arrays[i].view(np.uint8), TensorProto.FLOAT8E4M3FN
             )
         else:
             arrays[i] = ort.OrtValue.ortvalue_from_numpy(arrays[i])
-    return dict(zip(schema.INPUTS, arrays, strict=True))
+    return dict(zip(INPUTS, arrays, strict=True))
 
 
 @pytest.mark.parametrize(("case", "seed"), PARAMS)
@@ -108,7 +110,7 @@ def test_op_on_a_quantized_cache_equals_the_ctypes_kernel(name: str, kv_cache_dt
     """Same kernel, same scales: the op's output and cache bytes equal the ctypes binding's."""
     case = CASES[name]
     batch = make_batch(case, 5)
-    dtype = KV_CACHE_DTYPES[kv_cache_dtype]
+    dtype = NUMPY_DTYPES[kv_cache_dtype]
     op_caches = tuple(np.zeros(batch.kv_pool.shape[1:], dtype) for _ in range(2))
     kernel_caches = tuple(c.copy() for c in op_caches)
     k_scale, v_scale = SCALES[kv_cache_dtype]
@@ -144,8 +146,8 @@ def test_bad_inputs_fail_the_run_before_any_write(name: str) -> None:
     index, spoil, match = BAD_INPUTS[name]
     batch = make_batch(case, 2)
     pool_before = batch.kv_pool.copy()
-    arrays = dict(zip(schema.INPUTS, batch.arrays(), strict=True))
-    arrays[schema.INPUTS[index]] = spoil(arrays[schema.INPUTS[index]])
+    arrays = dict(zip(INPUTS, batch.arrays(), strict=True))
+    arrays[INPUTS[index]] = spoil(arrays[INPUTS[index]])
 
     with pytest.raises(Exception, match=f"PagedAttention: .*{match}"):
         one_node_session(case).run(["out"], arrays)
@@ -155,7 +157,7 @@ def test_bad_inputs_fail_the_run_before_any_write(name: str) -> None:
 def test_a_cache_of_another_dtype_than_the_attribute_fails_the_run() -> None:
     case = CASES["chunked-prefill"]
     batch = make_batch(case, 2)
-    arrays = dict(zip(schema.INPUTS, batch.arrays(), strict=True))
+    arrays = dict(zip(INPUTS, batch.arrays(), strict=True))
     for name in ("key_cache", "value_cache"):
         arrays[name] = arrays[name].astype(np.int8)
     session = one_node_session(case, cache_type=TensorProto.INT8)  # attribute: "auto"

@@ -15,7 +15,6 @@ import pytest
 
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.manifest import parse_manifest
 from llmc.compiler.provider_choice import (
     ACCEPTED,
     PENDING,
@@ -28,8 +27,10 @@ from llmc.compiler.provider_choice import (
     judge,
 )
 from llmc.compiler.provider_timing import max_relative_diff, probe_steps
+from llmc.engine.manifest import parse_manifest
+from llmc.engine.provider import CPU_EP, OPENVINO_EP
 from llmc.errors import BuildConfigError
-from llmc.runtime.execution_provider import CPU_EP, OPENVINO_EP, openvino_cpu_devices
+from llmc.runtime.execution_provider import openvino_cpu_devices
 from tests.test_manifest import make_manifest
 
 CPU_DEVICE = bool(openvino_cpu_devices()[0])

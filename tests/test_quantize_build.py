@@ -11,7 +11,7 @@ import pytest
 from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.manifest import read_manifest
+from llmc.engine.manifest import read_manifest
 from llmc.errors import BuildConfigError
 from llmc.runtime.llm import LLM
 from llmc.runtime.sampling_params import SamplingParams

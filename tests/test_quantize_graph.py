@@ -10,14 +10,15 @@ import pytest
 from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_stats, load_stats, save_stats
-from llmc.compiler.build import float_graph, int8_bound_pairs
-from llmc.compiler.isa import detect_host_isa
+from llmc.compiler.build import int8_bound_pairs
+from llmc.compiler.build_steps import float_graph
 from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.model_source import load_model, resolve_model
 from llmc.compiler.quantize import pipeline
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, gptq_keys, quantize_graph
 from llmc.compiler.quantize.targets import find_targets
-from llmc.plugins import schema
+from llmc.engine.isa import detect_host_isa
+from llmc.engine.plugin import OP_TYPE
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3
@@ -85,8 +86,9 @@ def test_qdq_graph_is_valid_symmetric_and_fused(tiny_float, tmp_path, quant):
                 assert inits[n.input[2]].dtype == onnx.helper.tensor_dtype_to_np_dtype(wanted)
 
     engine = tmp_path / "engine"
+    rewrites = pipeline.rewrite_for_cpu(qproto, report.counts)
     if quant == "fp8":
-        assert pipeline.emulate_fp8_weights(qproto) == targets - 1
+        assert rewrites["fp8"] == targets - 1
     _, ops = lower_to_cpu(qproto, engine, session_config=pipeline.session_config(quant))
     record = pipeline.check_fast_path(quant, report.counts, ops)
     assert sum(r["expected"] for r in record.values()) == targets
@@ -117,8 +119,7 @@ def test_gptq_rounding_brings_the_engine_closer_to_the_float_graph(tiny_float, t
         )
         qproto, report = _quantize(proto, windows, spec)
         assert {m["rounding"] for m in report.modules.values()} == {rounding}
-        if quant == "fp8":
-            pipeline.emulate_fp8_weights(qproto)
+        pipeline.rewrite_for_cpu(qproto, report.counts)
         lower_to_cpu(qproto, tmp_path / rounding, session_config=pipeline.session_config(quant))
         out = OrtRunner(tmp_path / rounding, SEQ // BLOCK).execute(single_prefill(heldout, BLOCK))
         errors[rounding] = float(np.mean((out - ref) ** 2))
@@ -173,7 +174,7 @@ def test_exclude_keeps_the_vocabulary_projection_float(tiny_float):
 def test_kv_cache_scales_come_from_calibration(tiny_float):
     proto, windows, _ = tiny_float
     qproto, report = _quantize(proto, windows, QuantSpec(quant="int8", kv_cache_dtype="fp8"))
-    plugins = [n for n in qproto.graph.node if n.op_type == schema.OP_TYPE]
+    plugins = [n for n in qproto.graph.node if n.op_type == OP_TYPE]
     assert len(report.kv_cache) == len(plugins) == 2
     for n in plugins:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}

@@ -1,4 +1,4 @@
-"""Quantization numerics: formats, observers, SmoothQuant, AWQ (no graphs, no models)."""
+"""Quantization numerics: grids, observers, SmoothQuant, AWQ (no graphs, no models)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from llmc.calibration.awq import awq_clip, awq_search
 from llmc.calibration.observers import TensorStats, observe_amax
 from llmc.calibration.smoothquant import search_alpha, smoothquant_scales
-from llmc.compiler.quantize import formats
+from llmc.quant import grids
 
 
 def _stats(x: np.ndarray, sample_rows: int = 512, chunk: int = 100) -> TensorStats:
@@ -22,19 +22,19 @@ def _stats(x: np.ndarray, sample_rows: int = 512, chunk: int = 100) -> TensorSta
 
 def test_per_channel_int8_roundtrip_error_is_half_a_step():
     w = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
-    q = formats.quantize_weight_per_channel(w, "int8")
+    q = grids.quantize_weight_per_channel(w, grids.INT8)
     assert q.data.dtype == np.int8 and q.axis == 1 and q.scale.shape == (8,)
     assert np.abs(q.data).max() == 127  # each channel's amax maps to the top code
     step = np.abs(w).max(axis=0) / 127
-    assert np.all(np.abs(formats.dequantize(q) - w) <= step / 2 + 1e-7)
+    assert np.all(np.abs(grids.dequantize(q) - w) <= step / 2 + 1e-7)
 
 
 def test_fp8_weights_use_e4m3_range():
     w = np.random.default_rng(1).standard_normal((32, 4)).astype(np.float32)
-    q = formats.quantize_weight_per_channel(w, "fp8")
+    q = grids.quantize_weight_per_channel(w, grids.FP8_E4M3)
     assert q.data.dtype == ml_dtypes.float8_e4m3fn
     assert np.allclose(np.abs(q.data.astype(np.float32)).max(axis=0), 448.0)
-    rel = np.abs(formats.dequantize(q) - w) / np.maximum(np.abs(w), 1e-3)
+    rel = np.abs(grids.dequantize(q) - w) / np.maximum(np.abs(w), 1e-3)
     assert np.median(rel) < 2**-4  # 3 mantissa bits
 
 
@@ -42,9 +42,9 @@ def test_blockwise_int4_scales_per_block_and_partial_last_block():
     rng = np.random.default_rng(2)
     w = rng.standard_normal((80, 3)).astype(np.float32)
     w[0:32] *= 10  # one block much larger: its scale must not leak into the others
-    q = formats.quantize_weight_blockwise(w, 4, 32)
+    q = grids.quantize_weight_blockwise(w, grids.INT4, 32)
     assert q.scale.shape == (3, 3) and q.data.dtype == ml_dtypes.int4
-    d = formats.dequantize(q)
+    d = grids.dequantize(q)
     for b in range(3):
         rows = slice(32 * b, min(32 * (b + 1), 80))
         step = np.abs(w[rows]).max(axis=0) / 7
@@ -67,16 +67,16 @@ def test_observers_clip_an_outlier_but_max_does_not():
     x[:, 3] = np.clip(x[:, 3], -1, 1)
     x[7, 3] = 60.0
     s = _stats(x)
-    assert observe_amax(s, "max", "int8") == pytest.approx(60.0)
+    assert observe_amax(s, "max", grids.INT8) == pytest.approx(60.0)
     # the outlier may or may not be in the sample; both observers must ignore a lone one
-    assert observe_amax(s, "percentile", "int8") < 10
-    assert observe_amax(s, "mse", "int8") < 0.9 * float(np.abs(s.sample).max()) + 1e-6
+    assert observe_amax(s, "percentile", grids.INT8) < 10
+    assert observe_amax(s, "mse", grids.INT8) < 0.9 * float(np.abs(s.sample).max()) + 1e-6
     smooth = np.ones(256, np.float32)
     smooth[3] = 10.0
     others = np.abs(np.delete(x, 3, axis=1)).max()
-    assert observe_amax(s, "max", "int8", smoothing=smooth) == pytest.approx(max(6.0, others))
+    assert observe_amax(s, "max", grids.INT8, smoothing=smooth) == pytest.approx(max(6.0, others))
     with pytest.raises(ValueError, match="calib-method"):
-        observe_amax(s, "entropy", "int8")
+        observe_amax(s, "entropy", grids.INT8)
 
 
 def test_smoothquant_balances_activation_and_weight_ranges():
@@ -150,7 +150,7 @@ def test_awq_clip_shrinks_blocks_with_an_outlier_weight():
     assert np.all(clip >= 0.5 * full - 1e-6)
 
     def block_error(amax):
-        q = formats.dequantize(formats.quantize_weight_blockwise(w, 4, 64, amax))
+        q = grids.dequantize(grids.quantize_weight_blockwise(w, grids.INT4, 64, amax))
         return float(((x @ (w - q)) ** 2).mean())
 
     assert block_error(clip) <= block_error(None)
@@ -164,8 +164,7 @@ def test_int8_weights_this_host_runs_exactly_on_orts_integer_gemm():
     from onnx import TensorProto, helper, numpy_helper
 
     from llmc.compiler.build import int8_bound_pairs
-    from llmc.compiler.isa import detect_host_isa
-    from llmc.compiler.quantize.formats import quantize_weight_per_channel
+    from llmc.engine.isa import detect_host_isa
     from llmc.runtime.ort_env import session_options
 
     k, n, m = 640, 256, 8
@@ -173,7 +172,9 @@ def test_int8_weights_this_host_runs_exactly_on_orts_integer_gemm():
     w = rng.standard_normal((k, n)).astype(np.float32) * 0.05
     x = rng.standard_normal((m, k)).astype(np.float32)
     xs = np.float32(np.abs(x).max() / 127)
-    qw = quantize_weight_per_channel(w, "int8", int8_bound_pairs(detect_host_isa().features))
+    qw = grids.quantize_weight_per_channel(
+        w, grids.INT8, int8_bound_pairs(detect_host_isa().features)
+    )
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
@@ -225,8 +226,8 @@ def test_bound_pairs_keeps_every_adjacent_pair_within_128(k):
     rng = np.random.default_rng(k)
     w = (rng.standard_t(2, (k, 32)) * 0.05).astype(np.float32)
     w[10, 3], w[11, 3] = 1.0, -1.0  # a pair of two maxima: plain 8-bit gives |q| sum 254
-    plain = formats.quantize_weight_per_channel(w, "int8")
-    bounded = formats.quantize_weight_per_channel(w, "int8", bound_pairs=True)
+    plain = grids.quantize_weight_per_channel(w, grids.INT8)
+    bounded = grids.quantize_weight_per_channel(w, grids.INT8, bound_pairs=True)
 
     def pair_sums(q: np.ndarray) -> np.ndarray:
         a = np.abs(q.astype(np.int32))

@@ -15,8 +15,8 @@ import pytest
 
 from llmc.cli import main
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.isa import FEATURES, detect_host_isa
-from llmc.compiler.manifest import EngineManifest, file_digests, write_manifest
+from llmc.engine.isa import FEATURES, detect_host_isa
+from llmc.engine.manifest import EngineManifest, file_digests, write_manifest
 from llmc.errors import (
     BlobCorruptError,
     EngineCorruptError,

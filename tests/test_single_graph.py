@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 
-from llmc.compiler.segment import ExecutionPlan, save_plan
 from llmc.compiler.single_graph import GRAPH_FILE, write_single_graph
+from llmc.engine.plan import ExecutionPlan, save_plan
 from llmc.runtime.ort_runner import OrtRunner
 from tests.test_kv_cache_quant import as_bytes, step_inputs, write_engine
 

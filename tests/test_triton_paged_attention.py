@@ -19,21 +19,22 @@ from onnx import helper  # noqa: E402
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0)")
 
+from llmc.engine.plugin import (  # noqa: E402
+    DOMAIN,
+    OP_TYPE,
+    PLUGIN_ATTRIBUTES,
+    PLUGIN_ID,
+    PLUGIN_VERSION,
+    PluginAttributes,
+)
 from llmc.errors import LlmcError  # noqa: E402
 from llmc.plugins.paged_attention.reference import (  # noqa: E402
     paged_attention_reference,
     quantize_kv,
 )
 from llmc.plugins.paged_attention.triton_launch import paged_attention_triton  # noqa: E402
-from llmc.plugins.paged_attention.trt_plugin import (  # noqa: E402
-    PLUGIN_ATTRIBUTES,
-    PLUGIN_ID,
-    PluginAttributes,
-    TensorSpec,
-    describe_outputs,
-    register_paged_attention_plugin,
-)
-from llmc.plugins.schema import DOMAIN, OP_TYPE, PLUGIN_VERSION  # noqa: E402
+from llmc.plugins.paged_attention.trt_plugin import TensorSpec, describe_outputs  # noqa: E402
+from llmc.plugins.paged_attention.trt_register import register  # noqa: E402
 from tests.test_paged_attention import Case, make_batch  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -287,7 +288,7 @@ def test_register_without_tensorrt_names_what_is_missing() -> None:
     else:
         pytest.skip("tensorrt is installed here: this test is for machines without it")
     with pytest.raises(LlmcError, match="TensorRT's Python package .*No module named 'tensorrt'"):
-        register_paged_attention_plugin()
+        register()
 
 
 def test_aot_compiles_to_ptx_for_sm80_and_sm90() -> None:
@@ -296,7 +297,7 @@ def test_aot_compiles_to_ptx_for_sm80_and_sm90() -> None:
     script = textwrap.dedent("""
         import re
         from llmc.plugins.paged_attention.trt_aot import compile_aot
-        from llmc.plugins.paged_attention.trt_plugin import PluginAttributes
+        from llmc.engine.plugin import PluginAttributes
         attributes = PluginAttributes(8, 1, 32, 0.17, 0, 30.0, 16, 0, "fp8", 0.02, 0.03)
         for arch, dtype in ((80, "float16"), (90, "bfloat16")):
             kernel = compile_aot(attributes, dtype, arch)

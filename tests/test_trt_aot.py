@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
+from llmc.engine.plugin import PluginAttributes
 from llmc.plugins.paged_attention import trt_aot
-from llmc.plugins.paged_attention.trt_plugin import PluginAttributes
 
 GEMMA = PluginAttributes(4, 1, 256, 0.0625, 512, 0.0, 16, 0, "auto", 1.0, 1.0)
 LLAMA = PluginAttributes(32, 8, 128, 0.0884, 0, 0.0, 16, 0, "fp8", 0.02, 0.03)
@@ -50,7 +50,7 @@ def test_aot_compile_writes_pinned_ptx_within_48_kb():
     script = textwrap.dedent("""
         import json, re
         from llmc.plugins.paged_attention import trt_aot, triton_tiles
-        from llmc.plugins.paged_attention.trt_plugin import PluginAttributes
+        from llmc.engine.plugin import PluginAttributes
         gemma = PluginAttributes(4, 1, 256, 0.0625, 512, 0.0, 16, 0, "auto", 1.0, 1.0)
         llama = PluginAttributes(32, 8, 128, 0.0884, 0, 0.0, 16, 0, "fp8", 0.02, 0.03)
         out = []

@@ -15,12 +15,12 @@ from onnx.reference.op_run import OpRun
 
 import llmc.compiler.tensorrt.lower as lower_mod
 from llmc.calibration.collect import collect_stats
-from llmc.compiler.build import float_graph
+from llmc.compiler.build_steps import float_graph
 from llmc.compiler.model_source import load_model, resolve_model
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_graph
 from llmc.compiler.tensorrt.lint import lint_model
 from llmc.compiler.tensorrt.lower import lower_for_tensorrt
-from llmc.plugins import schema
+from llmc.engine.plugin import DOMAIN, plugin_nodes
 from llmc.plugins.paged_attention.reference import paged_attention_reference
 from llmc.runtime.ort_runner import OrtRunner
 from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
@@ -66,7 +66,7 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
     del m.graph.value_info[:]
     nodes = []
     for n in m.graph.node:  # output like q, then the aliased caches like their inputs
-        if n.domain == schema.DOMAIN:
+        if n.domain == DOMAIN:
             pairs = zip([n.input[0], n.input[3], n.input[4]], n.output, strict=True)
             nodes += [helper.make_node("Identity", [i], [o]) for i, o in pairs]
         else:
@@ -92,7 +92,7 @@ def test_lowered_graphs_pass_with_precision_in_their_types(float_graphs, name, q
     nodes = list(g.node)
     # logits float32 after a final Cast; everything else bf16 except the rotary angles; then
     # the caches the plugin writes in place, as graph outputs aliased to the cache inputs
-    plugins = schema.plugin_nodes(model)
+    plugins = plugin_nodes(model)
     caches = [c for p in plugins for c in p.input[3:5]]
     assert [o.name for o in g.output] == ["logits", *(f"{c}.updated" for c in caches)]
     assert [o.type.tensor_type.elem_type for o in g.output] == [TensorProto.FLOAT] + [
@@ -128,7 +128,7 @@ def test_lowered_graphs_pass_with_precision_in_their_types(float_graphs, name, q
 def test_fp8_kv_cache_inputs_are_fp8_and_lint_warns_it_is_unverified(float_graphs):
     model = _lowered(float_graphs, "gemma", "int8", kv="fp8")
     types = _types(model)
-    for p in schema.plugin_nodes(model):
+    for p in plugin_nodes(model):
         assert types[p.input[3]] == types[p.input[4]] == TensorProto.FLOAT8E4M3FN
     report = lint_model(model, "sm90")
     assert report.passed
@@ -177,7 +177,7 @@ def test_planted_asymmetric_qdq(float_graphs):
 
 def test_planted_plugin_missing_attribute_and_wrong_version(float_graphs):
     model = _lowered(float_graphs, "gemma", "none")
-    p0, p1 = schema.plugin_nodes(model)
+    p0, p1 = plugin_nodes(model)
     kept = [a for a in p1.attribute if a.name != "sliding_window"]
     del p1.attribute[:]
     p1.attribute.extend(kept)
@@ -261,7 +261,7 @@ def _logits(model: onnx.ModelProto, start: int, dtype) -> np.ndarray:
     """Logits of the last of 40 prompt tokens at positions start..start+39 (onnx reference)."""
     t, block = 40, BLOCK
     rng = np.random.default_rng(0)
-    p = schema.plugin_nodes(model)[0]
+    p = plugin_nodes(model)[0]
     attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
     feeds = {
         "input_ids": rng.integers(3, 500, t).astype(np.int64),

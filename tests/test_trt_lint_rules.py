@@ -17,13 +17,12 @@ from onnx import TensorProto, helper
 import llmc.compiler.tensorrt.lint as lint_mod
 import llmc.compiler.tensorrt.lower as lower_mod
 from llmc.cli import main
-from llmc.compiler.tensorrt import stage as st
-from llmc.compiler.tensorrt.host import missing_for_build
 from llmc.compiler.tensorrt.lint import lint_model
 from llmc.compiler.tensorrt.plugin_io import PTX_ISA_KEY, set_metadata
+from llmc.engine import stage as st
+from llmc.engine.gpu import missing_for_build
+from llmc.engine.plugin import PLUGIN_ATTRIBUTES, PluginAttributes, plugin_nodes
 from llmc.errors import LlmcError
-from llmc.plugins import schema
-from llmc.plugins.paged_attention import trt_plugin
 from tests.tiny_models import SHAKESPEARE, make_tiny_llama, train_tokenizer
 
 pytestmark = pytest.mark.skipif(
@@ -109,12 +108,12 @@ def test_fp8_stages_pass_with_what_the_plugin_declares(stages, name):
     assert report.warnings == []
     m = st.read_stage(stages[name])
     assert m.lint["passed"] and (m.quant, m.dtype, m.target) == ("fp8", "bfloat16", "sm90")
-    nodes = schema.plugin_nodes(model)
+    nodes = plugin_nodes(model)
     outputs = [o.name for o in model.graph.output]
     assert outputs[0] == "logits"
     for n in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        assert attrs["aot"] == 1 and {f for f, _ in trt_plugin.PLUGIN_ATTRIBUTES} <= set(attrs)
+        assert attrs["aot"] == 1 and {f for f, _ in PLUGIN_ATTRIBUTES} <= set(attrs)
         assert list(n.output[1:]) == [f"{c}.updated" for c in n.input[3:5]]
         assert set(n.output[1:]) <= set(outputs)
     assert {p.key: p.value for p in model.metadata_props}[PTX_ISA_KEY] == "8.7"
@@ -132,13 +131,13 @@ def test_fp8_stages_pass_with_what_the_plugin_declares(stages, name):
 
 def test_outputs_rule_rejects_one_output_nodes(stages):
     model = _load(stages["llama"])  # as export writes them: one output, no cache outputs
-    for n in schema.plugin_nodes(model):
+    for n in plugin_nodes(model):
         del n.output[1:]
     kept = [o for o in model.graph.output if not o.name.endswith(".updated")]
     del model.graph.output[:]
     model.graph.output.extend(kept)
     report = _lint(model, stages["llama"])
-    names = [n.name for n in schema.plugin_nodes(model)]
+    names = [n.name for n in plugin_nodes(model)]
     assert _errors(report) == [("outputs", n) for n in names]
     assert "has 1 outputs but the TensorRT plugin declares 3" in report.errors[0].message
 
@@ -149,7 +148,7 @@ def test_alias_rule_rejects_caches_that_are_no_graph_outputs(stages):
     del model.graph.output[:]
     model.graph.output.extend(kept)
     report = _lint(model, stages["gemma"])
-    names = [n.name for n in schema.plugin_nodes(model)]
+    names = [n.name for n in plugin_nodes(model)]
     assert _errors(report) == [("alias", n) for n in names for _ in range(2)]
     assert "'key_cache.0.updated' aliases cache 'key_cache.0' but is not a graph output" in (
         report.errors[0].message
@@ -158,7 +157,7 @@ def test_alias_rule_rejects_caches_that_are_no_graph_outputs(stages):
 
 def test_aot_rule_rejects_nodes_that_do_not_choose(stages):
     model = _load(stages["llama"])
-    for n in schema.plugin_nodes(model):
+    for n in plugin_nodes(model):
         kept = [a for a in n.attribute if a.name != "aot"]
         del n.attribute[:]
         n.attribute.extend(kept)
@@ -169,7 +168,7 @@ def test_aot_rule_rejects_nodes_that_do_not_choose(stages):
 
 def test_fields_rule_rejects_a_missing_optional_attribute(stages):
     model = _load(stages["llama"])  # k_scale is optional in the schema; QDP has no defaults
-    n = schema.plugin_nodes(model)[1]
+    n = plugin_nodes(model)[1]
     kept = [a for a in n.attribute if a.name != "k_scale"]
     del n.attribute[:]
     n.attribute.extend(kept)
@@ -179,15 +178,15 @@ def test_fields_rule_rejects_a_missing_optional_attribute(stages):
 
 
 def test_strings_rule_rejects_a_plugin_that_keeps_the_nul(stages, monkeypatch):
-    def unstripped(cls, *values):  # the plugin before the fix: QDP's decoded string as is
-        kinds = [kind for _, kind in trt_plugin.PLUGIN_ATTRIBUTES]
+    def unstripped(cls, *values):  # a plugin that keeps QDP's decoded string as is
+        kinds = [kind for _, kind in PLUGIN_ATTRIBUTES]
         attributes = cls(*(kind(v) for kind, v in zip(kinds, values, strict=True)))
         attributes.check()
         return attributes
 
     model = _load(stages["gemma"])
     assert _lint(model, stages["gemma"]).passed
-    monkeypatch.setattr(trt_plugin.PluginAttributes, "from_fields", classmethod(unstripped))
+    monkeypatch.setattr(PluginAttributes, "from_fields", classmethod(unstripped))
     report = _lint(model, stages["gemma"])
     assert {c for c, _ in _errors(report)} == {"strings"} and len(report.errors) == 2
     message = report.errors[0].message
@@ -218,10 +217,10 @@ def test_smem_rule_rejects_a_kernel_above_48_kb_without_opt_in(stages):
     recorded = st.read_stage(stages["wide-float32"]).lint
     assert not recorded["passed"] and {f["check"] for f in recorded["findings"]} == {"smem"}
     report = _lint(model, stages["wide-float32"])
-    names = [n.name for n in schema.plugin_nodes(model)]
+    names = [n.name for n in plugin_nodes(model)]
     assert _errors(report) == [("smem", n) for n in names]
     assert "an AOT launch has no opt-in above 48 KB" in report.errors[0].message
-    for n in schema.plugin_nodes(model):  # JIT: Triton's launcher opts in up to 227 KB on sm90
+    for n in plugin_nodes(model):  # JIT: Triton's launcher opts in up to 227 KB on sm90
         next(a for a in n.attribute if a.name == "aot").i = 0
     assert _lint(model, stages["wide-float32"]).passed
 
@@ -251,9 +250,9 @@ def test_build_fails_on_a_lint_finding_before_writing_the_stage(tmp_path, monkey
 
 
 def test_plugin_reads_nul_terminated_strings():
-    attributes = trt_plugin.PluginAttributes.from_fields(
+    attributes = PluginAttributes.from_fields(
         4, 1, 256, 0.0625, 512, 0.0, 16, 0, "fp8\x00", 0.5, 0.25
     )
     assert attributes.kv_cache_dtype == "fp8"
     with pytest.raises(LlmcError, match="takes 11 attributes"):
-        trt_plugin.PluginAttributes.from_fields(4, 1, 256)
+        PluginAttributes.from_fields(4, 1, 256)

@@ -11,11 +11,11 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from llmc.compiler.manifest import EngineManifest, read_manifest, write_manifest
 from llmc.compiler.tensorrt.builder import BuildPhases, ShapeRange, optimization_profile
-from llmc.compiler.tensorrt.host import GpuInfo, arch_capability
+from llmc.engine.gpu import GpuInfo, arch_capability
+from llmc.engine.host import check_gpu_host
+from llmc.engine.manifest import EngineManifest, read_manifest, write_manifest
 from llmc.errors import EngineMismatchError
-from llmc.runtime.trt_runner import check_gpu_host
 
 H100 = GpuInfo(0, "NVIDIA H100", (9, 0))
 A100 = GpuInfo(0, "NVIDIA A100", (8, 0))
@@ -113,8 +113,9 @@ def test_manifest_records_tensorrt_and_reads_manifests_without_it(tmp_path):
 def test_kv_pool_of_a_plan_is_sized_by_the_cache_dtype_the_runner_allocates():
     import torch
 
+    from llmc.engine.kv_cache import kv_cache_dtype_of
     from llmc.errors import EngineCorruptError
-    from llmc.runtime.engine_loader import kv_bytes_per_block, kv_cache_dtype_of, plan_num_blocks
+    from llmc.runtime.engine_loader import kv_bytes_per_block, plan_num_blocks
 
     m = _manifest()  # a bfloat16 cache of 2 layers, blocks of 8, 1 KV head of 32
     elements = 2 * 2 * 8 * 1 * 32

@@ -16,8 +16,8 @@ import pytest
 
 from llmc.calibration.collect import load_stats
 from llmc.cli import main
-from llmc.compiler.tensorrt import stage as st
-from llmc.compiler.tensorrt.host import missing_for_build
+from llmc.engine import stage as st
+from llmc.engine.gpu import missing_for_build
 from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
 
 pytestmark = pytest.mark.skipif(
@@ -122,7 +122,7 @@ def test_lint_failure_in_a_stage_is_reported_by_from_and_inspect(int8_stage, tmp
     t.CopyFrom(onnx.numpy_helper.from_array(np.array(5, np.int8), zp))
     onnx.save(model, str(broken / st.MODEL_FILE))
     meta = json.loads((broken / st.STAGE_NAME).read_text())
-    from llmc.compiler.manifest import file_digests
+    from llmc.engine.manifest import file_digests
 
     meta["files"] = {k: v for k, v in file_digests(broken).items() if k != st.STAGE_NAME}
     (broken / st.STAGE_NAME).write_text(json.dumps(meta))

@@ -16,9 +16,9 @@ from llmc.calibration.accuracy import AccuracyReport
 from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.manifest import read_manifest, write_manifest
-from llmc.compiler.segment import load_plan
 from llmc.compiler.verify import VerifyConfig, VerifyError, verify_engine
+from llmc.engine.manifest import read_manifest, write_manifest
+from llmc.engine.plan import load_plan
 from llmc.errors import ModelSourceError
 from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from llmc.compiler.quantize.formats import fake_quant_int4_blockwise
+from llmc.quant.grids import INT4, Grid, fake_quant_blockwise
 
 GRID = 20
 CLIP_GRID = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5)
@@ -36,11 +36,15 @@ class AwqResult:
 
 @torch.no_grad()
 def awq_search(
-    sample: np.ndarray, act_meanabs: np.ndarray, weight: np.ndarray, block_size: int
+    sample: np.ndarray,
+    act_meanabs: np.ndarray,
+    weight: np.ndarray,
+    block_size: int,
+    grid: Grid = INT4,
 ) -> AwqResult:
-    """Search AWQ scales for ``weight`` [K, N] given activation rows ``sample`` [R, K] and the
-    per-channel mean |x| ``act_meanabs`` [K] over all calibration tokens. K must be a multiple
-    of ``block_size`` (ValueError otherwise)."""
+    """Search AWQ scales for ``weight`` [K, N] (block-wise on ``grid``) given activation rows
+    ``sample`` [R, K] and the per-channel mean |x| ``act_meanabs`` [K] over all calibration
+    tokens. K must be a multiple of ``block_size`` (ValueError otherwise)."""
     k = weight.shape[0]
     if k % block_size:
         raise ValueError(f"AWQ needs K ({k}) to be a multiple of the int4 block size {block_size}")
@@ -54,7 +58,7 @@ def awq_search(
         alpha = i / GRID
         s = mean**alpha
         s = s / torch.sqrt(s.max() * s.min())
-        q = fake_quant_int4_blockwise(w * s[:, None], block_size)
+        q = fake_quant_blockwise(w * s[:, None], grid, block_size)
         err = float(((x / s) @ q - reference).pow(2).mean())
         if i == 0:
             error_rtn = err
@@ -65,8 +69,10 @@ def awq_search(
 
 
 @torch.no_grad()
-def awq_clip(sample: np.ndarray, weight: np.ndarray, block_size: int) -> np.ndarray:
-    """Per-block clip values [K / block_size, N] float32 for int4 block-wise quantization of
+def awq_clip(
+    sample: np.ndarray, weight: np.ndarray, block_size: int, grid: Grid = INT4
+) -> np.ndarray:
+    """Per-block clip values [K / block_size, N] float32 for block-wise quantization on ``grid`` of
     ``weight`` [K, N] (already AWQ-scaled) given activation rows ``sample`` [R, K] (already
     divided by the AWQ scales): for each (block, output channel) the factor in ``CLIP_GRID`` x
     max|w| with the least ``||X_b (w_b - Q(w_b))||^2``. K must be a multiple of block_size."""
@@ -79,8 +85,8 @@ def awq_clip(sample: np.ndarray, weight: np.ndarray, block_size: int) -> np.ndar
     best = amax.clone()
     for ratio in CLIP_GRID:
         clip = amax * ratio
-        scale = (clip / 7.0)[:, None, :]
-        q = torch.round(w / scale).clamp(-8, 7) * scale
+        scale = (clip / grid.qmax)[:, None, :]
+        q = grid.round_torch(w / scale) * scale
         err = torch.einsum("rgb,gbn->rgn", x, w - q).pow(2).sum(dim=0)  # [nb, N]
         better = err < best_err
         best_err = torch.where(better, err, best_err)

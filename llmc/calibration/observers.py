@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmc.compiler.quantize.formats import fake_quant_activation
+from llmc.quant.grids import Grid, fake_quant_activation
 
 CALIB_METHODS = ("max", "percentile", "mse")
 PERCENTILE = 99.99
@@ -92,10 +92,11 @@ class TensorStats:
 
 
 def observe_amax(
-    stats: TensorStats, method: str, fmt: str, smoothing: np.ndarray | None = None
+    stats: TensorStats, method: str, grid: Grid, smoothing: np.ndarray | None = None
 ) -> float:
     """The per-tensor clip value of the tensor ``x / smoothing`` (channel-wise) by ``method``
-    for quantization format ``fmt`` ("int8" or "fp8"). Raises ValueError on an unknown method."""
+    for quantization on ``grid`` (``llmc.quant.grids``). Raises ValueError on an unknown
+    method."""
     inv = 1.0 / smoothing if smoothing is not None else None
     if method == "max":
         absmax = stats.channel_absmax if inv is None else stats.channel_absmax * inv
@@ -106,7 +107,7 @@ def observe_amax(
     if method == "mse":
         top = float(np.abs(sample).max())
         errors = [
-            float(np.mean((fake_quant_activation(sample, c, fmt) - sample) ** 2))
+            float(np.mean((fake_quant_activation(sample, c, grid) - sample) ** 2))
             for c in _MSE_GRID * top
         ]
         return float(_MSE_GRID[int(np.argmin(errors))] * top)

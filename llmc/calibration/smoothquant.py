@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from llmc.calibration.observers import TensorStats, observe_amax
-from llmc.compiler.quantize import formats
+from llmc.quant.grids import INT8, dequantize, fake_quant_activation, quantize_weight_per_channel
 
 _FLOOR = 1e-5
 
@@ -64,17 +64,17 @@ def w8a8_output_error(
 ) -> Callable[[np.ndarray], float]:
     """error(s): mean squared difference between X W and its int8 W8A8 version with smoothing s
     (activation clip by ``calib_method``, weights per-channel, ``bound_pairs`` as in
-    ``formats``), X the calibration sample; W [K, N] cut to <= 4096 evenly spaced columns (the
-    vocabulary projection has 262,144). For ``search_alpha``."""
+    ``llmc.quant.grids``), X the calibration sample; W [K, N] cut to <= 4096 evenly spaced
+    columns (the vocabulary projection has 262,144). For ``search_alpha``."""
     x = stats.sample.astype(np.float32)
     cols = np.arange(w.shape[1])[:: max(1, w.shape[1] // 4096)][:4096]
     wc = w[:, cols]
     reference = x @ wc
 
     def error(s: np.ndarray) -> float:
-        amax = observe_amax(stats, calib_method, "int8", smoothing=s)
-        xq = formats.fake_quant_activation(x / s[None, :], amax, "int8")
-        qw = formats.quantize_weight_per_channel(wc * s[:, None], "int8", bound_pairs)
-        return float(np.mean((xq @ formats.dequantize(qw) - reference) ** 2))
+        amax = observe_amax(stats, calib_method, INT8, smoothing=s)
+        xq = fake_quant_activation(x / s[None, :], amax, INT8)
+        qw = quantize_weight_per_channel(wc * s[:, None], INT8, bound_pairs)
+        return float(np.mean((xq @ dequantize(qw) - reference) ** 2))
 
     return error

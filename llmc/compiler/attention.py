@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from llmc.plugins.paged_attention.reference import paged_attention_reference
+
 ATTN_IMPLEMENTATION = "llmc_paged"
 
 
@@ -40,7 +42,6 @@ def paged_attention_op(
     graph must keep as one plugin node, not a functionalized copy of the cache (DESIGN §3: the
     cache is never copied). Only eager code (``TorchRunner``, tests) runs this body.
     """
-    from llmc.plugins.paged_attention.reference import paged_attention_reference
 
     return paged_attention_reference(
         q,

@@ -7,42 +7,30 @@ never leaves a half-written engine where the runtime would find it.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
-import onnx
-
 from llmc.compiler.build_config import CPU_TARGET, BuildConfig
+from llmc.compiler.build_steps import (
+    BuildResult,
+    float_graph,
+    no_stage,
+    publish,
+    save_tokenizer_and_generation_config,
+)
+from llmc.compiler.lower_cpu import lower_to_cpu
+from llmc.compiler.model_source import load_model, load_tokenizer, resolve_model, sha256_files
+from llmc.compiler.provider_choice import ProviderSelection, check_requested, select_provider
+from llmc.compiler.provider_timing import probe_steps
+from llmc.compiler.quantize import pipeline as qp
+from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.staged_dir import staged_dir
+from llmc.compiler.tensorrt.gpu_build import build_gpu
+from llmc.engine import manifest as mf
+from llmc.engine.isa import detect_host_isa
+from llmc.engine.kv_cache import cache_spec
+from llmc.engine.plugin import PLUGIN_ID, PLUGIN_VERSION
+from llmc.engine.provider import ProviderChoice, provider_for_dtype, provider_version
 from llmc.errors import BuildConfigError
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """What a build produced: where, the pass report, and the optimized graph's op counts."""
-
-    engine_dir: Path
-    pass_report: dict[str, int]
-    optimized_ops: dict[str, int]
-    quantization: dict | None = None
-    accuracy_report: object | None = None  # llmc.calibration.accuracy.AccuracyReport
-    registry_entry: object | None = None  # llmc.registry.index.IndexEntry, with --registry
-
-
-def _save_tokenizer_and_generation_config(src, model, tokenizer, engine_dir: Path) -> list[int]:
-    from llmc.compiler.model_source import extra_eos_token_ids
-
-    tokenizer.save_pretrained(engine_dir / "tokenizer")
-    gen = model.generation_config.to_dict() if model.generation_config is not None else {}
-    eos = gen.get("eos_token_id", model.config.eos_token_id)
-    eos = [*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id]
-    eos += extra_eos_token_ids(src, tokenizer)
-    eos_ids = sorted({int(e) for e in eos if e is not None})
-    gen["eos_token_id"] = eos_ids
-    (engine_dir / "generation_config.json").write_text(json.dumps(gen, indent=1, default=str))
-    return eos_ids
 
 
 def build(config: BuildConfig, progress=None) -> BuildResult:
@@ -52,33 +40,11 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     Raises BuildConfigError for a target this host cannot build, ModelSourceError for a bad
     model path, and whatever export/ORT raise for a model they cannot handle.
     """
-    from llmc.compiler import manifest as mf
-    from llmc.compiler.export import cache_spec
-    from llmc.compiler.isa import detect_host_isa
-    from llmc.compiler.lower_cpu import lower_to_cpu
-    from llmc.compiler.model_source import (
-        load_model,
-        load_tokenizer,
-        resolve_model,
-        sha256_files,
-    )
-    from llmc.compiler.provider_choice import check_requested
-    from llmc.compiler.quantize import pipeline as qp
-    from llmc.plugins import schema
-    from llmc.runtime.execution_provider import (
-        ProviderChoice,
-        provider_for_dtype,
-        provider_version,
-    )
-    from llmc.version import __version__
-
     config.validate()
     if config.arch != CPU_TARGET:
-        from llmc.compiler.tensorrt.gpu_build import build_gpu
-
         return build_gpu(config, progress)  # TensorRT: portable stage, then the plan
     check_requested(config.dtype, config.execution_provider)  # before any work: a clear error
-    stage = progress.stage if progress is not None else _no_stage
+    stage = progress.stage if progress is not None else no_stage
     with stage("resolve model"):
         src = resolve_model(config.model)
         tokenizer = load_tokenizer(src)
@@ -86,7 +52,8 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     # The graph's form (optimized for the CPU EP, or portable) and precision follow the dtype;
     # which provider runs it is measured once it is built (``provider_choice``).
     choice = provider_for_dtype(config.dtype)
-    if config.quant != "none":
+    quantized = FORMATS[config.quant].quantizes
+    if quantized:
         calib_source, heldout_source = qp.text_sources(config)  # bad files fail before work
     host = detect_host_isa()
     required_isa = engine_isa(host.features, choice, config.quant)
@@ -102,7 +69,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
     spec = cache_spec(model)
     proto, pass_report = float_graph(model, config.block_size, stage)
     reference = quant_report = None
-    if config.quant != "none":
+    if quantized:
         reference = proto
         proto, quant_report = qp.quantize(
             config,
@@ -114,8 +81,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
             stage,
             bound_pairs=int8_bound_pairs(host.features),
         )
-        if config.quant == "fp8":
-            qp.emulate_fp8_weights(proto)
+        qp.rewrite_for_cpu(proto, quant_report.counts)  # e.g. FP8 weights as float32
 
     out = config.output_dir(src.model_id)
     with staged_dir(out) as tmp:
@@ -142,13 +108,11 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
             selection = choose_provider(config, tmp, int(model.config.vocab_size))
         choice = ProviderChoice(selection.provider, selection.precision)
         with stage("tokenizer and manifest"):
-            _save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
+            save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
             tok_digest = sha256_files(sorted((tmp / "tokenizer").iterdir()))
             import onnxruntime as ort
 
             manifest = mf.EngineManifest(
-                format_version=mf.FORMAT_VERSION,
-                llmc_version=__version__,
                 model_id=src.model_id,
                 source=src.source,
                 checkpoint_digest=checkpoint_digest,
@@ -169,7 +133,7 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 num_kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim,
                 vocab_size=int(model.config.vocab_size),
-                plugin_versions={f"{schema.DOMAIN}::{schema.OP_TYPE}": schema.PLUGIN_VERSION},
+                plugin_versions={PLUGIN_ID: PLUGIN_VERSION},
                 backend="onnxruntime",
                 backend_version=ort.__version__,
                 execution_provider=choice.name,
@@ -182,19 +146,15 @@ def build(config: BuildConfig, progress=None) -> BuildResult:
                 accuracy_report=accuracy.to_dict() if accuracy is not None else None,
                 quantization=quantization,
                 files=mf.file_digests(tmp),
-                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             )
             mf.write_manifest(manifest, tmp)
     entry = publish(config, out, stage)
     return BuildResult(out, pass_report, optimized_ops, quantization, accuracy, entry)
 
 
-def choose_provider(config: BuildConfig, engine_dir: Path, vocab_size: int):
+def choose_provider(config: BuildConfig, engine_dir: Path, vocab_size: int) -> ProviderSelection:
     """Measure the execution-provider candidates on the engine just lowered into
     ``engine_dir`` and choose one (``provider_choice.select_provider``)."""
-    from llmc.compiler.provider_choice import select_provider
-    from llmc.compiler.provider_timing import probe_steps
-
     probe = probe_steps(
         config.block_size, vocab_size, config.max_seq_len, config.max_num_tokens, config.max_batch
     )
@@ -203,69 +163,27 @@ def choose_provider(config: BuildConfig, engine_dir: Path, vocab_size: int):
     )
 
 
-def publish(config: BuildConfig, engine_dir: Path, stage=None):
-    """With ``--registry PATH``, publish the built engine there (``LocalRegistry.publish``);
-    returns its ``IndexEntry``, or None without ``--registry``."""
-    if not config.registry:
-        return None
-    from llmc.registry.local import LocalRegistry
-
-    with (stage or _no_stage)("publish to the registry"):
-        return LocalRegistry(Path(config.registry)).publish(engine_dir)
-
-
-def float_graph(model, block_size: int, stage=None) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """The unquantized engine graph of a loaded HF model: export with plugin nodes, then the
-    graph passes. Returns the graph and the pass report (rewrites per pass). This is also the
-    reference the accuracy report and ``llmc verify`` compare an engine with."""
-    import onnx_ir as ir
-
-    from llmc.compiler.export import export_onnx
-    from llmc.compiler.passes import run_passes
-
-    stage = stage or _no_stage
-    with stage("export to ONNX"):
-        proto = export_onnx(model, block_size=block_size)
-    with stage("graph passes"):
-        graph = ir.from_proto(proto)
-        del proto
-        pass_report = run_passes(graph)
-        proto = ir.to_proto(graph)
-        del graph
-    return proto, pass_report
-
-
 def int8_bound_pairs(host_features: tuple[str, ...]) -> bool:
     """Whether int8 W8A8 weights need adjacent pairs bounded on this host: ORT's int8 GEMM
-    without AVX-512 VNNI saturates on plain 8-bit weights (``quantize.formats``)."""
+    without AVX-512 VNNI saturates on plain 8-bit weights (``llmc.quant.grids``)."""
     return "avx512-vnni" not in host_features
 
 
-def engine_isa(host_features: tuple[str, ...], choice, quant: str = "none") -> list[str]:
+def engine_isa(
+    host_features: tuple[str, ...], choice: ProviderChoice, quant: str = "none"
+) -> list[str]:
     """The ISA features a CPU engine depends on: the SIMD width ORT laid its graph out for,
-    AVX-512 BF16 for bf16 compute, and AVX-512 VNNI for int8 W8A8 with full 8-bit weights.
+    AVX-512 BF16 for bf16 compute, and what the ``quant`` format needs (``cpu_isa``: AVX-512
+    VNNI for int8 W8A8 with full 8-bit weights).
 
     ORT's optimizer picks blocked layouts by vector width (AVX-512 vs AVX2); its kernels dispatch
     at run time. Without VNNI, ORT's int8 GEMM saturates on plain 8-bit weights, so an int8
     engine built on a VNNI host requires VNNI, and one built elsewhere bounds its weight pairs
-    so that it runs exactly anywhere (``quantize.formats``).
+    so that it runs exactly anywhere (``llmc.quant.grids``).
     """
     width = next((w for w in ("avx512", "avx2", "neon") if w in host_features), None)
     required = [width] if width else []
     if choice.precision == "bf16":
         required.append("avx512-bf16")
-    if quant == "int8" and "avx512-vnni" in host_features:
-        required.append("avx512-vnni")
+    required += FORMATS[quant].cpu_isa(host_features)
     return required
-
-
-class _NullStage:
-    def __enter__(self):
-        return lambda done, total: None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _no_stage(name: str) -> _NullStage:
-    return _NullStage()

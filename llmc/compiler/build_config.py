@@ -11,7 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from llmc.compiler.quantize.formats import FORMATS, QuantChoices
 from llmc.errors import BuildConfigError
+from llmc.quant.protocol import FormatDefaults, QuantSpec
 
 CPU_TARGET = "cpu"
 GPU_TARGETS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
@@ -21,39 +23,29 @@ CPU_DTYPES = ("float32", "bfloat16")
 # TensorRT IBuilderConfig.hardware_compatibility_level and builder_optimization_level values.
 HARDWARE_COMPAT = ("none", "ampere+", "same-cc")
 BUILDER_OPT_LEVELS = range(0, 6)
-QUANTS = ("none", "fp8", "int8", "int4")
+QUANTS = QuantChoices()  # the offered formats of the registry, llmc.compiler.quantize.formats
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 INT4_METHODS = ("awq", "rtn")
 WEIGHT_ROUNDINGS = ("gptq", "nearest")
 INT4_BLOCK_SIZES = (32, 64, 128)
 CALIB_METHODS = ("max", "percentile", "mse")
-# Modules kept float32 or given 8-bit weight-only weights by default, measured on Gemma 3 270M
-# (README):
-# - every --quant: the vocabulary projection 8-bit weight-only. E4M3 weights (3 mantissa bits)
-#   or 4-bit blocks of a 262,144-row projection flip the argmax (llama.cpp keeps its output
-#   tensor at ~6 bits); under int8, MatMulNBits quantizes its input per block of 32 instead of
-#   one per-tensor scale: top-1 92.13% -> 93.26%, S1 decode 2.07x -> 2.48x float32, S16 4.87x ->
-#   4.28x HF eager on an AVX-512 VNNI host (session 8; `--weight-only8 ''` gives back W8A8).
-# - int8: down_proj reads GELU(gate) * up, heavy-tailed (max / 99th percentile ~20-50 after
-#   SmoothQuant), which per-tensor int8 cannot hold: mean KL 0.110 -> 0.028 without it. It stays
-#   float32: as 8-bit weight-only it ran as MatMulNBits, 3x slower per FLOP than W8A8 in a
-#   2,048-token prefill and no faster than float32 at 16 decodes on AVX2; float32 took the S16
-#   prefill from 2.03 to 1.77 s at the same accuracy (KL 0.0220 -> 0.0205, top-1 90.4%).
-# - int4: *.down_proj 8-bit too, as llama.cpp's Q4_K_M gives ffn_down more bits: KL 0.105 ->
-#   0.076 and top-1 80.9% -> 82.8% at the same decode speed (session 7).
-# Observer defaults, measured on Gemma 3 270M: percentile lowers int8's mean KL by ~20% against
-# max (and beats mse: top-1 93.26% vs 91.10%); for fp8 (whose range is wide) max is better (KL
-# 0.024 vs 0.040).
-DEFAULT_CALIB_METHOD = {"int8": "percentile", "fp8": "max", "int4": "max"}
-DEFAULT_WEIGHT_ONLY8 = {"int8": "lm_head", "fp8": "lm_head", "int4": "lm_head,*.down_proj"}
-DEFAULT_EXCLUDE = {"int8": "*.down_proj", "fp8": "", "int4": ""}
-# FP8 tensor cores arrive with Ada (sm89); the CPU target runs FP8 Q/DQ as emulation.
-FP8_TARGETS = ("cpu", "sm89", "sm90", "sm100", "sm120")
+# The KV cache in FP8 needs what the fp8 format needs; the CPU runs FP8 as emulation.
+FP8_TARGETS = tuple(t for t in TARGETS if FORMATS["fp8"].runs_on(t))
 EXECUTION_PROVIDERS = ("auto", "cpu", "openvino")
 
 
 def _opt(default, help: str, choices: tuple | None = None):
     return field(default=default, metadata={"help": help, "choices": choices})
+
+
+def _defaults(quant: str) -> FormatDefaults:
+    return FORMATS[quant].defaults if quant in FORMATS else FormatDefaults()
+
+
+def _per_quant(default: str) -> str:
+    """``default``'s value of every quantizing --quant choice, for a field's help."""
+    values = [(q, getattr(_defaults(q), default)) for q in QUANTS if FORMATS[q].quantizes]
+    return "; ".join(f"{q}: {v or 'none'}" for q, v in values)
 
 
 @dataclass
@@ -70,8 +62,8 @@ class BuildConfig:
     )
     quant: str = _opt(
         "none",
-        "quantization as Q/DQ nodes: fp8 (W8A8 E4M3), int8 (W8A8, SmoothQuant), "
-        "int4 (weight-only, block-wise, AWQ)",
+        "quantization as Q/DQ nodes: "
+        + ", ".join(f"{q} ({FORMATS[q].summary})" for q in QUANTS if FORMATS[q].quantizes),
         QUANTS,
     )
     kv_cache_dtype: str = _opt(
@@ -89,7 +81,7 @@ class BuildConfig:
         None,
         "comma-separated module patterns given 8-bit weight-only (block-wise) weights instead "
         "of --quant's format; default per --quant: "
-        + "; ".join(f"{q}: {p or 'none'}" for q, p in DEFAULT_WEIGHT_ONLY8.items())
+        + _per_quant("weight_only8")
         + " ('' for none)",
     )
     smoothquant_alpha: float = _opt(0.5, "int8: SmoothQuant migration strength in [0, 1]")
@@ -102,9 +94,7 @@ class BuildConfig:
     exclude: str | None = _opt(
         None,
         "comma-separated module patterns kept unquantized (fnmatch on checkpoint names, e.g. "
-        "'lm_head,*.down_proj'); default per --quant: "
-        + "; ".join(f"{q}: {p or 'none'}" for q, p in DEFAULT_EXCLUDE.items())
-        + " ('' for none)",
+        "'lm_head,*.down_proj'); default per --quant: " + _per_quant("exclude") + " ('' for none)",
     )
     calib_data: str | None = _opt(
         None, ".txt or .jsonl ('text' field); its first 80% calibrates (default: model samples)"
@@ -114,7 +104,7 @@ class BuildConfig:
     calib_method: str | None = _opt(
         None,
         "activation range observer: max, percentile (99.99th), mse; default per --quant: "
-        + "; ".join(f"{q}: {m}" for q, m in DEFAULT_CALIB_METHOD.items()),
+        + _per_quant("calib_method"),
         CALIB_METHODS,
     )
     eval_data: str | None = _opt(
@@ -187,22 +177,19 @@ class BuildConfig:
             raise BuildConfigError(
                 f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}"
             )
-        for name in ("quant", "kv_cache_dtype"):
-            value = getattr(self, name)
-            if "fp8" == value and self.arch not in FP8_TARGETS:
-                raise BuildConfigError(
-                    f"--{name.replace('_', '-')} fp8 needs FP8 tensor cores (sm89 or newer); "
-                    f"{self.arch} has none: use int8 or int4, or a newer --arch"
-                )
+        error = FORMATS[self.quant].target_error(self.arch, self.quant_spec())
+        if error:
+            raise BuildConfigError(error)
+        if self.kv_cache_dtype == "fp8" and self.arch not in FP8_TARGETS:
+            raise BuildConfigError(
+                "--kv-cache-dtype fp8 needs FP8 tensor cores "
+                f"(sm{FORMATS['fp8'].min_sm} or newer); {self.arch} has none: use int8 or int4, "
+                "or a newer --arch"
+            )
         if self.arch == CPU_TARGET and self.dtype not in CPU_DTYPES:
             raise BuildConfigError(
                 f"--dtype {self.dtype} needs a GPU target (--arch sm80 ...); cpu engines are "
                 f"{' or '.join(CPU_DTYPES)}"
-            )
-        if self.arch != CPU_TARGET and self.quant == "int4" and self.int4_block_size < 64:
-            raise BuildConfigError(
-                f"--int4-block-size {self.int4_block_size}: TensorRT supports INT4 blocks of 64 "
-                "or 128 input channels; use --int4-block-size 64 or 128"
             )
         if self.builder_opt_level not in BUILDER_OPT_LEVELS:
             raise BuildConfigError(
@@ -218,7 +205,7 @@ class BuildConfig:
                 "--execution-provider cpu cannot run --dtype bfloat16: ONNX Runtime's CPU EP has "
                 "no bf16 GEMM; use --execution-provider auto or openvino, or --dtype float32"
             )
-        if self.arch == CPU_TARGET and self.quant != "none" and self.dtype != "float32":
+        if self.arch == CPU_TARGET and FORMATS[self.quant].quantizes and self.dtype != "float32":
             raise BuildConfigError(
                 f"--quant {self.quant} builds run their unquantized parts in float32 on cpu; "
                 "use --dtype float32"
@@ -227,14 +214,14 @@ class BuildConfig:
     @property
     def calib_method_for_quant(self) -> str:
         """``--calib-method``, or the default of ``--quant``."""
-        return self.calib_method or DEFAULT_CALIB_METHOD.get(self.quant, "max")
+        return self.calib_method or _defaults(self.quant).calib_method
 
     @property
     def weight_only8_patterns(self) -> tuple[str, ...]:
         """``--weight-only8`` split into patterns; unset means the default of ``--quant``."""
         value = self.weight_only8
         if value is None:
-            value = DEFAULT_WEIGHT_ONLY8.get(self.quant, "")
+            value = _defaults(self.quant).weight_only8
         return tuple(p.strip() for p in value.split(",") if p.strip())
 
     @property
@@ -262,8 +249,25 @@ class BuildConfig:
         """``--exclude`` split into fnmatch patterns; unset means the default of ``--quant``."""
         value = self.exclude
         if value is None:
-            value = DEFAULT_EXCLUDE.get(self.quant, "")
+            value = _defaults(self.quant).exclude
         return tuple(p.strip() for p in value.split(",") if p.strip())
+
+    def quant_spec(self, bound_pairs: bool = False) -> QuantSpec:
+        """The quantization options (defaults of ``--quant`` resolved) as a ``QuantSpec``;
+        ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without VNNI)."""
+        return QuantSpec(
+            quant=self.quant,
+            calib_method=self.calib_method_for_quant,
+            smoothquant_alpha=self.smoothquant_alpha,
+            smoothquant_alphas=self.smoothquant_alphas,
+            int4_block_size=self.int4_block_size,
+            int4_method=self.int4_method,
+            weight_rounding=self.weight_rounding,
+            weight_only8=self.weight_only8_patterns,
+            exclude=self.exclude_patterns,
+            kv_cache_dtype=self.kv_cache_dtype,
+            bound_pairs=bound_pairs,
+        )
 
     def output_dir(self, model_id: str) -> Path:
         """The engine directory this build writes."""

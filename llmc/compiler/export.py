@@ -8,56 +8,22 @@ rows S, blocks per sequence M, and the cache's block count.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import onnx
 import torch
 
+from llmc.compiler.attention import paged_attention_op
 from llmc.compiler.packed_model import PackedCausalLM
+from llmc.engine.graph import LOGITS, STEP_INPUTS, cache_names
+from llmc.engine.kv_cache import cache_spec
+from llmc.engine.plugin import DOMAIN, PLUGIN_VERSION, SCHEMA_VERSION
 from llmc.plugins import schema
-
-INPUT_NAMES = [
-    "input_ids",
-    "positions",
-    "logits_indices",
-    "seq_lens",
-    "query_start_loc",
-    "block_tables",
-    "slot_mapping",
-]
-
-
-@dataclass(frozen=True)
-class CacheSpec:
-    """Per-layer KV cache geometry: [num_blocks, block_size, num_kv_heads, head_dim]."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-
-
-def cache_spec(model: torch.nn.Module) -> CacheSpec:
-    """Read the KV geometry from a transformers model's config."""
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return CacheSpec(
-        num_layers=cfg.num_hidden_layers,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=head_dim,
-        dtype=next(model.parameters()).dtype,
-    )
-
-
-def cache_names(num_layers: int) -> list[str]:
-    """Graph input names of the caches: key_cache.0, value_cache.0, key_cache.1, ..."""
-    return [f"{kind}.{i}" for i in range(num_layers) for kind in ("key_cache", "value_cache")]
 
 
 def _translation():
     import onnxscript
 
-    llmc_opset = onnxscript.values.Opset(schema.DOMAIN, schema.SCHEMA_VERSION)
+    llmc_opset = onnxscript.values.Opset(DOMAIN, SCHEMA_VERSION)
 
     def paged_attention(
         q,
@@ -89,7 +55,7 @@ def _translation():
             block_tables,
             slot_mapping,
             plugin_namespace="llmc",
-            plugin_version=schema.PLUGIN_VERSION,
+            plugin_version=PLUGIN_VERSION,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -106,10 +72,9 @@ def _translation():
 def export_onnx(model: torch.nn.Module, block_size: int) -> onnx.ModelProto:
     """Export ``model`` (attention already routed to llmc) to an ONNX ``ModelProto``.
 
-    Inputs: ``INPUT_NAMES`` then ``cache_names(num_layers)``; output ``logits`` [S, vocab] float32.
+    Inputs: ``STEP_INPUTS`` then ``cache_names(num_layers)``; output ``logits`` [S, vocab] float32.
     Raises whatever ``torch.onnx.export`` raises when the model cannot be traced.
     """
-    from llmc.compiler.attention import paged_attention_op
 
     schema.register_schema()
     spec = cache_spec(model)
@@ -151,8 +116,8 @@ def export_onnx(model: torch.nn.Module, block_size: int) -> onnx.ModelProto:
             example + caches,
             dynamo=True,
             dynamic_shapes=dynamic_shapes,
-            input_names=INPUT_NAMES + cache_names(spec.num_layers),
-            output_names=["logits"],
+            input_names=[*STEP_INPUTS, *cache_names(spec.num_layers)],
+            output_names=[LOGITS],
             custom_translation_table={paged_attention_op._opoverload: _translation()},
             opset_version=23,
             optimize=False,

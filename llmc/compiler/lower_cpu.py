@@ -2,8 +2,8 @@
 
 A graph saved by ONNX Runtime at ``ORT_ENABLE_ALL`` is specific to the hardware it was optimized
 on (DESIGN §6), which is what makes it the per-ISA CPU engine. Each segment between plugin nodes
-(see ``segment.py``) is optimized once at build time and saved with its weights as external data;
-the runtime loads the saved graphs with graph optimizations off.
+(``llmc.engine.split``) is optimized once at build time and saved with its weights as external
+data; the runtime loads the saved graphs with graph optimizations off.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from pathlib import Path
 
 import onnx
 
-from llmc.compiler.segment import ExecutionPlan, save_plan, split_at_plugins
 from llmc.compiler.single_graph import write_single_graph
+from llmc.engine.plan import ExecutionPlan, save_plan
+from llmc.engine.provider import provider_for_dtype
+from llmc.engine.split import split_at_plugins
+from llmc.runtime.execution_provider import bind_provider
+from llmc.runtime.ort_env import session_options
 
 SEGMENT_DIR = "segments"
 
@@ -27,8 +31,6 @@ def _optimize_segment(
     config: dict[str, str],
 ) -> Counter:
     import onnxruntime as ort
-
-    from llmc.runtime.ort_env import session_options
 
     opts = session_options(threads)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -54,9 +56,6 @@ def _optimize_segment(
 def _save_portable_segment(model: onnx.ModelProto, out_path: Path, choice, threads: int) -> Counter:
     """Save the segment as it is (the provider compiles it at load) and check it loads."""
     import onnxruntime as ort
-
-    from llmc.runtime.execution_provider import bind_provider
-    from llmc.runtime.ort_env import session_options
 
     onnx.save(
         model,
@@ -89,7 +88,6 @@ def lower_to_cpu(
     segments (recorded in the manifest). ``progress(done, total)`` is called after each
     segment. Raises onnxruntime errors if a segment does not load.
     """
-    from llmc.runtime.execution_provider import provider_for_dtype
 
     choice = choice or provider_for_dtype("float32")
     seg_dir = engine_dir / SEGMENT_DIR

@@ -22,9 +22,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llmc.compiler.provider_timing import ProbeSteps
+from llmc.compiler.provider_timing import ProbeSteps, max_relative_diff, time_steps
+from llmc.engine.provider import CPU_EP, OPENVINO_EP, ProviderChoice
 from llmc.errors import BuildConfigError
-from llmc.runtime.execution_provider import CPU_EP, OPENVINO_EP, ProviderChoice
+from llmc.runtime.execution_provider import openvino_cpu_devices
+from llmc.runtime.ort_runner import OrtRunner
 
 #: Largest accepted max|logits - cpu_ep| / max|cpu_ep|, by compute precision. f32: the OpenVINO
 #: EP measured 2e-5 on Gemma 3 270M, 1e-3 leaves room for summation order; bf16: measured up to
@@ -95,7 +97,6 @@ class ProviderSelection:
 def candidates(dtype: str, mode: str = "auto") -> list[CandidateResult]:
     """The candidates of a ``dtype`` engine under ``mode``, in preference order, each
     "unavailable" with a reason or "pending" (runs here, not measured yet)."""
-    from llmc.runtime.execution_provider import openvino_cpu_devices
 
     precision = "bf16" if dtype == "bfloat16" else "f32"
     names = [OPENVINO_EP] if precision == "bf16" else [CPU_EP, OPENVINO_EP]
@@ -163,7 +164,6 @@ def select_provider(
 
     Raises BuildConfigError when no candidate is accepted (the message lists each and why).
     """
-    from llmc.compiler.provider_timing import max_relative_diff, time_steps
 
     reference = None  # the CPU EP's (f32) warmup logits per step
     results = []
@@ -198,7 +198,6 @@ def select_provider(
 
 
 def _runner(engine_dir: Path, probe: ProbeSteps, threads: int, choice: ProviderChoice):
-    from llmc.runtime.ort_runner import OrtRunner
 
     return OrtRunner(engine_dir, probe.num_blocks, threads=threads, provider=choice)
 

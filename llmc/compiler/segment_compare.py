@@ -11,6 +11,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmc.runtime.execution_provider import bind_provider
+from llmc.runtime.ort_env import session_options
+
 # How much closer another tensor must be for an engine tensor to be re-matched (match_names).
 _MATCH_MARGIN = 100.0
 
@@ -95,9 +98,6 @@ def compare_segment(
     from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
     from polygraphy.exception import PolygraphyException
     from polygraphy.logger import G_LOGGER
-
-    from llmc.runtime.execution_provider import bind_provider
-    from llmc.runtime.ort_env import session_options
 
     ref_of = {n: renamed.get(n, n) for n in [*spec.inputs, *spec.outputs]}
     outputs = tuple(o for o in spec.outputs if ref_of[o] in ref_spec.outputs)

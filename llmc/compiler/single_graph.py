@@ -1,7 +1,7 @@
 """Join a CPU engine's optimized segments and its plugin nodes back into one graph.
 
-The segments (``segment.py``) are what ORT optimized for this host; joined in plan order with a
-``llmc::PagedAttention`` node between each pair, they make ``engine.onnx``: the whole step as
+The segments (``llmc.engine.split``) are what ORT optimized for this host; joined in plan order
+with a ``llmc::PagedAttention`` node between each pair, they make ``engine.onnx``: the whole step as
 one ORT run, with the plugin as ORT custom op (``llmc/plugins/paged_attention/ort_op.c``). The
 joined graph adds no weights: its initializers point into the segments' external data files.
 Why a join of optimized segments rather than optimizing the whole graph: the runner can then
@@ -16,46 +16,31 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from llmc.compiler.segment import ExecutionPlan, PluginCall
-from llmc.plugins import schema
+from llmc.engine.kv_cache import onnx_cache_type
+from llmc.engine.plan import ExecutionPlan, PluginCall
+from llmc.engine.plugin import DOMAIN, OP_TYPE, PLUGIN_VERSION, SCHEMA_VERSION
 
 GRAPH_FILE = "engine.onnx"
 
-# Element types and shapes of the plugin's metadata inputs (schema.py), and its cache's element
-# type per kv_cache_dtype.
+# Element types and shapes of the plugin's metadata inputs (``llmc.plugins.schema``).
 _METADATA = (
     (onnx.TensorProto.INT32, ["num_seqs"]),
     (onnx.TensorProto.INT32, ["num_seqs_plus_1"]),
     (onnx.TensorProto.INT32, ["num_seqs", "max_blocks_per_seq"]),
     (onnx.TensorProto.INT64, ["num_tokens"]),
 )
-_CACHE_TYPES = {
-    "auto": onnx.TensorProto.FLOAT,
-    "fp8": onnx.TensorProto.FLOAT8E4M3FN,
-    "int8": onnx.TensorProto.INT8,
-}
 
 
 def _plugin_node(p: PluginCall) -> onnx.NodeProto:
     return helper.make_node(
-        schema.OP_TYPE,
+        OP_TYPE,
         p.inputs,
         [p.output],
         name=f"paged_attention_{p.layer_idx}",
-        domain=schema.DOMAIN,
-        plugin_namespace=schema.DOMAIN,
-        plugin_version=schema.PLUGIN_VERSION,
-        num_heads=p.num_heads,
-        num_kv_heads=p.num_kv_heads,
-        head_dim=p.head_dim,
-        scale=p.scale,
-        sliding_window=p.sliding_window,
-        logit_softcap=p.logit_softcap,
-        block_size=p.block_size,
-        layer_idx=p.layer_idx,
-        kv_cache_dtype=p.kv_cache_dtype,
-        k_scale=p.k_scale,
-        v_scale=p.v_scale,
+        domain=DOMAIN,
+        plugin_namespace=DOMAIN,
+        plugin_version=PLUGIN_VERSION,
+        **p.node_attributes(),
     )
 
 
@@ -72,7 +57,7 @@ def _payload(t: onnx.TensorProto, base: Path) -> bytes:
 def write_single_graph(engine_dir: Path, plan: ExecutionPlan) -> str:
     """Write ``engine_dir / GRAPH_FILE`` from the plan's saved segments; return its name.
 
-    A tensor that several segments compute under one name (shape arithmetic ``segment.py``
+    A tensor that several segments compute under one name (shape arithmetic ``llmc.engine.split``
     copies into each) is renamed in the later ones; an initializer that two segments hold under
     one name (a tied embedding) is kept once when the bytes agree and renamed in the later
     segment when they do not.
@@ -81,7 +66,7 @@ def write_single_graph(engine_dir: Path, plan: ExecutionPlan) -> str:
     producer: dict[str, onnx.NodeProto] = {}
     initializers: dict[str, onnx.TensorProto] = {}
     inputs: dict[str, onnx.ValueInfoProto] = {}
-    opsets: dict[str, int] = {schema.DOMAIN: schema.SCHEMA_VERSION}
+    opsets: dict[str, int] = {DOMAIN: SCHEMA_VERSION}
     node_names: set[str] = set()
     ir_version = 0
     last = None
@@ -126,7 +111,7 @@ def write_single_graph(engine_dir: Path, plan: ExecutionPlan) -> str:
             for name in p.inputs[3:5]:
                 shape = ["num_blocks", p.block_size, p.num_kv_heads, p.head_dim]
                 inputs[name] = helper.make_tensor_value_info(
-                    name, _CACHE_TYPES[p.kv_cache_dtype], shape
+                    name, onnx_cache_type(p.kv_cache_dtype, onnx.TensorProto.FLOAT), shape
                 )
             node = _plugin_node(p)
             nodes.append(node)

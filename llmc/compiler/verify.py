@@ -1,7 +1,7 @@
 """``llmc verify``: check a built engine against the unquantized model it was built from.
 
 The reference is rebuilt from the engine manifest's source checkpoint (its digest must match the
-manifest) as the unquantized engine graph (``build.float_graph``). Two checks run on it:
+manifest) as the unquantized engine graph (``build_steps.float_graph``). Two checks run on it:
 
 1. The accuracy report (``llmc.calibration.accuracy``) on held-out text: ``--data`` (its held-out
    part), else the file the build's report names if it still exists, else text sampled from the
@@ -25,60 +25,25 @@ with the accuracy report.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmc.calibration.accuracy import AccuracyReport
+from llmc.calibration.accuracy import AccuracyReport, evaluate_accuracy
+from llmc.calibration.data import HELDOUT, load_windows
+from llmc.compiler.build_steps import float_graph, no_stage
+from llmc.compiler.model_source import load_model, resolve_model, sha256_files
 from llmc.compiler.segment_compare import SegmentComparison, compare_segment, match_names
-from llmc.errors import LlmcError, ModelSourceError
-
-DEFAULT_RTOL = 1e-3
-DEFAULT_ATOL = 1e-3
-DEFAULT_SEQ_LEN = 128
-
-
-class VerifyError(LlmcError):
-    """``llmc verify`` cannot run: a bad option, or the checkpoint differs from the engine's."""
-
-
-def _opt(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass(frozen=True)
-class VerifyConfig:
-    """Options of ``llmc verify`` (see each field's help)."""
-
-    data: str | None = _opt(
-        None,
-        "held-out text file, .txt or .jsonl (its last fifth is scored); default: the file the "
-        "build's report used if it still exists, else text sampled from the model",
-    )
-    model: str | None = _opt(
-        None, "the checkpoint the engine was built from, if it moved (default: the manifest's)"
-    )
-    windows: int = _opt(8, "token windows to score (one prefill each)")
-    seq_len: int | None = _opt(
-        None, f"tokens per window (default: {DEFAULT_SEQ_LEN}, or the engine's max_seq_len if less)"
-    )
-    rtol: float = _opt(DEFAULT_RTOL, "Polygraphy relative tolerance; quantized engines need more")
-    atol: float = _opt(DEFAULT_ATOL, "Polygraphy absolute tolerance; quantized engines need more")
-    threads: int = _opt(2, "ONNX Runtime intra-op threads")
-
-    def window_len(self, max_seq_len: int) -> int:
-        """Tokens per window for an engine serving ``max_seq_len``; raises VerifyError naming a
-        bad option."""
-        for name in ("windows", "threads"):
-            if getattr(self, name) < 1:
-                raise VerifyError(f"--{name} must be >= 1")
-        if not (self.rtol >= 0 and self.atol >= 0):
-            raise VerifyError("--rtol and --atol must be >= 0")
-        seq_len = self.seq_len if self.seq_len is not None else min(DEFAULT_SEQ_LEN, max_seq_len)
-        if not 2 <= seq_len <= max_seq_len:
-            raise VerifyError(f"--seq-len must be in [2, {max_seq_len}] (the engine's max_seq_len)")
-        return seq_len
+from llmc.compiler.verify_config import VerifyConfig, VerifyError
+from llmc.engine.host import check_host
+from llmc.engine.isa import detect_host_isa
+from llmc.engine.manifest import read_manifest, verify_files
+from llmc.engine.plan import load_plan
+from llmc.engine.provider import ProviderChoice
+from llmc.engine.split import split_at_plugins
+from llmc.errors import ModelSourceError
+from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.step_inputs import single_prefill
 
 
 @dataclass(frozen=True)
@@ -110,19 +75,8 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
     import onnxruntime as ort
     from transformers import AutoTokenizer
 
-    from llmc.calibration.accuracy import evaluate_accuracy
-    from llmc.calibration.data import HELDOUT, load_windows
-    from llmc.compiler.build import float_graph
-    from llmc.compiler.isa import detect_host_isa
-    from llmc.compiler.manifest import check_host, read_manifest, verify_files
-    from llmc.compiler.model_source import load_model
-    from llmc.compiler.segment import load_plan, split_at_plugins
-    from llmc.runtime.execution_provider import ProviderChoice
-    from llmc.runtime.ort_runner import OrtRunner
-    from llmc.runtime.step_inputs import single_prefill
-
     engine_dir = Path(engine_dir)
-    stage = progress.stage if progress is not None else _no_stage
+    stage = progress.stage if progress is not None else no_stage
     with stage("check engine"):
         manifest = read_manifest(engine_dir)
         check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
@@ -201,7 +155,6 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
 
 def _checkpoint(manifest, model: str | None):
     """The engine's source checkpoint (``model`` if given), its digest checked."""
-    from llmc.compiler.model_source import resolve_model, sha256_files
 
     try:
         src = resolve_model(model or manifest.source)
@@ -277,7 +230,3 @@ def _data_file(label: str) -> str | None:
         if candidate and Path(candidate).is_file():
             return candidate
     return None
-
-
-def _no_stage(name: str):
-    return contextlib.nullcontext(lambda done, total: None)

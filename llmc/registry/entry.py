@@ -15,6 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 
+from llmc.engine.manifest import parse_manifest
 from llmc.errors import EngineCorruptError, RegistryError
 from llmc.registry.integrity import is_digest
 
@@ -202,7 +203,6 @@ def check_entry_agrees(entry: IndexEntry, manifest_raw: bytes, what: str) -> Non
     Raises:
         EngineCorruptError, EngineMismatchError: not a manifest, or a field differs (named).
     """
-    from llmc.compiler.manifest import parse_manifest
 
     manifest = parse_manifest(manifest_raw, what)
     for name in (f.name for f in fields(IndexEntry)):

@@ -22,13 +22,14 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from llmc.engine.files import verify_engine_files
+from llmc.engine.manifest import MANIFEST_NAME, parse_manifest, read_manifest
 from llmc.errors import BlobCorruptError, EngineCorruptError, EngineError, RegistryError
 from llmc.registry.blobs import BlobStore
 from llmc.registry.entry import check_entry_agrees
 from llmc.registry.index import Index, IndexEntry, entry_from_manifest
 from llmc.registry.integrity import check_checkout, check_digest, write_stream_atomic
 from llmc.registry.paths import confined, remove_tree
-from llmc.runtime.engine_files import verify_engine_files
 
 DEFAULT_ROOT = "engines"
 CHECKOUTS = "checkouts"
@@ -104,7 +105,6 @@ class LocalRegistry:
             RegistryError: a manifest field is not valid in an entry; nothing is written.
             BlobCorruptError: a file differs from its manifest digest (nothing is indexed).
         """
-        from llmc.compiler.manifest import MANIFEST_NAME, parse_manifest, read_manifest
 
         engine_dir = Path(engine_dir)
         read_manifest(engine_dir)  # raises the not-found / not-an-engine errors
@@ -156,7 +156,6 @@ class LocalRegistry:
 
     def manifest(self, entry: IndexEntry):
         """The entry's parsed ``EngineManifest``, checked as ``manifest_bytes`` checks it."""
-        from llmc.compiler.manifest import parse_manifest
 
         what = f"manifest of {entry.model_id}@{entry.short_id}"
         return parse_manifest(self.manifest_bytes(entry), what)
@@ -171,7 +170,6 @@ class LocalRegistry:
             BlobCorruptError: a blob of the entry is missing.
             RegistryError: ``checkouts/`` resolves outside the root (a symlink).
         """
-        from llmc.compiler.manifest import MANIFEST_NAME
 
         final = confined(self.root / CHECKOUTS / checkout_name(entry), self.root)
         if (final / MANIFEST_NAME).is_file():

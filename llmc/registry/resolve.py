@@ -15,9 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmc.engine.host import check_runs_here
+from llmc.engine.isa import detect_host_isa
+from llmc.engine.manifest import parse_manifest
 from llmc.errors import EngineError, NoMatchingEngineError, RegistryError, SignatureError
 from llmc.registry.index import IndexEntry
 from llmc.registry.integrity import check_checkout
+from llmc.registry.local import LocalRegistry
+from llmc.registry.signing import verify_entry
 
 
 @dataclass(frozen=True)
@@ -64,11 +69,7 @@ def judge(
     ``runs_here(manifest)`` raises ``EngineMismatchError`` for an engine this host cannot run
     (default: the loader's check).
     """
-    from llmc.compiler.manifest import parse_manifest
-    from llmc.registry.signing import verify_entry
-
-    if runs_here is None:
-        from llmc.runtime.engine_loader import check_runs_here as runs_here
+    runs_here = runs_here or check_runs_here
     judged = []
     for entry in entries:
         reason = _filter_reason(entry, selection or Selection())
@@ -133,7 +134,6 @@ def engine_dir_for(
         RegistryError: it is neither a path nor a model in the registry, or ``verify_key`` is
             given with a path.
     """
-    from llmc.registry.local import LocalRegistry
 
     path = Path(model_or_dir)
     if path.exists() or "/" in model_or_dir:  # a path: the loader says what is wrong with it
@@ -168,8 +168,6 @@ def describe(entry: IndexEntry) -> str:
 def host_description() -> str:
     """This host as the resolver sees it, e.g. ``cpu-avx512 x86_64, onnxruntime 1.31.1``."""
     import onnxruntime as ort
-
-    from llmc.compiler.isa import detect_host_isa
 
     host = detect_host_isa()
     return f"{host.name} {host.arch}, onnxruntime {ort.__version__}"

@@ -32,6 +32,7 @@ from llmc.errors import RegistryError
 from llmc.registry.entry import IndexEntry, check_entry_agrees
 from llmc.registry.integrity import CHUNK_BYTES, check_digest, write_stream_atomic
 from llmc.registry.local import LocalRegistry
+from llmc.registry.signing import verify_entry
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,6 @@ class S3Registry:
             RegistryError: a download failed, or the checkout would leave the local root.
         """
         from botocore.exceptions import BotoCoreError, ClientError
-
-        from llmc.registry.signing import verify_entry
 
         what = f"{entry.model_id}@{entry.short_id} at {self.url}"
         if verify_key is not None:

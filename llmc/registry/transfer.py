@@ -8,6 +8,7 @@ from llmc.errors import RegistryError
 from llmc.registry.index import IndexEntry
 from llmc.registry.local import LocalRegistry
 from llmc.registry.resolve import Selection, choose, judge
+from llmc.registry.signing import sign_entry
 
 
 def push(
@@ -30,7 +31,6 @@ def push(
         SignatureError: the key cannot be read.
         EngineCorruptError: the local entry disagrees with its manifest; nothing is signed.
     """
-    from llmc.registry.signing import sign_entry
 
     path = Path(source)
     if (path / "manifest.json").is_file():

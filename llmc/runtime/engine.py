@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import ContextLengthError, StepFailedError
+from llmc.runtime.engine_loader import load_engine
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.runner import Runner
@@ -19,6 +20,7 @@ from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmc.runtime.sequence import Sequence, SequenceStatus
 from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
+from llmc.runtime.warmup import warmup_step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +133,6 @@ class LLMEngine:
             llmc.errors.EngineError: from the loader (no engine, built for another host, corrupt,
                 a KV pool smaller than one ``max_model_len`` sequence).
         """
-        from llmc.runtime.engine_loader import load_engine
 
         known = {f.name for f in dataclasses.fields(EngineConfig)} - {"num_blocks"}
         unknown = sorted(overrides.keys() - known)
@@ -166,7 +167,6 @@ class LLMEngine:
         ``max_num_seqs`` prefills) once, outside the scheduler, so that the runner's memory is
         in place before the first request (see ``llmc.runtime.warmup``). Call it before any
         request: it writes into KV blocks that must be free. Raises what the runner raises."""
-        from llmc.runtime.warmup import warmup_step
 
         c = self.config
         self.runner.execute(

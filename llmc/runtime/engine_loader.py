@@ -12,9 +12,20 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from llmc.engine.files import PLAN_NAME, check_external_data, confine, plan_files
+from llmc.engine.host import check_runs_here
+from llmc.engine.kv_cache import kv_cache_dtype_of
+from llmc.engine.manifest import (
+    MANIFEST_NAME,
+    EngineManifest,
+    damaged_hint,
+    parse_manifest,
+    verify_files,
+)
+from llmc.engine.provider import ProviderChoice
 from llmc.errors import EngineConfigError, EngineCorruptError, EngineError, EngineNotFoundError
+from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runner import Runner
 
 #: Default KV-cache memory budget when neither ``num_blocks`` nor ``kv_cache_memory`` is given.
 DEFAULT_KV_CACHE_BYTES = 2 << 30
@@ -24,39 +35,14 @@ DEFAULT_KV_CACHE_BYTES = 2 << 30
 class LoadedEngine:
     """A checked, loaded engine: its manifest, a runner owning the KV cache, and the tokenizer."""
 
-    manifest: object
-    runner: object
+    manifest: EngineManifest
+    runner: Runner
     tokenizer: object
     eos_token_ids: set[int]
     block_size: int
 
 
-def kv_cache_dtype_of(manifest) -> np.dtype:
-    """The element type the runner allocates the engine's KV cache in, from the manifest's
-    ``kv_cache_dtype``: a compute dtype ("float32"; TensorRT plans also "float16", "bfloat16")
-    or a quantized one ("fp8": float8_e4m3fn, "int8", as the CPU kernel's ``KV_CACHE_DTYPES``).
-    The one source of the cache's element size: pool sizing and ``TrtRunner`` read it here,
-    and ``OrtRunner`` allocates from the same ``KV_CACHE_DTYPES`` by the plan's attribute.
-
-    Raises:
-        EngineCorruptError: for a name llmc does not know.
-    """
-    import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
-
-    from llmc.plugins.paged_attention.cpu import KV_CACHE_DTYPES
-
-    name = manifest.kv_cache_dtype
-    if name in KV_CACHE_DTYPES:
-        return KV_CACHE_DTYPES[name]
-    try:
-        return np.dtype(name)
-    except TypeError:
-        raise EngineCorruptError(
-            f"the manifest's kv_cache_dtype {name!r} is not one llmc knows; rebuild the engine"
-        ) from None
-
-
-def kv_bytes_per_block(manifest) -> int:
+def kv_bytes_per_block(manifest: EngineManifest) -> int:
     """Bytes one KV block takes over all layers:
     2 (key, value) * layers * block_size * KVH * D * the cache element's size
     (``kv_cache_dtype_of``: 4 for float32, 2 for bfloat16/float16, 1 for fp8/int8)."""
@@ -134,8 +120,6 @@ def load_engine(
     hash to ``expected_manifest_sha256``; see ``check_engine_files``), EngineConfigError or
     EngineError (see ``plan_num_blocks``; before any engine file is read).
     """
-    from llmc.compiler.manifest import MANIFEST_NAME, parse_manifest
-
     engine_dir = Path(path)
     manifest_path = engine_dir / MANIFEST_NAME
     if not manifest_path.is_file():
@@ -148,17 +132,13 @@ def load_engine(
         _check_manifest_digest(raw, expected_manifest_sha256, manifest_path)
     manifest = parse_manifest(raw, str(manifest_path))
     check_runs_here(manifest)
-    from llmc.runtime.execution_provider import ProviderChoice
-
     provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
     blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory, max_model_len)
     check_engine_files(manifest, engine_dir, hash_files=verify_digests)
     from transformers import AutoTokenizer
 
-    from llmc.runtime.ort_runner import OrtRunner
-
     if manifest.backend == "tensorrt":
-        from llmc.runtime.trt_runner import TrtRunner
+        from llmc.runtime.trt_runner import TrtRunner  # imports torch
 
         runner = TrtRunner(engine_dir, manifest, num_blocks=blocks)
     else:
@@ -174,7 +154,7 @@ def load_engine(
     )
 
 
-def check_engine_files(manifest, engine_dir: Path, hash_files: bool = True) -> None:
+def check_engine_files(manifest: EngineManifest, engine_dir: Path, hash_files: bool = True) -> None:
     """Check an engine directory's files against its manifest (an ``EngineManifest``) before
     any of them is deserialized: exactly the listed files, each confined to the directory and
     (``hash_files``) of its sha256; the ONNX files ``plan.json`` names (or the TensorRT plan the
@@ -182,11 +162,8 @@ def check_engine_files(manifest, engine_dir: Path, hash_files: bool = True) -> N
 
     Raises:
         EngineCorruptError: naming the file at fault and the command that rebuilds the engine
-            (``llmc.runtime.engine_files`` lists each fault).
+            (``llmc.engine.files`` lists each fault).
     """
-    from llmc.compiler.manifest import MANIFEST_NAME, damaged_hint, verify_files
-    from llmc.runtime.engine_files import PLAN_NAME, check_external_data, confine, plan_files
-
     todo = damaged_hint(manifest)
     verify_files(manifest, engine_dir, hash_files)
     if manifest.backend == "tensorrt":
@@ -216,44 +193,4 @@ def _check_manifest_digest(raw: bytes, expected: str, path: Path) -> None:
             f"sha256:{expected}; it was replaced after it was checked. Refusing it: delete "
             f"{path.parent} if it is a registry checkout (it is assembled again from the "
             "registry's blobs) and run `llmc registry verify`"
-        )
-
-
-def check_runs_here(manifest) -> None:
-    """Refuse an engine (an ``EngineManifest``) this host cannot run: target, machine, ISA
-    features, ONNX Runtime major.minor (``manifest.check_host``), then the execution provider
-    plugin's version. Deserializes nothing; the registry's resolver uses it on every candidate.
-
-    Raises:
-        EngineMismatchError: says what differs and what to rebuild or install.
-    """
-    if manifest.backend == "tensorrt":  # a GPU plan: checked without importing tensorrt
-        from llmc.compiler.tensorrt.host import detect_gpus, tensorrt_version
-        from llmc.runtime.trt_runner import check_gpu_host
-
-        check_gpu_host(manifest, detect_gpus(), tensorrt_version())
-        return
-    import onnxruntime as ort
-
-    from llmc.compiler.isa import detect_host_isa
-    from llmc.compiler.manifest import check_host
-    from llmc.runtime.execution_provider import ProviderChoice, provider_version
-
-    check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
-    provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
-    _check_provider_version(manifest, provider_version(provider))
-
-
-def _check_provider_version(manifest, installed: str | None) -> None:
-    """Refuse an engine built with another major.minor of its execution-provider plugin."""
-    from llmc.errors import EngineMismatchError
-
-    needed = manifest.execution_provider_version
-    if needed is None:
-        return
-    if installed is None or installed.split(".")[:2] != needed.split(".")[:2]:
-        raise EngineMismatchError(
-            f"engine runs on {manifest.execution_provider} {needed} but "
-            f"{installed or 'no version'} is installed; pip install the matching "
-            "onnxruntime-ep-openvino, or rebuild the engine with --dtype float32"
         )

@@ -1,43 +1,18 @@
-"""ONNX Runtime execution providers of CPU engines, and how a session is bound to one.
-
-``CPUExecutionProvider`` ships with onnxruntime and runs the float32 engine graph as optimized at
-build time. ``OpenVINOExecutionProvider`` (PyPI ``onnxruntime-ep-openvino``, a plugin EP) runs
-the same graph with bfloat16 compute on AVX-512 BF16 hosts: measured 1.5-2.8x the CPU EP's speed
-on Gemma 3 270M here (DESIGN §9), at up to ~0.1 relative difference in logits, so it serves
-``--dtype bfloat16`` engines only. Which provider an engine runs on is chosen at build time by
-measurement (``llmc.compiler.provider_choice``) and recorded in its manifest.
-"""
+"""How an ONNX Runtime session is bound to an engine's execution provider
+(``llmc.engine.provider`` says which providers there are and what each serves)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
+from llmc.engine.provider import (
+    CPU_EP,
+    OPENVINO_EP,
+    OPENVINO_PACKAGE,
+    ProviderChoice,
+    provider_version,
+)
 from llmc.errors import EngineError
-
-CPU_EP = "CPUExecutionProvider"
-OPENVINO_EP = "OpenVINOExecutionProvider"
-OPENVINO_PACKAGE = "onnxruntime-ep-openvino"
-
-
-@dataclass(frozen=True)
-class ProviderChoice:
-    """The execution provider an engine runs on and the compute precision it asks of it."""
-
-    name: str
-    precision: str  # "f32" or "bf16"
-
-    @property
-    def optimize_at_build(self) -> bool:
-        """The CPU EP's graph is optimized and saved at build time; OpenVINO compiles at load."""
-        return self.name == CPU_EP
-
-
-def provider_for_dtype(dtype: str) -> ProviderChoice:
-    """float32 -> CPU EP; bfloat16 -> OpenVINO EP with bf16 inference precision."""
-    if dtype == "bfloat16":
-        return ProviderChoice(OPENVINO_EP, "bf16")
-    return ProviderChoice(CPU_EP, "f32")
 
 
 def bind_provider(opts, choice: ProviderChoice) -> list[str] | None:
@@ -96,16 +71,3 @@ def openvino_cpu_devices() -> tuple[list, str | None]:
             )
         return [], reason
     return devices, None
-
-
-def provider_version(choice: ProviderChoice) -> str | None:
-    """Installed version of the plugin package behind ``choice``; None for the built-in CPU EP
-    or when the package is not installed."""
-    if choice.name == CPU_EP:
-        return None
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(OPENVINO_PACKAGE)
-    except PackageNotFoundError:
-        return None

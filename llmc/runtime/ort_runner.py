@@ -7,10 +7,10 @@ step runs in one of two forms of the same optimized nodes, with bit-identical re
   PagedAttention nodes run by the custom op (``llmc/plugins/paged_attention/ort_op.c``) on ORT's
   thread pool, the caches fed as graph inputs. Used when the engine has the graph, the custom op
   is built and the provider is the CPU EP: 10-14% faster per decode step than segments (Gemma 3
-  270M float32, 16 sequences; README "Measured").
-- segments (``llmc.compiler.segment``): segment 0, plugin 0, segment 1, ..., segment L, the
-  plugin as the ctypes kernel (``cpu.py``) between ORT runs. The fallback, and the form
-  calibration uses (it reads activations at segment boundaries).
+  270M float32, 16 sequences; benchmarks/RESULTS.md).
+- segments (``llmc.engine.split``, ``llmc.engine.plan``): segment 0, plugin 0, segment 1, ...,
+  segment L, the plugin as the ctypes kernel (``cpu.py``) between ORT runs. The fallback, and the
+  form calibration uses (it reads activations at segment boundaries).
 """
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc.compiler.segment import ExecutionPlan, load_plan
-from llmc.runtime.execution_provider import ProviderChoice, bind_provider, provider_for_dtype
+from llmc.engine.kv_cache import NUMPY_DTYPES, kv_cache_numpy_dtype
+from llmc.engine.plan import ExecutionPlan, load_plan
+from llmc.engine.provider import ProviderChoice, provider_for_dtype
+from llmc.engine.split import split_at_plugins
+from llmc.plugins.paged_attention import ort_op
+from llmc.plugins.paged_attention.cpu import paged_attention_cpu
+from llmc.runtime.execution_provider import bind_provider
 from llmc.runtime.ort_env import session_options
 from llmc.runtime.step_inputs import StepInputs
 
@@ -49,8 +54,6 @@ class OrtRunner:
         single_graph: bool | None = None,
     ):
         import onnxruntime as ort
-
-        from llmc.plugins.paged_attention import ort_op
 
         engine_dir = Path(engine_dir)
         plan: ExecutionPlan = load_plan(engine_dir)
@@ -91,8 +94,6 @@ class OrtRunner:
         return besides the logits. Raises ValueError if a name is not in the graph."""
         import onnxruntime as ort
 
-        from llmc.compiler.segment import split_at_plugins
-
         segments, plan = split_at_plugins(model, extra_outputs=extra_outputs)
         opts = session_options(threads or 2)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -115,8 +116,6 @@ class OrtRunner:
         first = self.plan.plugins[0]
         self.num_blocks = num_blocks
         self.block_size = first.block_size
-        from llmc.plugins.paged_attention.cpu import kv_cache_numpy_dtype, paged_attention_cpu
-
         # One key and one value cache per layer: [num_blocks, block_size, KVH, D] in the layer's
         # kv_cache_dtype (ValueError for an unknown one); the kernel reads the dtype from them.
         self.kv_caches = {
@@ -200,14 +199,7 @@ class OrtRunner:
                     step.query_start_loc,
                     step.block_tables,
                     step.slot_mapping,
-                    num_heads=p.num_heads,
-                    num_kv_heads=p.num_kv_heads,
-                    head_dim=p.head_dim,
-                    scale=p.scale,
-                    sliding_window=p.sliding_window or None,
-                    logit_softcap=p.logit_softcap or None,
-                    k_scale=p.k_scale,
-                    v_scale=p.v_scale,
+                    **p.kernel_arguments(),
                 )
         return env
 
@@ -217,9 +209,7 @@ def _ort_value(cache: np.ndarray):
     import onnx
     import onnxruntime as ort
 
-    from llmc.plugins.paged_attention.cpu import KV_CACHE_DTYPES
-
-    if cache.dtype == KV_CACHE_DTYPES["fp8"]:
+    if cache.dtype == NUMPY_DTYPES["fp8"]:
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
             cache.view(np.uint8), onnx.TensorProto.FLOAT8E4M3FN
         )

@@ -12,7 +12,8 @@ from llmc.runtime.step_inputs import StepInputs
 class Runner(Protocol):
     """Executes the model on one packed step and owns the paged KV cache.
 
-    Implementations: ``OrtRunner`` (CPU engines) and ``TorchRunner`` (eager reference).
+    Implementations: ``OrtRunner`` (CPU engines), ``TrtRunner`` (TensorRT engines) and
+    ``llmc.compiler.torch_runner.TorchRunner`` (the eager reference).
     """
 
     num_blocks: int

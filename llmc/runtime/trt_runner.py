@@ -1,8 +1,8 @@
 """The TensorRT runner of GPU engines (DESIGN §6-7). NEVER RUN: no machine of ours has a GPU.
 
-Only ``check_gpu_host`` (the manifest check, which runs before anything is deserialized or
-``tensorrt`` is imported) is tested here; ``TrtRunner`` is written against TensorRT's documented
-Python API (``trt.Runtime.deserialize_cuda_engine``, ``ICudaEngine.num_io_tensors`` /
+Only the host check (``llmc.engine.host.check_gpu_host``, run before anything is deserialized
+or ``tensorrt`` is imported) is tested here; ``TrtRunner`` is written against TensorRT's
+documented Python API (``trt.Runtime.deserialize_cuda_engine``, ``ICudaEngine.num_io_tensors`` /
 ``get_tensor_name`` / ``get_tensor_mode`` / ``get_tensor_dtype``,
 ``IExecutionContext.set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3(stream)``)
 and has never executed.
@@ -32,91 +32,21 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc.compiler.tensorrt.host import GpuInfo, arch_capability, capability_name, detect_gpus
-from llmc.compiler.tensorrt.host import tensorrt_version as installed_tensorrt_version
-from llmc.errors import EngineCorruptError, EngineError, EngineMismatchError
+from llmc.engine.gpu import detect_gpus
+from llmc.engine.gpu import tensorrt_version as installed_tensorrt_version
+from llmc.engine.graph import STEP_INPUTS
+from llmc.engine.host import check_gpu_host, check_tensorrt_version, release
+from llmc.engine.kv_cache import kv_cache_dtype_of
+from llmc.engine.manifest import EngineManifest
+from llmc.errors import EngineCorruptError, EngineError
 from llmc.plugins.paged_attention.trt_plugin import aliased_output_name
-from llmc.runtime.engine_loader import kv_cache_dtype_of
+from llmc.plugins.paged_attention.trt_register import register
 from llmc.runtime.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 
 #: TensorRT releases whose AOT plugins leak a CUDA module per shape change (NVIDIA/TensorRT#4849).
 _AOT_LEAK_VERSIONS = ((11, 1, 0), (11, 2, 1))
-
-_STEP_INPUTS = (
-    "input_ids",
-    "positions",
-    "logits_indices",
-    "seq_lens",
-    "query_start_loc",
-    "block_tables",
-    "slot_mapping",
-)
-
-
-def check_gpu_host(manifest, gpus: list[GpuInfo], trt_version: str | None) -> GpuInfo:
-    """Refuse a TensorRT engine this host cannot run, without importing ``tensorrt``.
-
-    ``gpus``: this host's CUDA devices (``host.detect_gpus()``); ``trt_version``: the installed
-    ``tensorrt`` package's version (None: not installed). Returns the GPU to run on.
-
-    Raises:
-        EngineMismatchError: no CUDA GPU; no GPU the plan runs on (the builder GPU's compute
-            capability, or any sm80+ for hardware compatibility "ampere+"); TensorRT missing or
-            of another major.minor.patch than the plan was built with. The message says what
-            to do.
-    """
-    trt = manifest.tensorrt or {}
-    target = manifest.target
-    wanted = arch_capability(target)
-    compat = trt.get("hardware_compatibility", "none")
-    cpu_build = f"`llmc build {manifest.source} --arch cpu`"
-    if not gpus:
-        raise EngineMismatchError(
-            f"engine built for {target} is a TensorRT plan that needs a GPU of compute capability "
-            f"{capability_name(target)}; this host has no CUDA GPU. Run it on a {target} host, "
-            f"or build a CPU engine with {cpu_build}"
-        )
-    fits = [
-        g
-        for g in gpus
-        if g.capability == wanted or (compat == "ampere+" and g.capability >= (8, 0))
-    ]
-    if not fits:
-        found = ", ".join(f"{g.name} ({g.arch})" for g in gpus)
-        rebuild = f"`llmc build {manifest.source} --arch {gpus[0].arch}`"
-        raise EngineMismatchError(
-            f"engine built for {target} (hardware compatibility {compat}) does not run on this "
-            f"host's GPUs: {found}; rebuild with {rebuild}"
-        )
-    built = manifest.backend_version
-    needed = ".".join(release(built))
-    if trt_version is None:
-        raise EngineMismatchError(
-            f"engine is a TensorRT {built} plan but the tensorrt package is not installed; "
-            f"pip install tensorrt=={needed}.*"
-        )
-    check_tensorrt_version(built, trt_version)
-    return fits[0]
-
-
-def release(version: str) -> tuple[str, ...]:
-    """A TensorRT version's major.minor.patch ("11.1.0.7" -> ("11", "1", "0"))."""
-    return tuple(version.split(".")[:3])
-
-
-def check_tensorrt_version(built: str, installed: str) -> None:
-    """Refuse running a plan built by TensorRT ``built`` with TensorRT ``installed`` unless
-    their major.minor.patch agree: a plan loads only on the TensorRT that built it (DESIGN §6;
-    TensorRT's "Version tag does not match"). Raises EngineMismatchError."""
-    if release(installed) != release(built):
-        needed = ".".join(release(built))
-        raise EngineMismatchError(
-            f"engine was built with TensorRT {built} but {installed} is installed; plans load "
-            f"only on the TensorRT that built them: install tensorrt=={needed}.* or rebuild "
-            "the engine with this TensorRT"
-        )
 
 
 class TrtRunner:
@@ -131,14 +61,12 @@ class TrtRunner:
     profile), EngineCorruptError (TensorRT cannot deserialize the plan).
     """
 
-    def __init__(self, engine_dir: str | Path, manifest, num_blocks: int):
+    def __init__(self, engine_dir: str | Path, manifest: EngineManifest, num_blocks: int):
         gpu = check_gpu_host(
             manifest, detect_gpus(), installed_tensorrt_version()
         )  # before anything is deserialized or imported
         import tensorrt as trt
         import torch
-
-        from llmc.plugins.paged_attention.trt_register import register
 
         engine_dir = Path(engine_dir)
         record = manifest.tensorrt or {}
@@ -175,7 +103,7 @@ class TrtRunner:
         is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
         # step inputs are integer tensors (numpy has no bfloat16: caches and logits are torch)
         self._np_types = {
-            n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in _STEP_INPUTS
+            n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in STEP_INPUTS
         }
         # The dtype the pool was sized for (numpy and torch share the names).
         cache_dtype = getattr(torch, kv_cache_dtype_of(manifest).name)
@@ -202,7 +130,7 @@ class TrtRunner:
 
         with torch.cuda.stream(self.stream):
             feeds = {}
-            for name in _STEP_INPUTS:
+            for name in STEP_INPUTS:
                 host = np.ascontiguousarray(getattr(step, name), dtype=self._np_types[name])
                 feeds[name] = torch.from_numpy(host).to(self.device, non_blocking=True)
                 self.context.set_input_shape(name, tuple(host.shape))

@@ -16,14 +16,12 @@ import numpy as np
 import onnx
 
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.quantize.qdq import QuantReport, QuantSpec
+from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.qdq import QuantReport
 from llmc.errors import LlmcError
 
 CALIBRATION_SEED = 0
 HELDOUT_SEED = 1
-# int8 compute inside MatMulNBits (ORT "accuracy level 4"): activations quantized per block to
-# int8, so int4/int8 weights run on VNNI; level 0 (float compute) was 3-8x slower here.
-MATMULNBITS_ACCURACY_LEVEL = 4
 
 
 class FastPathError(LlmcError):
@@ -51,24 +49,6 @@ class TextSource:
         if self.path is None:
             return f"sampled:{self.seed}"
         return hashlib.sha256(Path(self.path).read_bytes()).hexdigest() + ":" + self.part
-
-
-def spec_of(config: BuildConfig, bound_pairs: bool = False) -> QuantSpec:
-    """The quantization options of ``config`` (defaults per ``--quant`` resolved) as a
-    ``QuantSpec``; ``bound_pairs`` as in ``quantize``."""
-    return QuantSpec(
-        quant=config.quant,
-        calib_method=config.calib_method_for_quant,
-        smoothquant_alpha=config.smoothquant_alpha,
-        smoothquant_alphas=config.smoothquant_alphas,
-        int4_block_size=config.int4_block_size,
-        int4_method=config.int4_method,
-        weight_rounding=config.weight_rounding,
-        weight_only8=config.weight_only8_patterns,
-        exclude=config.exclude_patterns,
-        kv_cache_dtype=config.kv_cache_dtype,
-        bound_pairs=bound_pairs,
-    )
 
 
 def text_sources(config: BuildConfig) -> tuple[TextSource, TextSource]:
@@ -111,7 +91,7 @@ def quantize(
     from llmc.runtime.ort_runner import OrtRunner
     from llmc.version import __version__
 
-    spec = spec_of(config, bound_pairs)
+    spec = config.quant_spec(bound_pairs)
     graph = ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
     gram_keys = gptq_keys(graph, spec)
@@ -155,62 +135,29 @@ def quantize(
 
 
 def session_config(quant: str) -> dict[str, str]:
-    """ORT session config entries the lowering of a ``quant`` engine needs."""
-    if quant == "int4":
-        return {"session.qdq_matmulnbits_accuracy_level": str(MATMULNBITS_ACCURACY_LEVEL)}
-    return {}
+    """ORT session config entries the lowering of a ``quant`` engine needs (its format's)."""
+    return dict(FORMATS[quant].ort_session_config)
 
 
-def emulate_fp8_weights(model: onnx.ModelProto) -> int:
-    """CPU lowering of FP8 engines: replace each FP8 weight DequantizeLinear by the float32
-    weight it produces (the same values, computed once at build time); returns how many.
-
-    ONNX Runtime's CPU EP has no FP8 GEMM, and its QDQ fusion turns an FP8 DQ + MatMul into
-    MatMulIntegerToFloat, which then rejects float8 inputs at load (measured, ORT 1.31). With
-    float weights the activation Q/DQ pairs stay and run as emulation, while the int8
-    weight-only layers of the same engine still fuse into MatMulNBits. The portable graph (for
-    TensorRT) keeps the FP8 weight DQ nodes.
-    """
-    from onnx import numpy_helper
-
-    g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    fp8 = onnx.TensorProto.FLOAT8E4M3FN
-    done = 0
-    for node in list(g.node):
-        if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
-            continue
-        data = inits[node.input[0]]
-        if data.data_type != fp8:
-            continue
-        q = numpy_helper.to_array(data).astype(np.float32)
-        scale = numpy_helper.to_array(inits[node.input[1]])
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        w = q * (scale[None, :] if axis == 1 else scale[:, None])
-        g.initializer.append(numpy_helper.from_array(w.astype(np.float32), node.output[0]))
-        g.node.remove(node)
-        done += 1
-    used = {i for n in g.node for i in n.input}
-    keep = [t for t in g.initializer if t.name in used]
-    del g.initializer[:]
-    g.initializer.extend(keep)
-    return done
+def rewrite_for_cpu(model: onnx.ModelProto, counts: dict[str, int]) -> dict[str, int]:
+    """The CPU rewrite of every format that quantized modules (``counts``, by report label,
+    ``QuantReport.counts``), in place; returns the rewrites by format."""
+    return {f.name: f.rewrite_for_cpu(model) for f in FORMATS.values() if counts.get(f.label)}
 
 
 def check_fast_path(quant: str, counts: dict[str, int], optimized_ops: dict[str, int]) -> dict:
-    """Compare the fused kernels in the optimized graph with what was quantized: W8A8 int8 as
-    MatMulIntegerToFloat, weight-only int4/int8 as MatMulNBits, FP8 as Q/DQ emulation (its
+    """Compare the fused kernels in the optimized graph with what was quantized (``counts``, by
+    report label): each format's modules as its ``cpu_kernel`` (W8A8 int8 as
+    MatMulIntegerToFloat, weight-only int4/int8 as MatMulNBits, FP8 as Q/DQ emulation: its
     activation QuantizeLinear nodes remain). Returns {op: {"expected", "found"}}, stored in the
     manifest. Raises FastPathError when ORT did not fuse them all."""
-    expected = {
-        "MatMulIntegerToFloat": counts.get("int8_w8a8", 0),
-        "MatMulNBits": counts.get("int4_weight_only", 0) + counts.get("int8_weight_only", 0),
-        "QuantizeLinear": counts.get("fp8_w8a8", 0),
-    }
+    expected: dict[str, int] = {}
+    for f in FORMATS.values():
+        if f.cpu_kernel and counts.get(f.label):
+            expected[f.cpu_kernel] = expected.get(f.cpu_kernel, 0) + counts[f.label]
     record = {
         op: {"expected": n, "found": int(optimized_ops.get(op, 0))}
-        for op, n in expected.items()
-        if n
+        for op, n in sorted(expected.items())
     }
     short = {op: r for op, r in record.items() if r["found"] < r["expected"]}
     if short:

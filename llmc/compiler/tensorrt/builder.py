@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmc.errors import LlmcError
+from llmc.plugins.paged_attention import trt_register
 
 PLAN_FILE = "engine.plan"
 HARDWARE_COMPAT_LEVELS = {
@@ -218,12 +219,10 @@ def build_plan(
     """
     import tensorrt as trt
 
-    from llmc.plugins.paged_attention.trt_register import register
-
     check_hardware_compat(hardware_compat)
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
-    register()
+    trt_register.register()
     builder = trt.Builder(logger)
     flags = 0
     # STRONGLY_TYPED: ignored by 11.0+, required by 10.x. PREFER_AOT_PYTHON_PLUGINS: the AOT

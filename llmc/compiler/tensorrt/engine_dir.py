@@ -11,25 +11,27 @@ from __future__ import annotations
 
 import platform
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 
+from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.staged_dir import staged_dir
+from llmc.compiler.tensorrt.builder import PLAN_FILE, build_plan, optimization_profile
+from llmc.compiler.tensorrt.lint import LintReport
+from llmc.engine import manifest as mf
+from llmc.engine.gpu import arch_capability, detect_gpus
+from llmc.engine.manifest import shared_facts
+from llmc.engine.stage import MODEL_FILE, StageManifest
 
 _PRECISION = {"float32": "f32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def write_engine(stage_dir: Path, m, config, lint_report, stage) -> Path:
+def write_engine(
+    stage_dir: Path, m: StageManifest, config: BuildConfig, lint_report: LintReport, stage
+) -> Path:
     """Build the plan of stage ``m`` (a ``StageManifest``) at ``stage_dir`` with ``config``'s
     limits and TensorRT options; returns the engine directory. Raises what ``build_plan``
     raises."""
-    import torch
-
-    from llmc.compiler import manifest as mf
-    from llmc.compiler.tensorrt.builder import PLAN_FILE, build_plan, optimization_profile
-    from llmc.compiler.tensorrt.host import arch_capability, detect_gpus
-    from llmc.compiler.tensorrt.stage import MODEL_FILE
-    from llmc.version import __version__
+    import torch  # here: its CUDA version is recorded, and this path runs only on a GPU host
 
     out = config.output_dir(m.model_id)
     profile = optimization_profile(
@@ -61,37 +63,22 @@ def write_engine(stage_dir: Path, m, config, lint_report, stage) -> Path:
         }
         shutil.copytree(stage_dir / "tokenizer", tmp / "tokenizer")
         shutil.copyfile(stage_dir / "generation_config.json", tmp / "generation_config.json")
+        facts = shared_facts(m) | {
+            "max_seq_len": config.max_seq_len,
+            "max_num_tokens": config.max_num_tokens,
+            "max_batch": config.max_batch,
+            "build_config": config.to_dict(),
+            "build_config_hash": config.hash(),
+        }
         manifest = mf.EngineManifest(
-            llmc_version=__version__,
-            model_id=m.model_id,
-            source=m.source,
-            checkpoint_digest=m.checkpoint_digest,
-            tokenizer_digest=m.tokenizer_digest,
-            target=m.target,
+            **facts,
             isa=[],
             arch=platform.machine(),
-            dtype=m.dtype,
-            quant=m.quant,
-            kv_cache_dtype=m.kv_cache_dtype,
-            max_seq_len=config.max_seq_len,
-            max_num_tokens=config.max_num_tokens,
-            max_batch=config.max_batch,
-            block_size=m.block_size,
-            num_layers=m.num_layers,
-            num_kv_heads=m.num_kv_heads,
-            head_dim=m.head_dim,
-            vocab_size=m.vocab_size,
-            plugin_versions=m.plugin_versions,
             backend="tensorrt",
             backend_version=record["version"],
             execution_provider="TensorRT",
             execution_precision=_PRECISION[m.dtype],
-            build_config=config.to_dict(),
-            build_config_hash=config.hash(),
-            pass_report=m.pass_report,
-            quantization=m.quantization,
             files=mf.file_digests(tmp),
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             tensorrt=record,
         )
         mf.write_manifest(manifest, tmp)

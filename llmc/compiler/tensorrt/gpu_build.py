@@ -15,13 +15,29 @@ from __future__ import annotations
 import shlex
 import shutil
 from dataclasses import fields, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 from llmc.calibration.collect import load_stats, save_stats
 from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.build_steps import (
+    BuildResult,
+    float_graph,
+    no_stage,
+    publish,
+    save_tokenizer_and_generation_config,
+)
+from llmc.compiler.model_source import load_model, load_tokenizer, resolve_model, sha256_files
+from llmc.compiler.quantize import pipeline as qp
+from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.staged_dir import staged_dir
-from llmc.compiler.tensorrt import stage as st
+from llmc.compiler.tensorrt import lint
+from llmc.compiler.tensorrt.builder import check_hardware_compat
+from llmc.compiler.tensorrt.engine_dir import write_engine
+from llmc.compiler.tensorrt.lower import lower_for_tensorrt
+from llmc.engine import stage as st
+from llmc.engine.gpu import missing_for_build
+from llmc.engine.kv_cache import cache_spec
+from llmc.engine.plugin import PLUGIN_ID, PLUGIN_VERSION
 from llmc.errors import BuildConfigError, LlmcError
 
 #: Options ``--from`` may set: the target (must match), serving limits (they only shape the
@@ -47,12 +63,10 @@ class TensorRTUnavailableError(LlmcError):
     """The portable stage is written, but this host cannot build the TensorRT plan."""
 
 
-def build_gpu(config: BuildConfig, progress=None):
+def build_gpu(config: BuildConfig, progress=None) -> BuildResult:
     """Build ``config`` (a GPU target) up to the portable stage, then finish it here if this
     host can (else raise TensorRTUnavailableError after writing the stage to ``config.output``
-    or its default directory). Returns ``llmc.compiler.build.BuildResult``."""
-    from llmc.compiler.tensorrt.builder import check_hardware_compat
-    from llmc.compiler.tensorrt.host import missing_for_build
+    or its default directory). Returns the ``BuildResult``."""
 
     config.validate()
     check_hardware_compat(config.hardware_compat)  # before the slow part, not after it
@@ -67,42 +81,34 @@ def build_gpu(config: BuildConfig, progress=None):
 def _prepare(config: BuildConfig, progress, final: bool) -> Path:
     """Everything up to the stage; returns the stage directory: ``-o`` (else the default engine
     directory + ``-stage``) when the build stops there, else beside the engine (``.stage``)."""
-    from llmc.compiler.build import _no_stage, _save_tokenizer_and_generation_config, float_graph
-    from llmc.compiler.export import cache_spec
-    from llmc.compiler.model_source import load_model, load_tokenizer, resolve_model, sha256_files
-    from llmc.compiler.quantize import pipeline as qp
-    from llmc.compiler.tensorrt.lint import lint_model, raise_on_errors
-    from llmc.compiler.tensorrt.lower import lower_for_tensorrt
-    from llmc.plugins import schema
-    from llmc.version import __version__
 
-    stage = progress.stage if progress is not None else _no_stage
+    stage = progress.stage if progress is not None else no_stage
     with stage("resolve model"):
         src = resolve_model(config.model)
         tokenizer = load_tokenizer(src)
         checkpoint_digest = sha256_files(src.weight_files)
-    if config.quant != "none":
+    if FORMATS[config.quant].quantizes:
         calib_source, _ = qp.text_sources(config)  # bad files fail before work
     with stage("load weights"):
         model = load_model(src, "float32")  # calibration runs the float32 graph on the CPU
     spec = cache_spec(model)
     proto, pass_report = float_graph(model, config.block_size, stage)
     quant_report = None
-    if config.quant != "none":
+    if FORMATS[config.quant].quantizes:
         proto, quant_report = qp.quantize(
             config, proto, model, tokenizer, checkpoint_digest, calib_source, stage
         )
     with stage(f"lower to TensorRT ({config.dtype})"):
         lower_for_tensorrt(proto, config.dtype, config.kv_cache_dtype)
     with stage("TensorRT lint"):
-        report = lint_model(proto, config.arch)
-        raise_on_errors(report, "the lowered engine graph")
+        report = lint.lint_model(proto, config.arch)
+        lint.raise_on_errors(report, "the lowered engine graph")
     out = config.output_dir(src.model_id)
     if final or config.output is None:
         out = out.with_name(out.name + (".stage" if final else "-stage"))
     with staged_dir(out) as tmp:
         with stage("portable stage"):
-            _save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
+            save_tokenizer_and_generation_config(src, model, tokenizer, tmp)
             stats = None
             if quant_report is not None:
                 key = quant_report.spec["calibration"]["cache_key"]
@@ -116,7 +122,6 @@ def _prepare(config: BuildConfig, progress, final: bool) -> Path:
                     stats = st.CALIBRATION_FILE
             kv = config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
             manifest = st.StageManifest(
-                llmc_version=__version__,
                 model_id=src.model_id,
                 source=src.source,
                 checkpoint_digest=checkpoint_digest,
@@ -133,14 +138,13 @@ def _prepare(config: BuildConfig, progress, final: bool) -> Path:
                 num_kv_heads=spec.num_kv_heads,
                 head_dim=spec.head_dim,
                 vocab_size=int(model.config.vocab_size),
-                plugin_versions={f"{schema.DOMAIN}::{schema.OP_TYPE}": schema.PLUGIN_VERSION},
+                plugin_versions={PLUGIN_ID: PLUGIN_VERSION},
                 build_config={**config.to_dict(), "output": None, "registry": None},
                 build_config_hash=config.hash(),
                 pass_report=pass_report,
                 quantization=quant_report.to_dict() if quant_report is not None else None,
                 calibration_stats=stats,
                 lint=report.to_dict(),
-                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             )
             del model
             st.write_stage(proto, manifest, tmp)
@@ -159,17 +163,15 @@ def _unavailable(
     )
 
 
-def finish_stage(stage_dir: str | Path, requested: dict, progress=None, remove_stage=False):
+def finish_stage(
+    stage_dir: str | Path, requested: dict, progress=None, remove_stage: bool = False
+) -> BuildResult:
     """``llmc build --from STAGE``: check the stage against ``requested`` (the options given on
     the command line), lint it, and build the engine. Raises StageError (damaged or mismatched
     stage), BuildConfigError (an option the stage fixes), TensorRTLintError,
     TensorRTUnavailableError (no TensorRT or GPU here), TensorRTBuildError."""
-    from llmc.compiler.build import BuildResult, _no_stage
-    from llmc.compiler.tensorrt.builder import check_hardware_compat
-    from llmc.compiler.tensorrt.host import missing_for_build
-    from llmc.compiler.tensorrt.lint import lint_file, raise_on_errors
 
-    stage = progress.stage if progress is not None else _no_stage
+    stage = progress.stage if progress is not None else no_stage
     stage_dir = Path(stage_dir)
     fixed = sorted(k for k, v in requested.items() if k not in FINISH_OPTIONS and v is not None)
     if fixed:
@@ -188,20 +190,14 @@ def finish_stage(stage_dir: str | Path, requested: dict, progress=None, remove_s
         config.validate()
         check_hardware_compat(config.hardware_compat)
     with stage("TensorRT lint"):
-        report = lint_file(stage_dir / st.MODEL_FILE, m.target)
-        raise_on_errors(report, f"stage {stage_dir}")
+        report = lint.lint_file(stage_dir / st.MODEL_FILE, m.target)
+        lint.raise_on_errors(report, f"stage {stage_dir}")
     missing = missing_for_build(m.target)
     if missing:
         raise _unavailable(stage_dir, m.target, missing, written=False)
-    from llmc.compiler.tensorrt.engine_dir import write_engine
 
     out = write_engine(stage_dir, m, config, report, stage)
     if remove_stage:
         shutil.rmtree(stage_dir, ignore_errors=True)
-    entry = None
-    if config.registry:
-        from llmc.registry.local import LocalRegistry
-
-        with stage("publish to the registry"):
-            entry = LocalRegistry(Path(config.registry)).publish(out)
+    entry = publish(config, out, stage)
     return BuildResult(out, m.pass_report, report.op_counts, m.quantization, None, entry)

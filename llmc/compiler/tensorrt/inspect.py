@@ -13,7 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmc.compiler.provider_choice import ProviderSelection
 from llmc.compiler.tensorrt.lint import LintReport, lint_file
+from llmc.engine import stage as st
+from llmc.engine.manifest import read_manifest
 from llmc.errors import EngineNotFoundError
 
 
@@ -39,8 +42,6 @@ class Inspection:
         lines = [f"{self.path}: {self.kind}"]
         lines += [f"  {k}: {v}" for k, v in self.facts.items()]
         if self.provider_selection is not None:
-            from llmc.compiler.provider_choice import ProviderSelection
-
             text = ProviderSelection.from_dict(self.provider_selection).format()
             lines += [f"  {line}" for line in text.splitlines()]
         if self.lint is not None:
@@ -70,7 +71,6 @@ def inspect_path(path: str | Path, target: str | None = None) -> Inspection:
     (default: the artifact's own target; none for a bare ONNX file). Raises
     EngineNotFoundError for a path that is none of these, StageError / EngineCorruptError for a
     damaged stage or manifest."""
-    from llmc.compiler.tensorrt import stage as st
 
     p = Path(path)
     if p.is_file() and p.suffix == ".onnx":
@@ -84,8 +84,6 @@ def inspect_path(path: str | Path, target: str | None = None) -> Inspection:
         lint = lint_file(p / st.MODEL_FILE, target or m.target)
         return Inspection(str(p), "stage", facts, lint)
     if (p / "manifest.json").is_file():
-        from llmc.compiler.manifest import read_manifest
-
         m = read_manifest(p)
         facts = {k: getattr(m, k) for k in _FACTS} | {"backend": m.backend}
         facts["backend_version"] = m.backend_version

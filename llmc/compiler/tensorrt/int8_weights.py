@@ -8,9 +8,9 @@ GPU lowering rewrites those weights to per-channel INT8 (one scale per output ch
 not block quantization), which TensorRT dequantizes like any per-channel weight.
 
 Why per-channel INT8 and not the other formats TensorRT allows: FP8 E4M3 weights (3 mantissa
-bits) and 4-bit blocks of a 262,144-row vocabulary projection flip Gemma 3's argmax
-(``build_config.DEFAULT_WEIGHT_ONLY8``'s measurements), while per-channel INT8 keeps 8 bits and
-the same memory as the block-wise weights. The codes are re-chosen from the block-wise weights
+bits) and 4-bit blocks of a 262,144-row vocabulary projection flip Gemma 3's argmax (the
+measurements in ``llmc.compiler.quantize.formats``), while per-channel INT8 keeps 8 bits and the
+same memory as the block-wise weights. The codes are re-chosen from the block-wise weights
 (the float weights are gone by now): ``w = q * s_block``, ``s_n = max_k |w[k, n]| / 127``,
 ``q' = round_half_even(w / s_n)``; the error this adds is at most ``s_n / 2`` per weight, the
 rounding step of a per-channel grid.
@@ -24,7 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-_INT8_MAX = 127
+from llmc.quant.grids import INT8
+
 _TINY = np.float32(1e-12)
 
 
@@ -66,7 +67,6 @@ def _per_channel(
     [K, N] with ``block_scale`` [ceil(K / block), N] along ``axis`` (0 for llmc's weights)."""
     scale = np.repeat(block_scale.astype(np.float32), block, axis=axis)
     w = q.astype(np.float32) * np.take(scale, np.arange(q.shape[axis]), axis=axis)
-    per_channel = np.maximum(np.abs(w).max(axis=axis), _TINY) / _INT8_MAX
-    codes = np.rint(w / np.expand_dims(per_channel, axis))
-    codes = np.clip(codes, -_INT8_MAX, _INT8_MAX).astype(np.int8)
+    per_channel = np.maximum(np.abs(w).max(axis=axis), _TINY) / INT8.qmax
+    codes = INT8.to_codes(w / np.expand_dims(per_channel, axis))
     return codes, per_channel.astype(np.float32)

@@ -33,29 +33,19 @@ import onnx
 from onnx import helper
 
 from llmc.compiler.tensorrt import support_table as st
+from llmc.compiler.tensorrt.lint_kernel import check_kernels
+from llmc.compiler.tensorrt.lint_ops import check_ops, check_opsets, check_order, check_shape_inputs
+from llmc.compiler.tensorrt.lint_plugin import check_plugins
+from llmc.compiler.tensorrt.lint_plugin_io import check_plugin_io
+from llmc.compiler.tensorrt.lint_qdq import check_qdq
+from llmc.compiler.tensorrt.lint_view import Finding, GraphView, op_key
+from llmc.engine.plugin import DOMAIN, OP_TYPE
 from llmc.errors import LlmcError
 from llmc.plugins import schema
 
 
 class TensorRTLintError(LlmcError):
     """The graph uses something TensorRT's ONNX parser does not accept (see the findings)."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One lint result: ``severity`` "error" | "warning"; ``check`` opset | graph | op | types |
-    shape | qdq | int4 | block-dq | plugin | outputs | alias | aot | fields | strings | smem |
-    ptx; the node's name and op type when it is about one node."""
-
-    severity: str
-    check: str
-    node: str | None
-    op: str | None
-    message: str
-
-    def format(self) -> str:
-        where = f"{self.op} node {self.node!r}: " if self.node is not None else ""
-        return f"{self.severity}: [{self.check}] {where}{self.message}"
 
 
 @dataclass
@@ -102,52 +92,6 @@ class LintReport:
         }
 
 
-class GraphView:
-    """Read-only indexes over a graph the checks share: producers, consumers, constants, types.
-
-    ``base_dir`` is where external tensor data lives (a saved model's directory); ``typed`` is
-    the same graph after type inference (value types are read from it)."""
-
-    def __init__(
-        self,
-        model: onnx.ModelProto,
-        base_dir: Path | None = None,
-        typed: onnx.ModelProto | None = None,
-    ):
-        self.model = model
-        self.base_dir = base_dir
-        g = model.graph
-        self.initializers = {t.name: t for t in g.initializer}
-        self.constant_nodes = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
-        self.types: dict[str, int] = {t.name: t.data_type for t in g.initializer}
-        tg = typed.graph if typed is not None else g
-        for vi in [*tg.input, *tg.value_info, *tg.output]:
-            self.types.setdefault(vi.name, vi.type.tensor_type.elem_type)
-
-    def is_constant(self, name: str) -> bool:
-        return name in self.initializers or name in self.constant_nodes
-
-    def array(self, name: str):
-        """The value of a constant (initializer or Constant node) as numpy, or None."""
-        from onnx import numpy_helper
-
-        if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name], base_dir=str(self.base_dir or ""))
-        node = self.constant_nodes.get(name)
-        if node is not None and node.attribute and node.attribute[0].name == "value":
-            return numpy_helper.to_array(node.attribute[0].t)
-        return None
-
-    def type_name(self, name: str) -> str | None:
-        t = self.types.get(name)
-        return st.TYPE_NAMES.get(t, onnx.TensorProto.DataType.Name(t)) if t else None
-
-
 def lint_model(
     model: onnx.ModelProto, target: str | None = None, base_dir: Path | None = None
 ) -> LintReport:
@@ -156,20 +100,9 @@ def lint_model(
     ``model`` may reference external data under ``base_dir``; only small tensors (scales, zero
     points, shape constants) are read. Returns the report; raises nothing for a bad graph.
     """
-    from llmc.compiler.tensorrt.lint_kernel import check_kernels
-    from llmc.compiler.tensorrt.lint_ops import (
-        check_ops,
-        check_opsets,
-        check_order,
-        check_shape_inputs,
-    )
-    from llmc.compiler.tensorrt.lint_plugin import check_plugins
-    from llmc.compiler.tensorrt.lint_plugin_io import check_plugin_io
-    from llmc.compiler.tensorrt.lint_qdq import check_qdq
-
     schema.register_schema()
     report = LintReport(target=target)
-    report.op_counts = dict(sorted(Counter(_op_key(n) for n in model.graph.node).items()))
+    report.op_counts = dict(sorted(Counter(op_key(n) for n in model.graph.node).items()))
     findings = report.findings
     findings += check_opsets(model)
     findings += check_order(model)
@@ -201,10 +134,6 @@ def raise_on_errors(report: LintReport, what: str) -> None:
     )
 
 
-def _op_key(n: onnx.NodeProto) -> str:
-    return f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-
-
 def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelProto:
     """Strict type inference on a light copy: large initializers become typed graph inputs and
     plugin nodes become Identity(q) for their output (same type and shape, DESIGN §3) and, on
@@ -223,7 +152,7 @@ def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelP
         else:
             lg.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     for n in g.node:
-        if n.domain == schema.DOMAIN and n.op_type == schema.OP_TYPE and n.input:
+        if n.domain == DOMAIN and n.op_type == OP_TYPE and n.input:
             sources = [n.input[0], *(n.input[i] for i in (3, 4) if i < len(n.input))]
             for i, (src, dst) in enumerate(zip(sources, n.output, strict=False)):
                 if dst:
@@ -236,10 +165,3 @@ def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelP
         msg = f"strict ONNX type inference failed: {e}"
         findings.append(Finding("error", "types", None, None, msg))
         return onnx.shape_inference.infer_shapes(light)
-
-
-def _node_finding(n: onnx.NodeProto, severity: str = "error"):
-    def make(check: str, message: str) -> Finding:
-        return Finding(severity, check, n.name, _op_key(n), message)
-
-    return make

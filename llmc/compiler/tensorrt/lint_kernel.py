@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import onnx
 
-from llmc.compiler.tensorrt.lint import Finding, GraphView, _node_finding
+from llmc.compiler.tensorrt.lint_view import Finding, GraphView, node_finding
 from llmc.compiler.tensorrt.plugin_io import PTX_ISA_KEY, metadata
+from llmc.engine.plugin import PluginAttributes, plugin_nodes
 from llmc.errors import LlmcError
-from llmc.plugins import schema
 from llmc.plugins.paged_attention import trt_aot
-from llmc.plugins.paged_attention.trt_plugin import AOT_ATTRIBUTE, PluginAttributes
+from llmc.plugins.paged_attention.trt_plugin import AOT_ATTRIBUTE
 
 _DTYPES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
 SMALLEST_BLOCK_N = 16
@@ -30,7 +30,7 @@ SMALLEST_BLOCK_N = 16
 
 def check_kernels(view: GraphView, target: str | None) -> list[Finding]:
     """Findings about the plugin nodes' AOT kernels on ``target`` (e.g. "sm90")."""
-    nodes = schema.plugin_nodes(view.model)
+    nodes = plugin_nodes(view.model)
     if not nodes or target is None or not target.startswith("sm"):
         return []
     arch = int(target[2:])
@@ -69,7 +69,7 @@ def _shared_memory(view: GraphView, n: onnx.NodeProto, arch: int) -> list[Findin
         return []
     how = "an AOT launch has no opt-in above 48 KB" if aot else f"sm{arch}'s per-block maximum"
     return [
-        _node_finding(n)(
+        node_finding(n)(
             "smem",
             f"the Triton kernel needs {need} B of dynamic shared memory even at its smallest tile "
             f"(block_n {SMALLEST_BLOCK_N}, head_dim {attributes.head_dim}, {dtype}); it may use "

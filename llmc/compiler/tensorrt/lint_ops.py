@@ -8,8 +8,8 @@ import onnx
 from onnx import helper
 
 from llmc.compiler.tensorrt import support_table as st
-from llmc.compiler.tensorrt.lint import Finding, GraphView, _node_finding
-from llmc.plugins import schema
+from llmc.compiler.tensorrt.lint_view import Finding, GraphView, node_finding
+from llmc.engine.plugin import DOMAIN
 
 
 def check_opsets(model: onnx.ModelProto) -> list[Finding]:
@@ -28,7 +28,7 @@ def check_opsets(model: onnx.ModelProto) -> list[Finding]:
                     f"{st.OPSET_MIN}-{st.OPSET_MAX}",
                 )
             )
-        elif o.domain not in ("", "ai.onnx", schema.DOMAIN):
+        elif o.domain not in ("", "ai.onnx", DOMAIN):
             msg = f"opset domain {o.domain!r}: TensorRT has no importer or llmc plugin for it"
             out.append(Finding("error", "opset", None, None, msg))
     return out
@@ -45,7 +45,7 @@ def check_order(model: onnx.ModelProto) -> list[Finding]:
         for i in n.input:
             if i not in defined:
                 why = "is produced by a later node" if i in produced_later else "is never produced"
-                out.append(_node_finding(n)("graph", f"input {i!r} {why} (graph not sorted)"))
+                out.append(node_finding(n)("graph", f"input {i!r} {why} (graph not sorted)"))
         defined.update(n.output)
     return out
 
@@ -62,7 +62,7 @@ def check_ops(view: GraphView) -> list[Finding]:
     for n in view.model.graph.node:
         if n.domain not in ("", "ai.onnx"):
             continue  # plugins: lint_plugin
-        err = _node_finding(n)
+        err = node_finding(n)
         if n.op_type in st.UNSUPPORTED:
             out.append(err("op", f"marked unsupported (N) in {st.SOURCE}"))
             continue
@@ -112,7 +112,7 @@ def check_shape_inputs(view: GraphView) -> list[Finding]:
         for i in st.SHAPE_INPUTS.get(n.op_type, ()):
             if i < len(n.input) and n.input[i] in origin:
                 out.append(
-                    _node_finding(n)(
+                    node_finding(n)(
                         "shape",
                         f"input {i} ({n.input[i]!r}) sets an output shape but is computed "
                         f"from tensor data ({origin[n.input[i]]}); TensorRT needs shape inputs "

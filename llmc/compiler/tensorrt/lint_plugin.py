@@ -3,7 +3,7 @@
 TensorRT's ONNX parser imports a node it has no importer for as a plugin, looked up in the plugin
 registry by op type, ``plugin_version`` and ``plugin_namespace`` attributes (DESIGN §3); every
 other attribute reaches the plugin creator as a field. So each ``llmc::PagedAttention`` node must
-carry all of ``schema.REQUIRED_ATTRIBUTES`` with their schema types, this llmc's namespace and
+carry all of ``REQUIRED_ATTRIBUTES`` with their schema types, this llmc's namespace and
 version, consistent head counts, its nine inputs, and q/k/v/cache types the plugin reads.
 """
 
@@ -12,7 +12,16 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from llmc.plugins import schema
+from llmc.compiler.tensorrt.lint_view import node_finding
+from llmc.engine.kv_cache import KV_CACHE_DTYPES
+from llmc.engine.plugin import (
+    DOMAIN,
+    INPUTS,
+    OP_TYPE,
+    OPTIONAL_ATTRIBUTES,
+    PLUGIN_VERSION,
+    REQUIRED_ATTRIBUTES,
+)
 
 _ATTR_TYPES = {
     "plugin_namespace": onnx.AttributeProto.STRING,
@@ -28,24 +37,22 @@ _CACHE_TYPES = {"fp8": "FP8", "int8": "INT8"}
 
 def check_plugins(view) -> list:
     """Findings for every custom-domain node of ``view`` (a ``lint.GraphView``)."""
-    from llmc.compiler.tensorrt.lint import _node_finding
-
     out = []
     for n in view.model.graph.node:
         if n.domain in ("", "ai.onnx"):
             continue
-        err = _node_finding(n)
-        if n.domain != schema.DOMAIN or n.op_type != schema.OP_TYPE:
+        err = node_finding(n)
+        if n.domain != DOMAIN or n.op_type != OP_TYPE:
             out.append(err("plugin", "no TensorRT plugin is registered for this custom op"))
             continue
-        out += _check_node(view, n, err, _node_finding(n, "warning"))
+        out += _check_node(view, n, err, node_finding(n, "warning"))
     return out
 
 
 def _check_node(view, n: onnx.NodeProto, err, warn) -> list:
     out = []
     attrs = {a.name: a for a in n.attribute}
-    missing = [a for a in schema.REQUIRED_ATTRIBUTES if a not in attrs]
+    missing = [a for a in REQUIRED_ATTRIBUTES if a not in attrs]
     if missing:
         out.append(err("plugin", f"missing attribute(s) {', '.join(missing)}"))
     for name, a in attrs.items():
@@ -60,25 +67,25 @@ def _check_node(view, n: onnx.NodeProto, err, warn) -> list:
             )
     values = {k: helper.get_attribute_value(a) for k, a in attrs.items()}
     values = {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
-    expect = {"plugin_namespace": schema.DOMAIN, "plugin_version": schema.PLUGIN_VERSION}
+    expect = {"plugin_namespace": DOMAIN, "plugin_version": PLUGIN_VERSION}
     for name, wanted in expect.items():
         if name in values and values[name] != wanted:
             out.append(err("plugin", f"{name}={values[name]!r}, this llmc registers {wanted!r}"))
-    kv = values.get("kv_cache_dtype", schema.OPTIONAL_ATTRIBUTES["kv_cache_dtype"])
-    if kv not in schema.KV_CACHE_DTYPES:
-        out.append(err("plugin", f"kv_cache_dtype={kv!r} is not one of {schema.KV_CACHE_DTYPES}"))
+    kv = values.get("kv_cache_dtype", OPTIONAL_ATTRIBUTES["kv_cache_dtype"])
+    if kv not in KV_CACHE_DTYPES:
+        out.append(err("plugin", f"kv_cache_dtype={kv!r} is not one of {KV_CACHE_DTYPES}"))
     heads, kv_heads = values.get("num_heads"), values.get("num_kv_heads")
     if isinstance(heads, int) and isinstance(kv_heads, int):
         if kv_heads < 1 or heads % kv_heads:
             out.append(
                 err("plugin", f"num_heads={heads} is not a multiple of num_kv_heads={kv_heads}")
             )
-    if len(n.input) != len(schema.INPUTS) or not all(n.input):
+    if len(n.input) != len(INPUTS) or not all(n.input):
         out.append(
             err(
                 "plugin",
                 f"has {sum(bool(i) for i in n.input)} inputs, expected "
-                f"{len(schema.INPUTS)} ({', '.join(schema.INPUTS)})",
+                f"{len(INPUTS)} ({', '.join(INPUTS)})",
             )
         )
         return out

@@ -14,15 +14,13 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from llmc.compiler.tensorrt.lint import Finding, GraphView, _node_finding
+from llmc.compiler.tensorrt.lint_view import Finding, GraphView, node_finding
+from llmc.engine.plugin import PLUGIN_ATTRIBUTES, PluginAttributes, plugin_nodes
 from llmc.errors import LlmcError
-from llmc.plugins import schema
-from llmc.plugins.paged_attention import trt_plugin
 from llmc.plugins.paged_attention.trt_plugin import (
     ALIASED_INPUTS,
     AOT_ATTRIBUTE,
     OUTPUTS,
-    PLUGIN_ATTRIBUTES,
     aliased_output_name,
 )
 
@@ -33,8 +31,8 @@ def check_plugin_io(view: GraphView) -> list[Finding]:
     graph_inputs = {i.name: i for i in g.input}
     graph_outputs = {o.name: o for o in g.output}
     out: list[Finding] = []
-    for n in schema.plugin_nodes(view.model):
-        err, warn = _node_finding(n), _node_finding(n, "warning")
+    for n in plugin_nodes(view.model):
+        err, warn = node_finding(n), node_finding(n, "warning")
         out += _outputs(n, err)
         out += _aliases(n, graph_inputs, graph_outputs, err)
         out += _aot(n, err, warn)
@@ -136,7 +134,7 @@ def _strings(n: onnx.NodeProto, err) -> list[Finding]:
     if not strings:
         return []
     try:
-        clean = trt_plugin.PluginAttributes.from_node(n)
+        clean = PluginAttributes.from_node(n)
     except LlmcError:
         return []  # invalid attributes: reported under "plugin"
     values = clean.node_attributes()
@@ -145,7 +143,7 @@ def _strings(n: onnx.NodeProto, err) -> list[Finding]:
         arrived = (helper.get_attribute_value(a) + b"\x00").decode("utf-8")
         try:
             fields = (values | {a.name: arrived}).values()
-            read = getattr(trt_plugin.PluginAttributes.from_fields(*fields), a.name)
+            read = getattr(PluginAttributes.from_fields(*fields), a.name)
             problem = None if read == values[a.name] else repr(read)
         except LlmcError as e:
             problem = str(e)

@@ -17,8 +17,8 @@ NVFP4 sm100+):
   produces INT4;
 - block-wise (de)quantization (a ``block_size`` attribute) only of FP4, FP8 and INT4 data:
   NVIDIA/TensorRT v11.1 ``include/NvInfer.h`` allows block quantization for those inputs only
-  (``IDequantizeLayer``, as read in issue 18). An older note here read "kINT4, kFP4, kFP8 and
-  kINT8" in a Quantize operator table; the header is the later, stricter word. The GPU lowering
+  (``IDequantizeLayer``, as read in issue 18). A Quantize operator table lists "kINT4, kFP4,
+  kFP8 and kINT8"; the header is the stricter source, and the lint follows it. The GPU lowering
   turns llmc's block-wise INT8 weights into per-channel ones (``int8_weights.py``).
 """
 
@@ -28,17 +28,20 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-FP8_ARCHS = ("sm89", "sm90", "sm100", "sm120")
+from llmc.compiler.build_config import GPU_TARGETS
+from llmc.compiler.quantize.formats import FORMATS, int4
+from llmc.compiler.tensorrt.lint_view import node_finding
+from llmc.compiler.tensorrt.support_table import TYPE_NAMES
+
+FP8_ARCHS = tuple(a for a in GPU_TARGETS if FORMATS["fp8"].runs_on(a))  # the fp8 format's rule
 FP4_ARCHS = ("sm100", "sm120")
 _Q_TYPES = {"INT8", "FP8", "INT4", "FP4"}
 BLOCK_TYPES = ("INT4", "FP8", "FP4")
-INT4_BLOCK_SIZES = (64, 128)
+INT4_BLOCK_SIZES = int4.TRT_BLOCK_SIZES
 
 
 def check_qdq(view, target: str | None) -> list:
     """Findings for every QuantizeLinear / DequantizeLinear node of ``view`` (a ``GraphView``)."""
-    from llmc.compiler.tensorrt.lint import _node_finding
-
     out = []
     for n in view.model.graph.node:
         if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or n.domain not in (
@@ -46,8 +49,8 @@ def check_qdq(view, target: str | None) -> list:
             "ai.onnx",
         ):
             continue
-        err = _node_finding(n)
-        warn = _node_finding(n, "warning")
+        err = node_finding(n)
+        warn = node_finding(n, "warning")
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         qtype = _quantized_type(view, n, attrs)
         if qtype not in _Q_TYPES:
@@ -97,8 +100,6 @@ def _quantized_type(view, n: onnx.NodeProto, attrs: dict) -> str:
 
 
 def _name_of(elem_type: int) -> str:
-    from llmc.compiler.tensorrt.support_table import TYPE_NAMES
-
     return TYPE_NAMES.get(elem_type, TensorProto.DataType.Name(elem_type))
 
 

@@ -8,8 +8,8 @@ mode is always enabled"). So the lowering writes precision into the graph:
 - Input: the graph the CPU path builds before its ONNX Runtime lowering (export with one
   ``llmc::PagedAttention`` plugin node per layer, graph passes, and for ``--quant`` the symmetric
   Q/DQ nodes of ``llmc.compiler.quantize``). FP8 weights stay real FP8 E4M3 DequantizeLinear
-  nodes (the CPU path replaces them by float32 weights, ``pipeline.emulate_fp8_weights``; TensorRT
-  runs them on FP8 tensor cores).
+  nodes (the CPU path replaces them by float32 weights, ``formats.fp8.emulate_fp8_weights``;
+  TensorRT runs them on FP8 tensor cores).
 - Every float32 tensor becomes the engine's compute dtype (``float16`` or ``bfloat16``):
   initializers, Constant values, Cast targets, Q/DQ scales (a DequantizeLinear outputs its scale's
   type, ONNX opset 21+), graph inputs and value infos. Integer tensors, Q/DQ data and zero points
@@ -21,8 +21,9 @@ mode is always enabled"). So the lowering writes precision into the graph:
 - KV-cache graph inputs (``key_cache.<i>``, ``value_cache.<i>``) get the cache dtype the plugin
   reads: the compute dtype for ``kv_cache_dtype`` auto, else FLOAT8E4M3FN or INT8 (the plugin's
   ``kv_cache_dtype`` attribute says which, ``llmc.plugins.schema``).
-- Block-wise INT8 weights (8-bit weight-only layers) become per-channel INT8: TensorRT's block
-  dequantization takes FP4, FP8 and INT4 only (``int8_weights.py``).
+- Each quantization format rewrites its Q/DQ nodes for TensorRT (``rewrite_for_tensorrt``):
+  block-wise INT8 weights (8-bit weight-only layers) become per-channel INT8, as TensorRT's
+  block dequantization takes FP4, FP8 and INT4 only (``int8_weights.py``).
 - Each PagedAttention node gets what the TensorRT plugin declares: every attribute, ``aot=1``,
   and the two aliased cache outputs as graph outputs (``plugin_io.py``). The CPU engine's graph
   is built before this and keeps its one-output nodes.
@@ -38,9 +39,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.tensorrt.int8_weights import blockwise_int8_to_per_channel
+from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.tensorrt.plugin_io import rewrite_plugin_nodes
-from llmc.plugins import schema
+from llmc.engine.graph import LOGITS
+from llmc.engine.kv_cache import onnx_cache_type
+from llmc.engine.plugin import plugin_nodes
 
 #: Engine compute dtypes of GPU targets -> ONNX element type.
 COMPUTE_TYPES = {
@@ -49,17 +52,15 @@ COMPUTE_TYPES = {
     "bfloat16": TensorProto.BFLOAT16,
 }
 _NUMPY = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
-_KV_TYPES = {"fp8": TensorProto.FLOAT8E4M3FN, "int8": TensorProto.INT8}
 _INT_TYPES = {TensorProto.INT32, TensorProto.INT64, TensorProto.INT8, TensorProto.UINT8}
 # Ops the float32 rotary-angle region may pass through (all float inputs in the region or constant).
 _ANGLE_OPS = {"Mul", "Div", "Add", "Sub", "Neg", "Unsqueeze", "Squeeze", "Reshape", "Concat"}
 _ANGLE_OPS |= {"Transpose", "Expand", "Cos", "Sin"}
-LOGITS = "logits"
 
 
 def kv_cache_elem_type(kv_cache_dtype: str, dtype: str) -> int:
     """ONNX element type of the KV-cache graph inputs for ``--kv-cache-dtype`` and ``--dtype``."""
-    return _KV_TYPES.get(kv_cache_dtype, COMPUTE_TYPES[dtype])
+    return onnx_cache_type(kv_cache_dtype, COMPUTE_TYPES[dtype])
 
 
 def lower_for_tensorrt(
@@ -79,13 +80,14 @@ def lower_for_tensorrt(
         raise ValueError("the engine graph has no 'logits' output")
     for i, n in enumerate(g.node):
         n.name = n.name or f"{n.op_type}_{i}.unnamed"
-    blockwise_int8_to_per_channel(model)  # before the float conversion: its scales are float32
+    for fmt in FORMATS.values():  # before the float conversion: scales are still float32
+        fmt.rewrite_for_tensorrt(model)
     if dtype != "float32":
         keep = _rotary_angle_region(g)
         _convert_floats(g, dtype, keep)
         _keep_logits_float32(g, COMPUTE_TYPES[dtype])
     cache_type = kv_cache_elem_type(kv_cache_dtype, dtype)
-    caches = {n for p in schema.plugin_nodes(model) for n in p.input[3:5]}
+    caches = {n for p in plugin_nodes(model) for n in p.input[3:5]}
     for vi in g.input:
         if vi.name in caches:
             vi.type.tensor_type.elem_type = cache_type

@@ -24,12 +24,11 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from llmc.plugins import schema
+from llmc.engine.plugin import PluginAttributes, plugin_nodes
 from llmc.plugins.paged_attention import trt_aot
 from llmc.plugins.paged_attention.trt_plugin import (
     ALIASED_INPUTS,
     AOT_ATTRIBUTE,
-    PluginAttributes,
     aliased_output_name,
 )
 
@@ -48,7 +47,7 @@ def rewrite_plugin_nodes(model: onnx.ModelProto) -> int:
     g = model.graph
     inputs = {vi.name: vi for vi in g.input}
     graph_outputs = {o.name for o in g.output}
-    nodes = schema.plugin_nodes(model)
+    nodes = plugin_nodes(model)
     for node in nodes:
         values = PluginAttributes.from_node(node).node_attributes() | {AOT_ATTRIBUTE: 1}
         kept = [a for a in node.attribute if a.name not in values]

@@ -20,31 +20,16 @@ import subprocess
 import warnings
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
+
+from llmc.engine.kv_cache import NUMPY_DTYPES
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
 # Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
 COMPILE_FLAGS = ("-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno")
 
-#: numpy dtype of the KV cache for each ``kv_cache_dtype`` attribute value (DESIGN §3).
-KV_CACHE_DTYPES: dict[str, np.dtype] = {
-    "auto": np.dtype(np.float32),  # the compute dtype, float32 on the CPU
-    "fp8": np.dtype(ml_dtypes.float8_e4m3fn),
-    "int8": np.dtype(np.int8),
-}
-
-
-def kv_cache_numpy_dtype(kv_cache_dtype: str) -> np.dtype:
-    """The numpy dtype of a ``kv_cache_dtype`` attribute value; ValueError for an unknown one."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        known = ", ".join(KV_CACHE_DTYPES)
-        raise ValueError(f"kv_cache_dtype must be one of {known}, got {kv_cache_dtype!r}")
-    return KV_CACHE_DTYPES[kv_cache_dtype]
-
-
 # The C kernel's PA_CACHE_* codes.
-_CACHE_DTYPE_CODES = {dtype: code for code, dtype in enumerate(KV_CACHE_DTYPES.values())}
+_CACHE_DTYPE_CODES = {dtype: code for code, dtype in enumerate(NUMPY_DTYPES.values())}
 
 
 class _KernelLibrary:
@@ -177,8 +162,8 @@ def _check_scale(name: str, value: float) -> None:
 def quantize_cpu(x: np.ndarray, dtype: np.dtype | type, scale: float = 1.0) -> np.ndarray:
     """The kernel's cache write alone: ``saturate(round_half_even(x / scale))`` in ``dtype``.
 
-    ``x``: a float32 ndarray, any shape; ``dtype``: a ``KV_CACHE_DTYPES`` value (float32 is a
-    copy; FP8 E4M3FN saturates to +-448, int8 to [-127, 127]); ``scale`` as ``k_scale``. Returns
+    ``x``: a float32 ndarray, any shape; ``dtype``: a ``NUMPY_DTYPES`` value (float32 is a copy;
+    FP8 E4M3FN saturates to +-448, int8 to [-127, 127]); ``scale`` as ``k_scale``. Returns
     a new array of ``x``'s shape. Raises ValueError for a bad ``dtype``, ``scale`` or ``x``.
     """
     code = _cache_dtype_code(np.dtype(dtype))
@@ -193,7 +178,7 @@ def quantize_cpu(x: np.ndarray, dtype: np.dtype | type, scale: float = 1.0) -> n
 def dequantize_cpu(codes: np.ndarray, scale: float = 1.0) -> np.ndarray:
     """The kernel's cache read alone: ``float(codes) * scale`` as float32 (FP8 through a table).
 
-    ``codes``: an ndarray of a ``KV_CACHE_DTYPES`` value (float32 is copied, ``scale`` unused).
+    ``codes``: an ndarray of a ``NUMPY_DTYPES`` value (float32 is copied, ``scale`` unused).
     Raises ValueError for a bad dtype or ``scale``.
     """
     code = _cache_dtype_code(np.asarray(codes).dtype)
@@ -232,7 +217,8 @@ def paged_attention_cpu(
     sleeping workers (``LLMC_NUM_THREADS``, else ``OMP_NUM_THREADS``, else all online cores; see
     the C file for why not OpenMP); steps under ~2^18 multiply-adds run on the calling thread.
 
-    The cache dtype is the caches' own (``KV_CACHE_DTYPES``): float32 is written and read as is;
+    The cache dtype is the caches' own (``llmc.engine.kv_cache.NUMPY_DTYPES``): float32 is written
+    and read as is;
     ``ml_dtypes.float8_e4m3fn`` (FP8 E4M3FN of the OCP 8-bit floating point spec, Micikevicius
     et al. 2022, max 448) and int8 (symmetric, [-127, 127]) hold
     ``saturate(round_half_even(x / scale))`` and are read as ``float(q) * scale``, with one

@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from llmc.engine.plugin import PluginAttributes
 from llmc.errors import LlmcError
-from llmc.plugins.paged_attention.trt_plugin import PluginAttributes
 
 _TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 

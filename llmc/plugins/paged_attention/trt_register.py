@@ -9,16 +9,9 @@ here: :func:`cuda_array_interface` and the error :func:`register` raises without
 
 from collections.abc import Sequence
 
+from llmc.engine.plugin import DOMAIN, OP_TYPE, PLUGIN_ID, PLUGIN_VERSION, PluginAttributes
 from llmc.errors import LlmcError
-from llmc.plugins.paged_attention.trt_plugin import (
-    PLUGIN_ID,
-    PLUGIN_NAME,
-    PLUGIN_NAMESPACE,
-    PLUGIN_VERSION,
-    PluginAttributes,
-    TensorSpec,
-    describe_outputs,
-)
+from llmc.plugins.paged_attention.trt_plugin import TensorSpec, describe_outputs
 
 
 def register() -> None:
@@ -29,7 +22,7 @@ def register() -> None:
 
     Raises:
         LlmcError: ``tensorrt`` (with ``tensorrt.plugin``, TensorRT >= 10.7) cannot be imported,
-            or schema.PLUGIN_VERSION is not "1" (the only version QDP plugins have).
+            or PLUGIN_VERSION is not "1" (the only version QDP plugins have).
     """
     try:
         import tensorrt as trt
@@ -41,9 +34,9 @@ def register() -> None:
             f"an NVIDIA GPU and driver); importing it failed: {error}"
         ) from error
     if PLUGIN_VERSION != "1":
-        raise LlmcError(f"QDP plugins have version '1'; schema.PLUGIN_VERSION is {PLUGIN_VERSION}")
+        raise LlmcError(f"QDP plugins have version '1'; PLUGIN_VERSION is {PLUGIN_VERSION}")
     try:
-        if hasattr(getattr(trtp.op, PLUGIN_NAMESPACE), PLUGIN_NAME):
+        if hasattr(getattr(trtp.op, DOMAIN), OP_TYPE):
             return  # registered earlier in this process
     except AttributeError:
         pass  # no plugin in the namespace yet
@@ -132,10 +125,7 @@ def _register(trt, trtp) -> None:
                 cuda(q), cuda(k), cuda(v),
                 cuda(outputs[1]), cuda(outputs[2]),  # the caches: aliased, writable
                 cuda(seq_lens), cuda(query_start_loc), cuda(block_tables), cuda(slot_mapping),
-                num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
-                scale=a.scale, sliding_window=a.sliding_window or None,
-                logit_softcap=a.logit_softcap or None, k_scale=a.k_scale, v_scale=a.v_scale,
-                out=cuda(outputs[0]),
+                **a.kernel_arguments(), out=cuda(outputs[0]),
             )  # fmt: skip
 
     @trtp.aot_impl(PLUGIN_ID)

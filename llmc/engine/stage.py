@@ -22,6 +22,8 @@ from pathlib import Path
 
 import onnx
 
+from llmc.engine.files import sha256_file
+from llmc.engine.manifest import ManifestCore, file_digests
 from llmc.errors import LlmcError
 
 #: 2: PagedAttention nodes with TensorRT's three outputs, ``aot`` and every plugin field, the
@@ -38,45 +40,21 @@ class StageError(LlmcError):
 
 
 @dataclass(kw_only=True)
-class StageManifest:
-    """What a portable stage holds (``stage.json``); the fields an engine manifest copies."""
+class StageManifest(ManifestCore):
+    """What a portable stage holds (``stage.json``): the facts its engine manifest copies
+    (``ManifestCore``, with ``target`` "sm80" ... "sm120"), the calibration statistics and the
+    TensorRT lint report."""
 
     format_version: int = STAGE_FORMAT_VERSION
     kind: str = STAGE_KIND
-    llmc_version: str
-    model_id: str
-    source: str
-    checkpoint_digest: str
-    tokenizer_digest: str
-    target: str  # "sm80" ... "sm120"
-    dtype: str  # compute dtype of the graph: "float16" | "bfloat16" | "float32"
-    quant: str
-    kv_cache_dtype: str  # as the engine stores it: the compute dtype, "fp8" or "int8"
-    max_seq_len: int
-    max_num_tokens: int
-    max_batch: int
-    block_size: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    plugin_versions: dict[str, str] = field(default_factory=dict)
-    build_config: dict = field(default_factory=dict)
-    build_config_hash: str
-    pass_report: dict[str, int] = field(default_factory=dict)
-    quantization: dict | None = None
     calibration_stats: str | None = None  # CALIBRATION_FILE when present
     lint: dict = field(default_factory=dict)  # LintReport.to_dict() at write time
-    files: dict[str, str] = field(default_factory=dict)
-    created_at: str
 
 
 def write_stage(model: onnx.ModelProto, m: StageManifest, stage_dir: Path) -> None:
     """Save ``model`` (weights as external data, ``model.onnx.data``) into ``stage_dir``, which
     already holds the tokenizer files, then record every file's digest and write ``stage.json``
     atomically. ``model`` is modified (its tensors point at the external file afterwards)."""
-    from llmc.compiler.manifest import file_digests
-
     onnx.save(
         model,
         str(stage_dir / MODEL_FILE),
@@ -99,8 +77,6 @@ def read_stage(stage_dir: str | Path, verify: bool = True) -> StageManifest:
     Raises StageError when the directory or manifest is missing, unreadable, of another format,
     or a file is missing or differs from its digest; the message says what to rebuild.
     """
-    from llmc.compiler.manifest import _sha256
-
     stage_dir = Path(stage_dir)
     path = stage_dir / STAGE_NAME
     rebuild = (
@@ -127,7 +103,7 @@ def read_stage(stage_dir: str | Path, verify: bool = True) -> StageManifest:
     if verify:
         for relative, digest in m.files.items():
             file = stage_dir / relative
-            if not file.is_file() or _sha256(file) != digest:
+            if not file.is_file() or sha256_file(file) != digest:
                 state = "is missing" if not file.is_file() else "differs from its digest"
                 raise StageError(f"stage file {file} {state}; the stage is damaged: {rebuild}")
     return m

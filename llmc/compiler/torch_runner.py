@@ -1,7 +1,9 @@
 """The torch eager reference runner: the HF model itself, attention through the torch reference.
 
-Used by tests and ``llmc verify`` as the ground truth a compiled engine is compared with; it runs
-the same ``StepInputs`` contract as the engine runners, over its own paged KV cache.
+The ground truth a compiled engine is compared with (tests): the packed model the compiler
+exports (``packed_model.py``, ``attention.py``), run eagerly. It lives with the compiler because
+it is the compiler's model before export; it implements the runtime's ``Runner`` protocol over
+its own paged KV cache, so the scheduler can drive it like an engine runner.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmc.compiler.export import cache_spec
+from llmc.compiler.attention import register_attention
 from llmc.compiler.packed_model import PackedCausalLM
+from llmc.engine.kv_cache import cache_spec
 from llmc.runtime.step_inputs import StepInputs
 
 
@@ -21,14 +24,12 @@ class TorchRunner:
 
     Args:
         model: a checkpoint directory (safetensors) or an already loaded transformers model
-            whose ``attn_implementation`` is llmc's (``llmc.compiler.attention``).
+            whose ``attn_implementation`` is llmc's (``attention.py``).
         num_blocks: KV blocks per layer.
         block_size: tokens per KV block.
     """
 
     def __init__(self, model: str | Path | torch.nn.Module, num_blocks: int, block_size: int):
-        from llmc.compiler.attention import register_attention
-
         name = register_attention()
         if not isinstance(model, torch.nn.Module):
             from transformers import AutoModelForCausalLM

@@ -1,16 +1,17 @@
 """The engine manifest: ``manifest.json``, what an engine is and what it needs (DESIGN §6).
 
-The runtime reads it and calls ``check_host`` before anything else in the engine directory is
-deserialized, so an engine built for another target, ISA or backend version is refused with a
-message that says what to rebuild; ``verify_files`` then checks that the directory holds exactly
-the listed files, each of its sha256.
+The runtime reads it and checks it against this host (``llmc.engine.host.check_runs_here``)
+before anything else in the engine directory is deserialized, so an engine built for another
+target, ISA or backend version is refused with a message that says what to rebuild;
+``verify_files`` then checks that the directory holds exactly the listed files, each of its
+sha256. ``ManifestCore`` is what an engine manifest and a portable TensorRT stage
+(``llmc.engine.stage``) both record.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import tempfile
 import types
@@ -19,15 +20,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 
-from llmc.compiler.isa import HostIsa, isa_name, missing_features
+from llmc.engine.files import MANIFEST_NAME, sha256_file, verify_engine_files
 from llmc.errors import EngineCorruptError, EngineMismatchError, EngineNotFoundError
-from llmc.runtime.engine_files import sha256_file as _sha256
-from llmc.runtime.engine_files import verify_engine_files
 from llmc.version import __version__
 
 FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-_GPU_TARGET = re.compile(r"sm\d+")
 
 
 def _utc_now() -> str:
@@ -35,25 +32,20 @@ def _utc_now() -> str:
 
 
 @dataclass(kw_only=True)
-class EngineManifest:
-    """Everything the runtime must know about an engine before loading it (``manifest.json``).
+class ManifestCore:
+    """The facts an engine manifest and a portable stage share: the model, the build, the KV
+    geometry and the serving limits, and the files (``shared_facts`` copies them)."""
 
-    Digests are sha256 hex strings. ``files`` maps each engine file's path relative to the
-    engine directory (POSIX separators) to its digest; ``manifest.json`` itself is not listed.
-    """
-
-    format_version: int = FORMAT_VERSION
+    format_version: int
     llmc_version: str = __version__
     model_id: str  # short name: an alias ("gemma-3-270m") or a path's basename
     source: str  # the path or alias given to `llmc build`
     checkpoint_digest: str
     tokenizer_digest: str
     target: str  # "cpu" or a GPU arch "sm80" ... "sm120"
-    isa: list[str]  # canonical ISA features the engine needs (cpu targets), see llmc.compiler.isa
-    arch: str  # machine architecture: "x86_64" or "aarch64"
-    dtype: str  # "float32" | "bfloat16"
+    dtype: str  # "float32" | "bfloat16" (cpu); "float16" | "bfloat16" | "float32" (sm*)
     quant: str  # "none" | "int8" | "int4" | "fp8" ...
-    kv_cache_dtype: str
+    kv_cache_dtype: str  # as the engine stores it: the compute dtype, "fp8" or "int8"
     max_seq_len: int  # tokens per sequence (prompt + generated)
     max_num_tokens: int  # tokens per step, over all sequences
     max_batch: int  # sequences per step
@@ -63,19 +55,42 @@ class EngineManifest:
     head_dim: int
     vocab_size: int
     plugin_versions: dict[str, str] = field(default_factory=dict)  # "llmc::PagedAttention": "1"
+    build_config: dict = field(default_factory=dict)
+    build_config_hash: str
+    pass_report: dict[str, int] = field(default_factory=dict)  # pass name -> rewrites made
+    quantization: dict | None = None  # quantized builds: what was quantized how, fast-path counts
+    files: dict[str, str] = field(default_factory=dict)
+    created_at: str = field(default_factory=_utc_now)  # ISO 8601, UTC
+
+
+#: Fields of ``ManifestCore`` that describe the file they are in, not the model and its build.
+_OWN_FIELDS = {"format_version", "llmc_version", "files", "created_at"}
+
+
+def shared_facts(m: ManifestCore) -> dict:
+    """The facts of ``m`` another manifest copies (every ``ManifestCore`` field but the format,
+    the llmc version, the files and the creation time), by field name."""
+    return {f.name: getattr(m, f.name) for f in fields(ManifestCore) if f.name not in _OWN_FIELDS}
+
+
+@dataclass(kw_only=True)
+class EngineManifest(ManifestCore):
+    """Everything the runtime must know about an engine before loading it (``manifest.json``).
+
+    Digests are sha256 hex strings. ``files`` maps each engine file's path relative to the
+    engine directory (POSIX separators) to its digest; ``manifest.json`` itself is not listed.
+    """
+
+    format_version: int = FORMAT_VERSION
+    isa: list[str]  # canonical ISA features the engine needs (cpu targets), see llmc.engine.isa
+    arch: str  # machine architecture: "x86_64" or "aarch64"
     backend: str  # "onnxruntime" | "tensorrt"
     backend_version: str
     execution_provider: str  # e.g. "CPUExecutionProvider"
     execution_precision: str = "f32"  # compute precision asked of the provider: "f32" | "bf16"
     execution_provider_version: str | None = None  # plugin EP package version, if any
     provider_selection: dict | None = None  # cpu: candidates measured (provider_choice)
-    build_config: dict = field(default_factory=dict)
-    build_config_hash: str
-    pass_report: dict[str, int] = field(default_factory=dict)  # pass name -> rewrites made
     accuracy_report: dict | None = None  # quantized builds: against the unquantized model
-    quantization: dict | None = None  # quantized builds: what was quantized how, fast-path counts
-    files: dict[str, str] = field(default_factory=dict)
-    created_at: str = field(default_factory=_utc_now)  # ISO 8601, UTC
     # TensorRT engines: version, cuda_version, compute_capability, plan file, builder options,
     # optimization profiles, lint summary (``llmc.compiler.tensorrt.engine_dir``).
     tensorrt: dict | None = None
@@ -145,7 +160,7 @@ def parse_manifest(raw: bytes, where: str) -> EngineManifest:
     if not isinstance(data, dict):
         raise EngineCorruptError(f"{broken}: expected a JSON object, got {type(data).__name__}")
     if data.get("format_version") != FORMAT_VERSION:
-        _raise_format_mismatch(data.get("format_version"), where)
+        raise_format_mismatch(data.get("format_version"), where)
     hints = typing.get_type_hints(EngineManifest)
     values = {}
     for f in fields(EngineManifest):
@@ -174,13 +189,13 @@ def file_digests(engine_dir: str | Path) -> dict[str, str]:
         relative = path.relative_to(root).as_posix()
         if relative == MANIFEST_NAME or relative.startswith(f".{MANIFEST_NAME}."):
             continue
-        digests[relative] = _sha256(path)
+        digests[relative] = sha256_file(path)
     return digests
 
 
 def verify_files(m: EngineManifest, engine_dir: str | Path, hash_files: bool = True) -> None:
     """Check that ``engine_dir`` holds exactly the files ``m.files`` lists, each inside it and,
-    with ``hash_files``, of its sha256 (``llmc.runtime.engine_files.verify_engine_files``).
+    with ``hash_files``, of its sha256 (``llmc.engine.files.verify_engine_files``).
 
     Raises:
         EngineCorruptError: the manifest lists no files; a listed path leaves the directory; a
@@ -192,55 +207,11 @@ def verify_files(m: EngineManifest, engine_dir: str | Path, hash_files: bool = T
 
 def damaged_hint(m: EngineManifest) -> str:
     """What to do about a damaged engine: rebuild it (the command) or re-pull it."""
-    return f"the engine is damaged; rebuild it with {_rebuild_command(m, m.target)} or re-pull it"
+    return f"the engine is damaged; rebuild it with {rebuild_command(m, m.target)} or re-pull it"
 
 
-def check_host(m: EngineManifest, host: HostIsa, backend_versions: dict[str, str]) -> None:
-    """Refuse an engine this host cannot run, before anything of it is loaded.
-
-    ``backend_versions`` maps backend name ("onnxruntime", "tensorrt") to its installed version;
-    a backend absent from it counts as not installed. This host is assumed to have no GPU.
-
-    Raises:
-        EngineMismatchError: format version, target (a GPU arch), machine arch, ISA features or
-            the backend's major.minor version differ; the message says what to rebuild or install.
-    """
-    if m.format_version != FORMAT_VERSION:
-        _raise_format_mismatch(m.format_version, MANIFEST_NAME)
-    rebuild = _rebuild_command(m, "cpu")
-    if _GPU_TARGET.fullmatch(m.target):
-        raise EngineMismatchError(
-            f"engine built for {m.target}, this host is {host.name} (no GPU); "
-            f"rebuild with {rebuild}"
-        )
-    if m.target != "cpu":
-        raise EngineMismatchError(f"unknown engine target {m.target!r}; rebuild with {rebuild}")
-    if m.arch != host.arch:
-        raise EngineMismatchError(
-            f"engine built for {m.arch}, this host is {host.arch} ({host.name}); "
-            f"rebuild on this host with {rebuild}"
-        )
-    missing = missing_features(m.isa, host)
-    if missing:
-        raise EngineMismatchError(
-            f"engine built for {isa_name(m.isa)} needs {', '.join(missing)}, which this host "
-            f"({host.name}) does not run; rebuild on this host with {rebuild}"
-        )
-    installed = backend_versions.get(m.backend)
-    needed = ".".join(m.backend_version.split(".")[:2])
-    if installed is None:
-        raise EngineMismatchError(
-            f"engine needs {m.backend} {needed}.x (built with {m.backend_version}), which is not "
-            f"installed; install {m.backend} {needed}.x"
-        )
-    if _major_minor(installed) != _major_minor(m.backend_version):
-        raise EngineMismatchError(
-            f"engine was built with {m.backend} {m.backend_version} but {installed} is installed; "
-            f"install {m.backend} {needed}.x or rebuild with {rebuild}"
-        )
-
-
-def _raise_format_mismatch(version: object, where: object) -> None:
+def raise_format_mismatch(version: object, where: object) -> None:
+    """Raise EngineMismatchError for a manifest (named by ``where``) of format ``version``."""
     if isinstance(version, int) and version > FORMAT_VERSION:
         raise EngineMismatchError(
             f"{where}: engine format {version} is newer than this llmc {__version__} reads "
@@ -252,17 +223,14 @@ def _raise_format_mismatch(version: object, where: object) -> None:
     )
 
 
-def _rebuild_command(m: EngineManifest, arch: str) -> str:
+def rebuild_command(m: ManifestCore, arch: str) -> str:
+    """The ``llmc build`` command (in backquotes) that rebuilds ``m``'s engine for ``arch``."""
     command = ["llmc", "build", m.source or m.model_id, "--arch", arch]
     if m.dtype != "float32":
         command += ["--dtype", m.dtype]
     if m.quant != "none":
         command += ["--quant", m.quant]
     return f"`{shlex.join(command)}`"
-
-
-def _major_minor(version: str) -> tuple[str, ...]:
-    return tuple(re.split(r"[.+-]", version)[:2])
 
 
 def _has_type(value: object, hint: object) -> bool:

@@ -1,5 +1,9 @@
 """Split an engine graph at its plugin nodes into ONNX Runtime segments (DESIGN §6).
 
+Used by the build, which writes the segments and their plan (``llmc.engine.plan``) into a CPU
+engine, and by the runtime, which runs an in-memory graph the same way
+(``OrtRunner.from_model``: calibration, the accuracy report, ``llmc verify``).
+
 ONNX Runtime runs every node except ``llmc::PagedAttention``; the plugin runs as our CPU kernel
 between two segments, on the runner's KV cache by reference (an ORT custom op in Python would
 copy every input, the cache included, on each call). Segment ``i`` holds the nodes between plugin
@@ -9,95 +13,11 @@ plugin L-1, segment L.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
-
 import onnx
 from onnx import helper
 
-from llmc.plugins import schema
-
-
-@dataclass(frozen=True)
-class PluginCall:
-    """One PagedAttention node: its 9 input names (DESIGN §3 order), output name, attributes.
-
-    ``kv_cache_dtype`` ("auto", "fp8" or "int8") and ``k_scale``/``v_scale`` are the optional
-    quantized-cache attributes (``llmc.plugins.schema``); their defaults let a plan.json written
-    before them load unchanged.
-    """
-
-    layer_idx: int
-    inputs: list[str]
-    output: str
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    scale: float
-    sliding_window: int
-    logit_softcap: float
-    block_size: int
-    kv_cache_dtype: str = "auto"
-    k_scale: float = 1.0
-    v_scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class SegmentSpec:
-    """One ORT segment: its file (relative to the engine dir) and its boundary tensor names."""
-
-    file: str
-    inputs: list[str]
-    outputs: list[str]
-
-
-@dataclass(frozen=True)
-class ExecutionPlan:
-    """How a runner executes the engine: segment i, then plugin i, for every i; logits last.
-
-    ``graph`` names the same step as one graph with the plugin nodes in place
-    (``single_graph.py``; "" for an engine built without one), which a runner with the
-    PagedAttention ORT custom op runs instead of the segments.
-    """
-
-    segments: list[SegmentSpec]
-    plugins: list[PluginCall]
-    logits: str
-    graph: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> ExecutionPlan:
-        d = json.loads(text)
-        return cls(
-            segments=[SegmentSpec(**s) for s in d["segments"]],
-            plugins=[PluginCall(**p) for p in d["plugins"]],
-            logits=d["logits"],
-            graph=d.get("graph", ""),
-        )
-
-
-def _plugin_call(node: onnx.NodeProto) -> PluginCall:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    defaults = schema.OPTIONAL_ATTRIBUTES  # for the attributes a node may leave out
-    return PluginCall(
-        layer_idx=int(attrs["layer_idx"]),
-        inputs=list(node.input),
-        output=node.output[0],
-        num_heads=int(attrs["num_heads"]),
-        num_kv_heads=int(attrs["num_kv_heads"]),
-        head_dim=int(attrs["head_dim"]),
-        scale=float(attrs["scale"]),
-        sliding_window=int(attrs["sliding_window"]),
-        logit_softcap=float(attrs["logit_softcap"]),
-        block_size=int(attrs["block_size"]),
-        kv_cache_dtype=attrs.get("kv_cache_dtype", defaults["kv_cache_dtype"].encode()).decode(),
-        k_scale=float(attrs.get("k_scale", defaults["k_scale"])),
-        v_scale=float(attrs.get("v_scale", defaults["v_scale"])),
-    )
+from llmc.engine.plan import ExecutionPlan, PluginCall, SegmentSpec
+from llmc.engine.plugin import is_plugin_node, plugin_nodes
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
@@ -105,7 +25,7 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     g = inferred.graph
     types = {v.name: v for v in [*g.input, *g.output, *g.value_info]}
-    for node in schema.plugin_nodes(model):
+    for node in plugin_nodes(model):
         q = types.get(node.input[0])
         if q is not None:
             types[node.output[0]] = helper.make_value_info(node.output[0], q.type)
@@ -132,7 +52,7 @@ def split_at_plugins(
         for a in n.attribute
     ):
         raise ValueError("graphs with control-flow subgraphs cannot be segmented")
-    plugins = [n for n in g.node if n.domain == schema.DOMAIN and n.op_type == schema.OP_TYPE]
+    plugins = [n for n in g.node if is_plugin_node(n)]
     if not plugins:
         raise ValueError("the graph has no llmc::PagedAttention node")
     types = _value_types(model)
@@ -140,7 +60,7 @@ def split_at_plugins(
 
     groups: list[list[onnx.NodeProto]] = [[]]
     for node in g.node:
-        if node.domain == schema.DOMAIN and node.op_type == schema.OP_TYPE:
+        if is_plugin_node(node):
             groups.append([])
         else:
             groups[-1].append(node)
@@ -186,7 +106,7 @@ def split_at_plugins(
         seg.ir_version = model.ir_version
         segments.append(seg)
         specs.append(SegmentSpec(file=file_pattern.format(i), inputs=inputs, outputs=outputs))
-    plan = ExecutionPlan(specs, [_plugin_call(n) for n in plugins], logits=g.output[0].name)
+    plan = ExecutionPlan(specs, [PluginCall.from_node(n) for n in plugins], logits=g.output[0].name)
     return segments, plan
 
 
@@ -280,13 +200,3 @@ def _typed(types: dict[str, onnx.ValueInfoProto], name: str) -> onnx.ValueInfoPr
     info = onnx.ValueInfoProto()
     info.CopyFrom(types[name])
     return info
-
-
-def save_plan(plan: ExecutionPlan, engine_dir: Path) -> None:
-    """Write ``plan.json`` into ``engine_dir``."""
-    (engine_dir / "plan.json").write_text(plan.to_json())
-
-
-def load_plan(engine_dir: Path) -> ExecutionPlan:
-    """Read ``plan.json`` from ``engine_dir``."""
-    return ExecutionPlan.from_json((engine_dir / "plan.json").read_text())

@@ -15,8 +15,8 @@ Hashing is the cost: Gemma 3 270M's float32 engine (1.78 GB in 44 files) takes 1
 (sha256 with SHA-NI, one core of an AMD EPYC with AVX-512, warm page cache) against ~3.9 s for
 ONNX Runtime to load it, and the pages hashed are the ones ORT reads next. So no digest cache is
 kept: one keyed on file metadata would trust whoever can write the directory and reset mtimes.
-This module takes plain data (the manifest's ``files`` and what to tell the user), so the
-compiler's manifest module can call it without an import cycle.
+This module takes plain data (the manifest's ``files`` and what to tell the user); the manifest
+module (``llmc.engine.manifest``) builds on it.
 """
 
 from __future__ import annotations

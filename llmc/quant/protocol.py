@@ -1,0 +1,151 @@
+"""The quantization format protocol: what every ``--quant`` format says about itself.
+
+A format is one module (``llmc.compiler.quantize.formats.<name>``) holding one object with the
+members of ``QuantFormat``, listed in the registry ``llmc.compiler.quantize.formats.FORMATS``.
+As gpt-fast's quantization handlers, it has two halves:
+
+- compute the quantized weights: ``quantize`` turns one MatMul's float weight and calibration
+  statistics into a ``QuantizedLinear`` (the weight on its grid, the smoothing factors, the
+  activation grid and clip value); the compiler writes that into the graph as Q/DQ nodes;
+- rewrite for the runtime: ``rewrite_for_cpu`` / ``rewrite_for_tensorrt`` adapt the Q/DQ graph
+  to what ONNX Runtime's CPU EP or TensorRT runs, ``cpu_kernel`` names the fused ONNX Runtime
+  kernel each quantized MatMul must become, ``min_sm`` and ``target_error`` the TensorRT rules.
+
+Defaults (observer, modules kept float, modules given 8-bit weight-only weights) come with the
+format. This module and ``grids`` import numpy and ml_dtypes only (torch where a torch twin is
+called), so calibration algorithms can depend on them without depending on the compiler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from llmc.quant.grids import Grid, QuantizedWeight
+
+if TYPE_CHECKING:
+    import onnx
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How to quantize (the quantization options of ``BuildConfig``)."""
+
+    quant: str  # a key of the format registry
+    calib_method: str = "max"
+    smoothquant_alpha: float = 0.5
+    smoothquant_alphas: tuple[float, ...] = ()  # per-layer choice among these (search_alpha)
+    int4_block_size: int = 128
+    int4_method: str = "awq"  # "awq" | "rtn"
+    weight_only8: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    kv_cache_dtype: str = "auto"
+    weight_rounding: str = "nearest"  # "nearest" | "gptq"
+    bound_pairs: bool = False  # int8 weight pairs within 128, for GEMMs without VNNI (grids)
+
+
+class ActivationStats(Protocol):
+    """What a format reads of one MatMul input's calibration statistics
+    (``llmc.calibration.observers.TensorStats``): rows [*, C] seen as C channels."""
+
+    channel_absmax: np.ndarray  # [C] max |x|
+    sample: np.ndarray  # [R, C] uniform sample of rows
+    gram: np.ndarray | None  # [C, C] X^T X, when collected
+
+    @property
+    def absmax(self) -> float: ...
+    @property
+    def channel_meanabs(self) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ActivationQuant:
+    """A per-tensor QuantizeLinear + DequantizeLinear of the MatMul's input: ``grid`` and clip
+    value ``amax`` (scale ``grid.scale(amax)``, zero point 0)."""
+
+    grid: Grid
+    amax: float
+
+
+@dataclass(frozen=True)
+class QuantizedLinear:
+    """What a format decided for one MatMul ``Y = X W``, written as Q/DQ nodes by the compiler:
+    ``X / smoothing`` (when given) -> ``activation`` Q/DQ (when given) -> MatMul with B =
+    DequantizeLinear(``weight``); ``record`` is the module's entry in the quantization report
+    (its numbers; ``format`` defaults to the format's label)."""
+
+    weight: QuantizedWeight
+    smoothing: np.ndarray | None = None  # [K]: X divided by it, W's rows multiplied by it
+    activation: ActivationQuant | None = None
+    record: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FormatDefaults:
+    """A format's defaults: the activation observer (``--calib-method``) and the module patterns
+    given 8-bit weight-only weights (``--weight-only8``) or kept float (``--exclude``),
+    comma-separated as on the command line."""
+
+    calib_method: str = "max"
+    weight_only8: str = ""
+    exclude: str = ""
+
+
+def sm_of(target: str) -> int | None:
+    """The compute capability x 10 of a GPU target (``sm89`` -> 89), None for ``cpu``."""
+    return int(target[2:]) if target.startswith("sm") else None
+
+
+@runtime_checkable
+class QuantFormat(Protocol):
+    """One quantization format. Subclass it to inherit the defaults of the optional members."""
+
+    name: str  # registry key and --quant value
+    label: str  # what a module quantized this way is counted as in the report ("int8_w8a8")
+    summary: str = ""  # the phrase of --quant's help ("W8A8, SmoothQuant")
+    offered: bool = True  # a --quant choice (else chosen per module, as --weight-only8's)
+    quantizes: bool = True  # False for "none": no calibration, no Q/DQ
+    needs_stats: bool = True  # activation statistics of every module it quantizes
+    defaults: FormatDefaults = FormatDefaults()
+    cpu_kernel: str | None = None  # ONNX Runtime op each quantized MatMul fuses into (CPU)
+    ort_session_config: Mapping[str, str] = {}  # session entries its CPU engines need
+    min_sm: int = 80  # oldest GPU arch (compute capability x 10) TensorRT runs it on
+
+    def quantize(
+        self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec
+    ) -> QuantizedLinear:
+        """Quantize ``weight`` [K, N] float32 (MatMul's B) given its input's ``stats`` (None
+        when ``needs_stats`` is False and GPTQ is off)."""
+        ...
+
+    def runs_on(self, target: str) -> bool:
+        """Whether engines of this format run on ``target`` (``cpu`` or ``sm*``)."""
+        sm = sm_of(target)
+        return sm is None or sm >= self.min_sm
+
+    def target_error(self, target: str, spec: QuantSpec) -> str | None:
+        """Why ``spec`` cannot be built for ``target``, or None."""
+        if self.runs_on(target):
+            return None
+        return (
+            f"--quant {self.name} needs sm{self.min_sm} or newer; {target} is older: use "
+            "another --quant or a newer --arch"
+        )
+
+    def cpu_isa(self, host_features: tuple[str, ...]) -> tuple[str, ...]:
+        """ISA features a CPU engine of this format built on a host with ``host_features``
+        depends on, beyond the SIMD width."""
+        return ()
+
+    def rewrite_for_cpu(self, model: onnx.ModelProto) -> int:
+        """Adapt the Q/DQ graph in place to ONNX Runtime's CPU EP; returns the rewrites."""
+        return 0
+
+    def rewrite_for_tensorrt(self, model: onnx.ModelProto) -> int:
+        """Adapt the Q/DQ graph in place to TensorRT (before the compute-dtype conversion);
+        returns the rewrites. Must leave other formats' Q/DQ nodes alone: every format's rewrite
+        runs on every TensorRT graph."""
+        return 0
