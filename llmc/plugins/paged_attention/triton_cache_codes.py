@@ -16,6 +16,8 @@ import triton.language as tl
 
 @triton.jit
 def round_half_even(x):
+    """``x`` (float32 block) rounded to the nearest integer, ties to even (as numpy's
+    ``rint`` and ONNX QuantizeLinear), still float32."""
     floor = tl.floor(x)
     frac = x - floor
     odd = (floor - 2.0 * tl.floor(floor * 0.5)) != 0.0
@@ -74,6 +76,8 @@ def quantize(x, scale, CACHE_QUANT: tl.constexpr):
 
 @triton.jit
 def store_codes(ptr, offsets, codes, mask, CACHE_QUANT: tl.constexpr):
+    """Store quantized cache codes at ``ptr + offsets``: FP8 E4M3 as its uint8 bit pattern
+    (``CACHE_QUANT`` 1), else converted to the cache's element type (int8)."""
     if CACHE_QUANT == 1:
         tl.store(ptr + offsets, fp8_bits(codes).to(tl.uint8), mask=mask)
     else:

@@ -31,6 +31,8 @@ from llmc.quant.protocol import (
 
 
 class Fp8(QuantFormat):
+    """The `QuantFormat` of ``--quant fp8`` (see the module docstring); min_sm 89."""
+
     name = "fp8"
     label = "fp8_w8a8"
     summary = "W8A8 E4M3"

@@ -33,6 +33,8 @@ TRT_BLOCK_SIZES = (64, 128)
 
 
 class Int4(QuantFormat):
+    """The `QuantFormat` of ``--quant int4`` (see the module docstring)."""
+
     name = "int4"
     label = "int4_weight_only"
     summary = "weight-only, block-wise, AWQ"

@@ -40,6 +40,8 @@ VNNI = "avx512-vnni"
 
 
 class Int8(QuantFormat):
+    """The `QuantFormat` of ``--quant int8`` (see the module docstring)."""
+
     name = "int8"
     label = "int8_w8a8"
     summary = "W8A8, SmoothQuant"

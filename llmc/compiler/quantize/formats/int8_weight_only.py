@@ -20,6 +20,9 @@ from llmc.quant.protocol import ActivationStats, QuantFormat, QuantizedLinear, Q
 
 
 class Int8WeightOnly(QuantFormat):
+    """The 8-bit weight-only `QuantFormat` that ``--weight-only8`` modules get (see the
+    module docstring)."""
+
     name = "int8_weight_only"
     label = "int8_weight_only"
     summary = "8-bit weight-only, block-wise"

@@ -8,6 +8,8 @@ from llmc.quant.protocol import ActivationStats, QuantFormat, QuantizedLinear, Q
 
 
 class NoQuantization(QuantFormat):
+    """The `QuantFormat` of ``--quant none``: every module stays float."""
+
     name = "none"
     label = "none"
     summary = "float"
