@@ -92,6 +92,8 @@ HOSTILE = {
 
 @dataclass
 class HostileResult:
+    """What one hostile request got: its kind, the HTTP status (or hang/dropped), a detail."""
+
     kind: str
     status: str  # the HTTP status, or "hang" / "dropped"
     detail: str = ""
@@ -230,6 +232,7 @@ def cpu_model() -> str:
 
 
 def print_run(name: str, run: dict) -> None:
+    """Print one run's counts, TTFT percentiles (ms) and pool state."""
     print(
         f"\n{name}: {run['requests']} well-formed + {run['hostile']} hostile in "
         f"{run['duration_s']:.1f} s\n"

@@ -121,11 +121,13 @@ def probe(engine: LLMEngine, background: SamplingParams | None, head_start: int)
 
 
 def cpu_model() -> str:
+    """``lscpu``'s Model name."""
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln), "?")
 
 
 def main() -> None:
+    """Build or load the engine, run the three scenarios, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", help="engine directory (default: build the tiny Llama)")
     parser.add_argument("--stops", type=int, default=10_000, help="stop strings (scenario b)")

@@ -81,6 +81,7 @@ TINY_SHAPES = (
 
 
 def real_workloads(max_context: int) -> list[Workload]:
+    """The prefill, mixed and decode workloads (batch 1/16/64) up to ``max_context`` tokens."""
     workloads = [
         Workload("prefill 1x512", ((512, 512),)),
         Workload("prefill 1x4096", ((4096, 4096),)),
@@ -120,6 +121,7 @@ class Row:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``--help`` lists it)."""
     p = argparse.ArgumentParser(
         description="GPU acceptance of the paged-attention kernel (accuracy against the "
         "reference, time against SDPA, shared memory) and of the TensorRT path.",
@@ -212,6 +214,7 @@ def step_bytes(shape: Shape, workload: Workload, block_size: int, itemsize: int)
 
 
 def kwargs_of(shape: Shape) -> dict:
+    """The plugin attributes of ``shape`` as kernel keyword arguments."""
     return dict(num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
                 head_dim=shape.head_dim, scale=shape.head_dim**-0.5,
                 sliding_window=shape.sliding_window, logit_softcap=shape.logit_softcap)  # fmt: skip
@@ -299,6 +302,8 @@ def dense_sdpa(shape: Shape, workload: Workload, step: list, key_cache, value_ca
 
 
 def accuracy_and_time(args, shape: Shape, workload: Workload, dtype_name: str) -> Row:
+    """One row: the kernel's max abs error against the reference, its time and SDPA's (ms, CUDA
+    events, median of ``args.repeat``) on the same data."""
     import torch
 
     from llmc.plugins.paged_attention.reference import paged_attention_reference
@@ -354,6 +359,7 @@ def accuracy_and_time(args, shape: Shape, workload: Workload, dtype_name: str) -
 
 
 def print_table(rows: list[Row], cuda: bool) -> None:
+    """Print the accuracy and timing rows."""
     unit = "ms; speedup = SDPA / kernel" if cuda else "ms: interpreter, not a measurement"
     print(f"\n{'shape':<20}{'dtype':<10}{'workload':<23}{'splits':>6}{'max err':>10}{'':>6}"
           f"{'kernel':>10}{'SDPA':>10}{'speedup':>10}{'SDPA err':>10}   [{unit}]")  # fmt: skip
@@ -421,6 +427,8 @@ def compiled_shared_memory(
 
 
 def shared_memory_part(shapes: tuple[Shape, ...], dtypes: list[str], arch: int) -> bool:
+    """Compile the kernels for ``sm{arch}`` and compare Triton's shared memory (bytes) with
+    ``shared_memory_bytes``; True when every one matches and fits."""
     from llmc.plugins.paged_attention.triton_tiles import kernel_config, shared_memory_bytes
 
     print(f"\nshared memory, compiled for sm{arch} (bytes; 49152 = 48 KB without opt-in)")
@@ -497,6 +505,7 @@ def tensorrt_part(args, arch: int | None) -> bool | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the acceptance; exit 0 passed, 1 a failure, 2 bad arguments, 3 no CUDA GPU."""
     args = parse_args(argv)
     if args.interpret:
         # Before the kernel modules are first imported: @triton.jit reads it there.

@@ -38,6 +38,7 @@ def _subpackage(module: str) -> str:
 
 
 def build_graph() -> grimp.ImportGraph:
+    """grimp's import graph of llmc (function-local imports included, TYPE_CHECKING ones not)."""
     return grimp.build_graph(PACKAGE, exclude_type_checking_imports=True, cache_dir=None)
 
 
@@ -127,6 +128,7 @@ def function_local_imports() -> list[str]:
 
 
 def long_files(limit: int = 300) -> list[tuple[str, int]]:
+    """(path, lines) of llmc's files longer than ``limit`` lines."""
     out = []
     for path in _python_files():
         lines = len(path.read_text().splitlines())
@@ -136,6 +138,7 @@ def long_files(limit: int = 300) -> list[tuple[str, int]]:
 
 
 def long_functions(limit: int = 80) -> list[tuple[str, int]]:
+    """(qualified name, lines) of llmc's functions longer than ``limit`` lines."""
     out = []
     for path in _python_files():
         tree = ast.parse(path.read_text(), str(path))
@@ -148,6 +151,7 @@ def long_functions(limit: int = 80) -> list[tuple[str, int]]:
 
 
 def main() -> int:
+    """Print the counts (exit 0); with ``--cycles`` only the cycle check, exit 1 on a cycle."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", action="store_true", help="only check for file-level cycles")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every finding")

@@ -21,6 +21,7 @@ def setup_commands(readme: str) -> list[str]:
 
 
 def main() -> int:
+    """Print the command named by argv[1]; exit 1 on a bad argument or README."""
     commands = setup_commands((Path(__file__).parents[1] / "README.md").read_text())
     if len(commands) != 2 or sys.argv[1:] not in (["main"], ["tests"]):
         print(f"usage: readme_command.py main|tests; the README holds {commands}", file=sys.stderr)
