@@ -83,7 +83,9 @@ def tiny_engine(root: Path) -> LLMEngine:
     from tests.tiny_models import make_tiny_llama
 
     model = make_tiny_llama(root / "model")
-    config = BuildConfig(model=str(model), block_size=16, max_seq_len=512, output=str(root / "e"))
+    config = BuildConfig.of(
+        model=str(model), block_size=16, max_seq_len=512, output=str(root / "e")
+    )
     return LLMEngine.from_engine_dir(build(config).engine_dir)
 
 
@@ -91,7 +93,7 @@ def set_fork_limit(engine: LLMEngine, limit: int | None) -> None:
     """Replace the (idle) engine's scheduler by one with ``max_num_forked_seqs = limit``
     (`EngineConfig` does not carry the field)."""
     config = dataclasses.replace(engine.scheduler.config, max_num_forked_seqs=limit)
-    engine.scheduler = Scheduler(config, engine.scheduler.eos_token_ids)
+    engine.scheduler = Scheduler(config, engine.scheduler.stop_checker.eos_token_ids)
 
 
 def run_until_done(engine: LLMEngine, request_id: str) -> int:

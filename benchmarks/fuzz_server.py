@@ -182,7 +182,7 @@ def build_tiny_engine(root: Path) -> Path:
     from tests.tiny_models import make_tiny_llama
 
     model = make_tiny_llama(root / "model")
-    config = BuildConfig(
+    config = BuildConfig.of(
         model=str(model), block_size=16, max_seq_len=128, output=str(root / "engine")
     )
     return Path(build(config).engine_dir)

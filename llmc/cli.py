@@ -11,23 +11,36 @@ from llmc.errors import LlmcError
 
 
 def _add_build(sub) -> None:
-    from llmc.compiler.build_config import BuildConfig
+    import inspect
 
-    p = sub.add_parser("build", help="build an engine from a checkpoint")
-    p.add_argument("model", nargs="?", default=argparse.SUPPRESS, help=_help(BuildConfig, "model"))
-    for f in fields(BuildConfig):
-        if f.name == "model":
-            continue
-        flags = [f"--{f.name.replace('_', '-')}"] + (["-o"] if f.name == "output" else [])
-        kind = {"int": int, "float": float}.get(str(f.type), str)
-        p.add_argument(
-            *flags,
-            dest=f.name,
-            type=kind,
-            choices=f.metadata.get("choices"),
-            default=argparse.SUPPRESS,
-            help=f"{f.metadata['help']} (default: {f.default})".replace("%", "%%"),
-        )
+    from llmc.compiler.build_config import GROUPS
+    from llmc.compiler.config.source import SourceOptions
+
+    p = sub.add_parser(
+        "build",
+        help="build an engine from a checkpoint",
+        description="Build an engine from a checkpoint. Every option below may also be set in a "
+        "--config YAML file, by its name (block_size: 8) or under its group (export: "
+        "{block_size: 8}); flags win.",
+    )
+    p.add_argument(
+        "model", nargs="?", default=argparse.SUPPRESS, help=_help(SourceOptions, "model")
+    )
+    for title, group in GROUPS.items():
+        about = " ".join(inspect.getdoc(group).split("\n\n")[0].split())
+        g = p.add_argument_group(title, about)
+        for f in fields(group):
+            if f.name == "model":
+                continue
+            flags = [f"--{f.name.replace('_', '-')}"] + (["-o"] if f.name == "output" else [])
+            g.add_argument(
+                *flags,
+                dest=f.name,
+                type={"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str),
+                choices=f.metadata.get("choices"),
+                default=argparse.SUPPRESS,
+                help=_help(group, f.name),
+            )
     p.add_argument("--config", help="YAML file setting any build option; flags win")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
     p.add_argument(
@@ -42,7 +55,7 @@ def _add_build(sub) -> None:
 
 def _help(cls, name: str) -> str:
     f = next(f for f in fields(cls) if f.name == name)
-    return f"{f.metadata['help']} (default: {f.default})"
+    return f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")
 
 
 def _run_build(args: argparse.Namespace) -> int:
@@ -67,20 +80,7 @@ def _run_build(args: argparse.Namespace) -> int:
         return 0
     with BuildProgress() as progress:
         result = build(config, progress)
-    print("passes: " + ", ".join(f"{k}={v}" for k, v in result.pass_report.items()))
-    if result.quantization is not None:
-        counts = ", ".join(f"{k}={v}" for k, v in result.quantization["counts"].items())
-        fast = ", ".join(
-            f"{op} {r['found']}/{r['expected']}"
-            for op, r in result.quantization.get("fast_path", {}).items()
-        )
-        print(f"quantized: {counts}; fused kernels: {fast}")
-    if result.accuracy_report is not None:
-        print(result.accuracy_report.format())
-    print(f"engine: {result.engine_dir}")
-    if result.registry_entry is not None:
-        entry = result.registry_entry
-        print(f"published: {entry.model_id}@{entry.short_id} in {config.registry}")
+    print(result.format())
     return 0
 
 
@@ -117,22 +117,11 @@ def _run_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         stop=args.stop,
     )
-    prompts: list = list(args.prompts)
     if args.chat:
-        tok = llm.engine.tokenizer
-        # The template already holds BOS: tokenize its text without adding special tokens.
-        prompts = [
-            {
-                "prompt_token_ids": tok.encode(
-                    tok.apply_chat_template(
-                        [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-                    ),
-                    add_special_tokens=False,
-                )
-            }
-            for p in prompts
-        ]
-    for prompt, out in zip(args.prompts, llm.generate(prompts, params), strict=True):
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
+    else:
+        outputs = llm.generate(list(args.prompts), params)
+    for prompt, out in zip(args.prompts, outputs, strict=True):
         for o in out.outputs:
             if args.json:
                 print(
@@ -152,104 +141,36 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def _add_serve(sub) -> None:
-    from llmc.runtime.server.limits import RequestLimits
+    from llmc.runtime.server.serve_flags import add_arguments
 
-    p = sub.add_parser("serve", help="serve an engine with the OpenAI-compatible API")
+    p = sub.add_parser(
+        "serve",
+        help="serve an engine with the OpenAI-compatible API",
+        description="Serve ENGINE with the OpenAI-compatible API until SIGTERM, which drains. "
+        "Every option below may also be set in a --config YAML file by its name "
+        "(max_num_seqs: 8); flags win.",
+    )
     p.add_argument("engine", help="engine directory, or a model id in the registry")
     _add_registry_option(p)
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="model name clients send")
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="require this bearer token on every route but /health, /ready, /metrics "
-        "(default: $LLMC_API_KEY; the command line is visible to other users, the file and "
-        "the variable are not)",
-    )
-    p.add_argument(
-        "--api-key-file", default=None, metavar="PATH", help="read the API key from this file"
-    )
-    p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences per step")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
-    p.add_argument(
-        "--max-num-forked-seqs",
-        type=int,
-        default=None,
-        help="most running completions 1..n-1 of n > 1 requests, so one large-n request cannot "
-        "crowd out new ones (default: half of --max-num-seqs)",
-    )
-    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output")
-    p.add_argument(
-        "--kv-cache-memory", type=float, default=None, help="KV-cache budget in GiB (default 2)"
-    )
-    p.add_argument("--max-waiting", type=int, default=64, help="queued requests before 503")
-    p.add_argument(
-        "--no-prefix-caching",
-        dest="enable_prefix_caching",
-        action="store_false",
-        help="do not share KV blocks of common prompt prefixes",
-    )
-    p.add_argument(
-        "--max-consecutive-step-failures",
-        type=int,
-        default=3,
-        help="failed engine steps in a row after which the server reports itself dead (/health "
-        "503); a single failed step only fails the requests it carried (default 3)",
-    )
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="seconds in-flight requests may run after SIGTERM; then they are aborted",
-    )
-    p.add_argument(
-        "--allowed-origins",
-        action="append",
-        default=None,
-        help="a CORS origin allowed to call the API ('*' for any; repeatable); default: CORS off",
-    )
-    limits = p.add_argument_group(
-        "request limits",
-        "Past a limit a request gets a 400 naming the field and the limit (413 for the body); "
-        "max_tokens is bounded by --max-model-len.",
-    )
-    for f in fields(RequestLimits):
-        limits.add_argument(
-            f"--{f.name.replace('_', '-')}",
-            dest=f.name,
-            type=int,
-            default=f.default,
-            help=f"{f.metadata['help']} (default: {f.default})",
-        )
+    add_arguments(p)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from llmc.runtime.server.api_server import serve
-    from llmc.runtime.server.limits import RequestLimits
+    from llmc.runtime.server.serve_flags import from_args
 
-    limits = RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
-    kv_bytes = int(args.kv_cache_memory * (1 << 30)) if args.kv_cache_memory else None
+    config = from_args(args)
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(config.redacted().to_dict(), sort_keys=False), end="")
+        return 0
     engine = _engine_dir(args)
     serve(
-        str(engine.path),
-        host=args.host,
-        port=args.port,
-        model_name=args.served_model_name or engine.model_name,
-        api_key=args.api_key,
-        api_key_file=args.api_key_file,
-        max_waiting=args.max_waiting,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_forked_seqs=args.max_num_forked_seqs,
-        max_model_len=args.max_model_len,
-        kv_cache_memory=kv_bytes,
-        enable_prefix_caching=args.enable_prefix_caching,
-        shutdown_timeout_s=args.shutdown_timeout,
-        allowed_origins=args.allowed_origins,
-        limits=limits,
+        engine.path,
+        config,
+        model_id=engine.model_name,
         expected_manifest_sha256=engine.manifest_sha256,
-        max_consecutive_step_failures=args.max_consecutive_step_failures,
     )
     return 0
 

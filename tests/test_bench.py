@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import uvicorn
 
 from llmc.bench import (
     BenchConfig,
@@ -33,72 +31,33 @@ from llmc.bench import (
 from llmc.bench.dataset import random_requests
 from llmc.bench.runner import arrival_offsets
 from llmc.cli import main
-from tests.tiny_models import make_tiny_llama
+
+if TYPE_CHECKING:
+    from tests.conftest import ServerFactory
 
 MODEL = "tiny-llama"
 KEY = "sesame"
 MAX_MODEL_LEN = 128
 
 
-class Server:
-    """A uvicorn server on a free port of 127.0.0.1, run on a background thread."""
-
-    def __init__(self, app: object) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-
-def build_tiny_engine(tmp: Path) -> Path:
-    """The tiny Llama (2 layers, hidden 64) built into a cpu engine: block size 16, 128 tokens."""
-    from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
-
-    checkpoint = make_tiny_llama(tmp / "checkpoint")
-    config = BuildConfig(
-        model=str(checkpoint), block_size=16, max_seq_len=MAX_MODEL_LEN, output=str(tmp / "engine")
-    )
-    return build(config).engine_dir
-
-
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_engine(tmp_path_factory.mktemp("bench"))
-
-
-@pytest.fixture(scope="module")
-def url(engine_dir: Path) -> Iterator[str]:
+def url(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[str]:
     """The real server, with an API key, over the tiny engine."""
     from llmc.runtime.engine import LLMEngine
-    from llmc.runtime.server import AsyncLLMEngine, build_app
 
-    engine = AsyncLLMEngine(LLMEngine.from_engine_dir(engine_dir, num_blocks=64), max_waiting=64)
-    server = Server(build_app(engine, MODEL, api_key=KEY))
-    yield server.url
-    server.stop()
-    engine.shutdown()
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=64)
+    with running_server(engine, MODEL, max_waiting=64, api_key=KEY) as server:
+        yield server.url
 
 
-def test_python_api_counts_requests_and_tokens(url: str, engine_dir: Path) -> None:
+def test_python_api_counts_requests_and_tokens(url: str, tiny_llama_engine: Path) -> None:
     config = BenchConfig(
         base_url=url,
         api_key=KEY,
         num_prompts=6,
         input_len=10,
         output_len=5,
-        tokenizer=str(engine_dir),
+        tokenizer=str(tiny_llama_engine),
         ignore_eos=True,
         max_concurrency=3,
     )
@@ -124,7 +83,7 @@ def test_python_api_counts_requests_and_tokens(url: str, engine_dir: Path) -> No
     assert result.request_throughput == pytest.approx(6 / result.duration_s)
 
 
-def test_chat_endpoint_with_random_words(url: str, engine_dir: Path) -> None:
+def test_chat_endpoint_with_random_words(url: str, tiny_llama_engine: Path) -> None:
     from transformers import AutoTokenizer
 
     config = BenchConfig(
@@ -142,7 +101,7 @@ def test_chat_endpoint_with_random_words(url: str, engine_dir: Path) -> None:
     run = run_bench(config)
     assert (run.result.completed, run.result.failed) == (4, 0)
     # The server's prompt is the chat template around the words; count it independently.
-    tok = AutoTokenizer.from_pretrained(engine_dir / "tokenizer")
+    tok = AutoTokenizer.from_pretrained(tiny_llama_engine / "tokenizer")
     requests = random_requests(config)
     prompts = [r.prompt for r in requests]
     expected = [
@@ -197,7 +156,7 @@ def test_client_disconnect_is_counted_apart(url: str) -> None:
 
 
 def test_cli_prints_table_and_writes_json(
-    url: str, engine_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    url: str, tiny_llama_engine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     prompts = tmp_path / "prompts.jsonl"
     lines = [{"prompt": "To be, or not to be", "output_len": 2}, {"prompt": "Now is the winter"}]
@@ -227,19 +186,19 @@ def test_cli_prints_table_and_writes_json(
     assert "--range-ratio" in capsys.readouterr().err
 
 
-def test_random_prompts_with_tokenizer_have_exact_lengths(engine_dir: Path) -> None:
+def test_random_prompts_with_tokenizer_have_exact_lengths(tiny_llama_engine: Path) -> None:
     config = BenchConfig(
-        num_prompts=5, input_len=12, prefix_len=4, output_len=3, tokenizer=str(engine_dir)
+        num_prompts=5, input_len=12, prefix_len=4, output_len=3, tokenizer=str(tiny_llama_engine)
     )
     from llmc.bench.dataset import load_tokenizer
 
-    requests = random_requests(config, load_tokenizer(str(engine_dir)))
+    requests = random_requests(config, load_tokenizer(str(tiny_llama_engine)))
     assert [len(r.prompt) for r in requests] == [16] * 5
     assert len({tuple(r.prompt[:4]) for r in requests}) == 1  # the shared prefix
     assert len({tuple(r.prompt) for r in requests}) == 5
-    assert random_requests(config, load_tokenizer(str(engine_dir))) == requests  # seeded
+    assert random_requests(config, load_tokenizer(str(tiny_llama_engine))) == requests  # seeded
     with pytest.raises(BenchConfigError, match="--prompt-file"):
-        run_bench(BenchConfig(prompt_file=str(engine_dir / "missing.txt")))
+        run_bench(BenchConfig(prompt_file=str(tiny_llama_engine / "missing.txt")))
 
 
 def test_poisson_arrivals() -> None:

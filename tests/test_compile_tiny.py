@@ -31,7 +31,7 @@ def tiny(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     make = make_tiny_llama if request.param == "llama" else make_tiny_gemma3
     ckpt = make(root / "ckpt", sharp=True)
-    config = BuildConfig(
+    config = BuildConfig.of(
         model=str(ckpt), block_size=4, max_seq_len=128, output=str(root / "engine")
     )
     result = build(config)
@@ -153,7 +153,10 @@ def test_bad_build_options_fail_before_work(tmp_path):
     yaml_file = tmp_path / "b.yaml"
     yaml_file.write_text("max-seq-len: 512\nblock_size: 8\n")
     config = BuildConfig.from_sources(str(yaml_file), {"block_size": 32})
-    assert (config.max_seq_len, config.block_size) == (512, 32)  # the command line wins
+    assert (config.export.max_seq_len, config.export.block_size) == (
+        512,
+        32,
+    )  # the command line wins
 
 
 def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
@@ -173,7 +176,9 @@ def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
     for dtype in ("float32", "bfloat16"):
         out = tmp_path / dtype
         build(
-            BuildConfig(model=str(ckpt), dtype=dtype, block_size=4, max_seq_len=64, output=str(out))
+            BuildConfig.of(
+                model=str(ckpt), dtype=dtype, block_size=4, max_seq_len=64, output=str(out)
+            )
         )
         engines[dtype] = LLMEngine.from_engine_dir(out)
     manifest = json.loads((tmp_path / "bfloat16" / "manifest.json").read_text())

@@ -7,8 +7,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from llmc.errors import StepFailedError
+from llmc.runtime.chat_template import ChatTemplateError
 from llmc.runtime.engine import EngineConfig, LLMEngine
 from llmc.runtime.llm import LLM
+from llmc.runtime.request_check import InvalidRequestError
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.step_inputs import StepInputs
 from tests.tiny_models import make_tiny_llama
@@ -172,7 +174,7 @@ def test_eos_stops_unless_ignored(tokenizer):
     # The fake model never emits EOS: make it do so by stopping on the first oracle token.
     prompt = prompt_of(5)
     first = oracle(prompt, 1)[0]
-    engine.scheduler.eos_token_ids = frozenset({first})
+    engine.scheduler.stop_checker.eos_token_ids = frozenset({first})
     engine.add_request("stops", prompt, SamplingParams(max_tokens=4, temperature=0.0))
     engine.add_request("ignores", prompt, SamplingParams(max_tokens=4, **GREEDY))
     finished = run(engine, {0: []})
@@ -211,6 +213,17 @@ def test_add_request_validation(tokenizer):
         engine.add_request("y", [5] * 60, SamplingParams(max_tokens=5))
     with pytest.raises(ValueError, match="n must be an integer >= 1, got 0"):
         engine.add_request("y", [5], SamplingParams(n=0))
+    refusals = [  # (prompt, params, the field the error names)
+        ([], SamplingParams(), "prompt"),
+        ([5, 512], SamplingParams(), "prompt"),
+        ([5], SamplingParams(stop_token_ids=[3, 512]), "stop_token_ids"),
+        ([5], SamplingParams(top_p=0.0), "top_p"),
+        ([5], SamplingParams(min_tokens=9, max_tokens=2), "min_tokens"),
+    ]
+    for prompt, params, field in refusals:
+        with pytest.raises(InvalidRequestError) as refused:
+            engine.add_request("y", prompt, params)
+        assert refused.value.field == field and field in str(refused.value)
     with pytest.raises(ValueError, match="block_size 8 differs"):
         cfg = EngineConfig(block_size=8, num_blocks=8, max_model_len=8)
         LLMEngine(PagedFakeRunner(8, 4), tokenizer, cfg, set())
@@ -218,6 +231,25 @@ def test_add_request_validation(tokenizer):
         cfg = EngineConfig(block_size=4, num_blocks=9, max_model_len=8)
         LLMEngine(PagedFakeRunner(8, 4), tokenizer, cfg, set())
     assert list(engine.scheduler.requests) == ["x"]
+
+
+def test_llm_chat_prompts_are_the_chat_template_encoded_without_special_tokens(tokenizer):
+    llm = LLM.from_engine(fake_engine(tokenizer))
+    conversation = [{"role": "user", "content": "Hi"}]
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    one, two = llm.chat([conversation, conversation + conversation], params)
+    assert one.prompt_token_ids == expected
+    assert len(two.prompt_token_ids) > len(expected)
+    assert [o.prompt_token_ids for o in llm.chat(conversation, params)] == [expected]
+    template, tokenizer.chat_template = tokenizer.chat_template, "{{ raise_exception('no') }}"
+    try:
+        with pytest.raises(ChatTemplateError, match="Cannot apply the chat template: no"):
+            llm.chat(conversation, params)
+    finally:
+        tokenizer.chat_template = template
+    assert not llm.engine.has_unfinished_requests()
 
 
 def test_llm_generate_keeps_input_order_and_accepts_token_prompts(tokenizer):
@@ -272,7 +304,7 @@ def test_from_engine_dir_defaults_and_overrides(llama_dir, tmp_path):
 
     out = tmp_path / "engine"
     build(
-        BuildConfig(
+        BuildConfig.of(
             model=str(llama_dir), block_size=4, max_seq_len=48, max_batch=5,
             max_num_tokens=64, output=str(out),
         )
@@ -289,7 +321,7 @@ def test_from_engine_dir_defaults_and_overrides(llama_dir, tmp_path):
     )
     with pytest.raises(ValueError, match="max_model_len 49 exceeds the engine's max_seq_len 48"):
         LLMEngine.from_engine_dir(out, max_model_len=49)
-    with pytest.raises(TypeError, match="unknown engine options"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_seq'"):
         LLMEngine.from_engine_dir(out, max_num_seq=3)
     llm = LLM(out, seed=3, num_blocks=20)
     assert llm.engine.config.seed == 3

@@ -32,7 +32,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("integrity")
     checkpoint = make_tiny_llama(tmp / "checkpoint")
     out = str(tmp / "engine")
-    config = BuildConfig(model=str(checkpoint), block_size=16, max_seq_len=64, output=out)
+    config = BuildConfig.of(model=str(checkpoint), block_size=16, max_seq_len=64, output=out)
     return build(config).engine_dir
 
 

@@ -24,7 +24,7 @@ def engine_dir(tmp_path_factory) -> Path:
     ckpt = make_tiny_llama(root / "ckpt", sharp=True)
     out = root / "engine"
     build(
-        BuildConfig(
+        BuildConfig.of(
             model=str(ckpt), block_size=4, max_seq_len=MAX_SEQ_LEN, max_batch=8,
             max_num_tokens=64, output=str(out),
         )

@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmc.bench import BenchRequest, Target, run_requests, summarize
-from tests.test_bench import MAX_MODEL_LEN, Server, build_tiny_engine
+from tests.test_bench import MAX_MODEL_LEN
+
+if TYPE_CHECKING:
+    from tests.conftest import LiveServer, ServerFactory
 
 MODEL = "tiny-llama"
 NUM_REQUESTS = 200
@@ -34,38 +37,15 @@ NUM_DROPPED = NUM_REQUESTS // 10
 NUM_BLOCKS = 256  # 32 sequences of 128 tokens in blocks of 16: room for all, no preemption
 
 
-@dataclass
-class Served:
-    url: str
-    engine: object  # AsyncLLMEngine
-    llm_engine: object  # LLMEngine
-    aborted: list[str]
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[LiveServer]:
     from llmc.runtime.engine import LLMEngine
-    from llmc.runtime.server import AsyncLLMEngine, build_app
 
-    engine_dir = build_tiny_engine(tmp_path_factory.mktemp("load"))
     llm_engine = LLMEngine.from_engine_dir(
-        engine_dir, num_blocks=NUM_BLOCKS, max_num_seqs=CONCURRENCY
+        tiny_llama_engine, num_blocks=NUM_BLOCKS, max_num_seqs=CONCURRENCY
     )
-    aborted: list[str] = []
-    lock = threading.Lock()
-    abort = llm_engine.abort_request
-
-    def spy_abort(request_id: str) -> None:
-        with lock:
-            aborted.append(request_id)
-        abort(request_id)
-
-    llm_engine.abort_request = spy_abort  # type: ignore[method-assign]
-    engine = AsyncLLMEngine(llm_engine, max_waiting=2 * CONCURRENCY)
-    server = Server(build_app(engine, MODEL))
-    yield Served(server.url, engine, llm_engine, aborted)
-    server.stop()
-    engine.shutdown()
+    with running_server(llm_engine, MODEL, max_waiting=2 * CONCURRENCY) as server:
+        yield server
 
 
 def _requests(seed: int = 0) -> list[BenchRequest]:
@@ -100,7 +80,7 @@ def _metric(url: str, name: str, **labels: str) -> float | None:
     return sum(values) if values else None
 
 
-def test_load_200_requests_32_concurrent_10_percent_dropped(served: Served) -> None:
+def test_load_200_requests_32_concurrent_10_percent_dropped(served: LiveServer) -> None:
     requests = _requests()
     target = Target(served.url, MODEL, ignore_eos=True)
     results, duration = asyncio.run(run_requests(target, requests, max_concurrency=CONCURRENCY))

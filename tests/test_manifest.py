@@ -96,10 +96,13 @@ def test_atomic_write_leaves_no_temp_file(engine: Path, monkeypatch):
     assert (engine / "manifest.json").read_text() == before
 
 
-def test_gpu_engine_on_cpu_host():
+def test_gpu_engine_is_not_a_cpu_engine():
     message = mismatch(replace(make_manifest(), target="sm90"))
-    assert "engine built for sm90, this host is cpu-avx512-vnni (no GPU)" in message
-    assert "`llmc build gemma-3-270m --arch cpu`" in message
+    assert "engine built for sm90 is not a cpu engine" in message
+    assert (
+        "rebuild it for this host (cpu-avx512-vnni) with `llmc build gemma-3-270m --arch cpu`"
+        in message
+    )
 
 
 def test_other_machine_arch():

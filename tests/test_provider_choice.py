@@ -146,9 +146,8 @@ def test_openvino_ep_is_unavailable_here_and_says_why():
 )
 def test_unrunnable_provider_is_refused_before_any_work(tmp_path, options):
     # The model path does not exist: the provider error must come before it is even resolved.
-    config = BuildConfig(model=str(tmp_path / "no-such-model"), output=str(tmp_path / "e"))
-    for key, value in options.items():
-        setattr(config, key, value)
+    model, out = str(tmp_path / "no-such-model"), str(tmp_path / "e")
+    config = BuildConfig.of(model=model, output=out, **options)
     with pytest.raises(BuildConfigError, match="no ONNX Runtime execution provider") as raised:
         build(config)
     assert openvino_cpu_devices()[1] in str(raised.value)
@@ -172,7 +171,7 @@ def test_build_config_option_is_validated_and_read_from_yaml(tmp_path):
         BuildConfig.from_sources(None, {"arch": "sm90", "execution_provider": "openvino"})
     yaml_file = tmp_path / "b.yaml"
     yaml_file.write_text("execution-provider: cpu\n")
-    assert BuildConfig.from_sources(str(yaml_file), {}).execution_provider == "cpu"
+    assert BuildConfig.from_sources(str(yaml_file), {}).target.execution_provider == "cpu"
     assert BuildConfig.from_sources(str(yaml_file), {"execution_provider": "auto"}).hash() == (
         BuildConfig().hash()  # the graph does not depend on it; the manifest records it
     )

@@ -64,7 +64,7 @@ def setup(tmp_path_factory):
 
 
 def _config(root, ckpt, data, name: str, **kw) -> BuildConfig:
-    return BuildConfig(
+    return BuildConfig.of(
         model=str(ckpt),
         quant="w8pc",
         block_size=8,
@@ -93,20 +93,20 @@ def test_a_registered_format_is_a_build_choice_with_its_defaults_and_rules(regis
     assert "w8pc" in QUANTS and list(QUANTS)[-1] == "w8pc"
     args = build_parser().parse_args(["build", "m", "--quant", "w8pc"])
     assert args.quant == "w8pc"
-    config = BuildConfig(quant="w8pc")
+    config = BuildConfig.of(quant="w8pc")
     config.validate()
     spec = config.quant_spec()
     assert (spec.quant, spec.exclude, spec.weight_only8) == ("w8pc", ("*.down_proj",), ())
-    assert config.calib_method_for_quant == "max"
+    assert config.calib_method == "max"
     with pytest.raises(BuildConfigError, match="w8pc needs sm90"):
-        BuildConfig(quant="w8pc", arch="sm89").validate()
-    BuildConfig(quant="w8pc", arch="sm90").validate()
+        BuildConfig.of(quant="w8pc", arch="sm89").validate()
+    BuildConfig.of(quant="w8pc", arch="sm90").validate()
 
 
 def test_an_unregistered_format_is_refused():
     assert "w8pc" not in QUANTS
     with pytest.raises(BuildConfigError, match="--quant 'w8pc' is not one of none, fp8"):
-        BuildConfig(quant="w8pc").validate()
+        BuildConfig.of(quant="w8pc").validate()
 
 
 def test_a_registered_format_builds_reports_serves_and_lowers_for_tensorrt(setup, registered):

@@ -40,7 +40,7 @@ def setup(tmp_path_factory):
 
 
 def _config(root, ckpt, data, quant, name, **kw) -> BuildConfig:
-    return BuildConfig(
+    return BuildConfig.of(
         model=str(ckpt),
         quant=quant,
         block_size=8,

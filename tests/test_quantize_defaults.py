@@ -20,36 +20,39 @@ def test_text_sources_describe_file_part_or_sampling_seed(tmp_path):
 
 def test_vocabulary_projection_is_never_float_by_default():
     for quant in ("fp8", "int8", "int4"):
-        assert "lm_head" not in BuildConfig(quant=quant).quant_spec().exclude
+        assert "lm_head" not in BuildConfig.of(quant=quant).quant_spec().exclude
     for quant in ("fp8", "int8"):  # 8-bit weights, not float32
-        assert BuildConfig(quant=quant).quant_spec().weight_only8 == ("lm_head",)
+        assert BuildConfig.of(quant=quant).quant_spec().weight_only8 == ("lm_head",)
     # int8: '' gives the W8A8 projection back; --exclude can still keep it float32
-    assert "lm_head" not in BuildConfig(quant="int8", weight_only8="").quant_spec().weight_only8
-    assert BuildConfig(quant="int8", exclude="lm_head").quant_spec().exclude == ("lm_head",)
+    assert "lm_head" not in BuildConfig.of(quant="int8", weight_only8="").quant_spec().weight_only8
+    assert BuildConfig.of(quant="int8", exclude="lm_head").quant_spec().exclude == ("lm_head",)
 
 
 def test_int4_keeps_down_proj_8bit_by_default_and_weight_only8_overrides_it():
-    assert BuildConfig(quant="int4").quant_spec().weight_only8 == ("lm_head", "*.down_proj")
-    assert BuildConfig(quant="int4", weight_only8="lm_head").quant_spec().weight_only8 == (
+    assert BuildConfig.of(quant="int4").quant_spec().weight_only8 == ("lm_head", "*.down_proj")
+    assert BuildConfig.of(quant="int4", weight_only8="lm_head").quant_spec().weight_only8 == (
         "lm_head",
     )
 
 
 def test_int8_keeps_down_proj_float32_by_default_and_exclude_overrides_it():
-    assert BuildConfig(quant="int8").quant_spec().exclude == ("*.down_proj",)
-    assert BuildConfig(quant="int8", exclude="").quant_spec().exclude == ()
+    assert BuildConfig.of(quant="int8").quant_spec().exclude == ("*.down_proj",)
+    assert BuildConfig.of(quant="int8", exclude="").quant_spec().exclude == ()
     for quant in ("fp8", "int4"):
-        assert BuildConfig(quant=quant).quant_spec().exclude == ()
+        assert BuildConfig.of(quant=quant).quant_spec().exclude == ()
 
 
 def test_smoothquant_alpha_grid_parses_and_refuses_bad_values():
-    assert BuildConfig(quant="int8").smoothquant_alphas == ()
-    assert BuildConfig(smoothquant_alpha_grid="auto").smoothquant_alphas[-1] == 1.0
-    assert len(BuildConfig(smoothquant_alpha_grid="auto").smoothquant_alphas) == 11
-    assert BuildConfig(smoothquant_alpha_grid="0.3, 0.9").smoothquant_alphas == (0.3, 0.9)
-    assert BuildConfig(
+    assert BuildConfig.of(quant="int8").quantization.smoothquant_alphas == ()
+    assert BuildConfig.of(smoothquant_alpha_grid="auto").quantization.smoothquant_alphas[-1] == 1.0
+    assert len(BuildConfig.of(smoothquant_alpha_grid="auto").quantization.smoothquant_alphas) == 11
+    assert BuildConfig.of(smoothquant_alpha_grid="0.3, 0.9").quantization.smoothquant_alphas == (
+        0.3,
+        0.9,
+    )
+    assert BuildConfig.of(
         quant="int8", smoothquant_alpha_grid="0.2"
     ).quant_spec().smoothquant_alphas == (0.2,)
     for bad in ("1.5", "x"):
         with pytest.raises(BuildConfigError, match="smoothquant-alpha-grid"):
-            BuildConfig(quant="int8", smoothquant_alpha_grid=bad).validate()
+            BuildConfig.of(quant="int8", smoothquant_alpha_grid=bad).validate()

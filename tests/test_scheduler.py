@@ -236,6 +236,22 @@ def test_abort_and_finish_request():
         sched.finish_request("c", SequenceStatus.RUNNING)
 
 
+def test_a_stop_string_ends_the_sequence_and_wins_over_the_length_limit():
+    sched = make_scheduler()
+    running, last = make_seq("running", 3, max_tokens=5), make_seq("last", 3, max_tokens=1)
+    sched.add_request(running)
+    sched.add_request(last)
+    run_step(sched)
+    assert running.status is SequenceStatus.RUNNING and last.finish_reason == "length"
+    sched.stop_on_string(running, "ab")
+    sched.stop_on_string(last, "cd")  # found in the token that reached max_tokens
+    assert [(s.finish_reason, s.stop_reason) for s in (running, last)] == [
+        ("stop", "ab"),
+        ("stop", "cd"),
+    ]
+    assert not sched.has_unfinished_requests() and sched.block_pool.num_free_blocks == 16
+
+
 def test_request_aborted_while_its_step_runs_gets_no_token():
     sched = make_scheduler()
     sched.add_request(make_seq("a", 3))

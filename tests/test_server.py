@@ -9,129 +9,49 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from llmc.errors import StepFailedError
 from llmc.runtime.outputs import CompletionOutput, RequestOutput
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server import AsyncLLMEngine, EngineDeadError, QueueFullError, build_app
 from llmc.runtime.stats import EngineStats
-from tests.tiny_models import make_tiny_llama
+
+if TYPE_CHECKING:
+    from tests.conftest import LiveServer, ServerFactory
 
 MODEL = "tiny-llama"
 MAX_MODEL_LEN = 128
 GREEDY = {"temperature": 0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
 
 
-class Server:
-    """A uvicorn server on a free port of 127.0.0.1, run on a background thread."""
-
-    def __init__(self, app: object) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-
-def tiny_llama_and_engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The tiny Llama checkpoint and its cpu engine (block size 16, max_seq_len 128), built once
-    per test session in pytest's base temp directory and shared by the test_server* modules."""
-    from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
-
-    root = tmp_path_factory.getbasetemp() / "server_tiny_llama"
-    marker = root / "engine_dir.txt"
-    if not marker.exists():
-        model = make_tiny_llama(root / "model")
-        config = BuildConfig(
-            model=str(model),
-            block_size=16,
-            max_seq_len=MAX_MODEL_LEN,
-            output=str(root / "engine"),
-        )
-        marker.write_text(f"{model}\n{build(config).engine_dir}")
-    model_dir, engine_dir = marker.read_text().splitlines()
-    return Path(model_dir), Path(engine_dir)
-
-
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_llama_and_engine(tmp_path_factory)[0]
-
-
-@dataclass
-class Served:
-    """The running server and hooks into its engine."""
-
-    server: Server
-    engine: AsyncLLMEngine
-    aborted: list[str]  # ids passed to LLMEngine.abort_request
-    steps: threading.Event  # LLMEngine.step waits for it: clear it to hold the engine
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama built into a cpu engine directory."""
-    return tiny_llama_and_engine(tmp_path_factory)[1]
-
-
-@pytest.fixture(scope="module")
-def served(tiny_engine: Path) -> Iterator[Served]:
+def served(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[LiveServer]:
     """The real server over a real tiny engine: built for cpu, run by ONNX Runtime."""
     from llmc.runtime.engine import LLMEngine
 
-    engine = LLMEngine.from_engine_dir(tiny_engine, num_blocks=32)
-    aborted: list[str] = []
-    steps = threading.Event()
-    steps.set()
-    abort, step = engine.abort_request, engine.step
-
-    def spy_abort(request_id: str) -> None:
-        aborted.append(request_id)
-        abort(request_id)
-
-    def gated_step() -> list[RequestOutput]:
-        steps.wait()
-        return step()
-
-    engine.abort_request, engine.step = spy_abort, gated_step  # type: ignore[method-assign]
-    async_engine = AsyncLLMEngine(engine, max_waiting=8)
-    server = Server(build_app(async_engine, MODEL))
-    yield Served(server, async_engine, aborted, steps)
-    server.stop()
-    async_engine.shutdown()
-    assert not async_engine.is_running
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=32)
+    with running_server(engine, MODEL, max_waiting=8) as server:
+        yield server
+    assert not server.engine.is_running
 
 
 @pytest.fixture
-def client(served: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.server.url + "/v1", api_key="unused", max_retries=0)
+def client(served: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture
-def http(served: Served) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=served.server.url, timeout=60) as c:
+def http(served: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.url, timeout=60) as c:
         yield c
 
 
@@ -180,7 +100,7 @@ def test_chat_completion_and_stream(client: openai.OpenAI) -> None:
     assert usage.choices == [] and usage.usage == whole.usage
 
 
-def test_completion_and_stream_with_usage(client: openai.OpenAI, tiny_dir: Path) -> None:
+def test_completion_and_stream_with_usage(client: openai.OpenAI, tiny_llama_dir: Path) -> None:
     prompt = "ROMEO: But soft, what light"
     whole = client.completions.create(model=MODEL, prompt=prompt, **GREEDY)
     assert whole.id.startswith("cmpl-") and whole.object == "text_completion"
@@ -205,7 +125,7 @@ def test_completion_and_stream_with_usage(client: openai.OpenAI, tiny_dir: Path)
     # The same prompt as token ids gives the same greedy completion.
     from transformers import AutoTokenizer
 
-    prompt_ids = AutoTokenizer.from_pretrained(tiny_dir).encode(prompt)
+    prompt_ids = AutoTokenizer.from_pretrained(tiny_llama_dir).encode(prompt)
     assert len(prompt_ids) == whole.usage.prompt_tokens
     by_ids = client.completions.create(model=MODEL, prompt=prompt_ids, **GREEDY)
     assert by_ids.choices[0].text == whole.choices[0].text
@@ -240,7 +160,7 @@ def test_bad_requests_get_openai_errors(http: httpx.Client) -> None:
     assert _error(http.post("/v1/chat/completions", json=chat | {"n": 1000}), 400, "n")
     assert _error(http.post("/v1/completions", json={"model": MODEL, "prompt": ""}), 400, "prompt")
     out_of_vocab = http.post("/v1/completions", json={"model": MODEL, "prompt": [5, 99999]})
-    assert "99999" in _error(out_of_vocab, 400)
+    assert "99999" in _error(out_of_vocab, 400, "prompt")
     assert _error(http.get("/v1/nowhere"), 404)
 
     long_prompt = {"model": MODEL, "prompt": "word " * 400, "max_tokens": 4}
@@ -269,7 +189,7 @@ def test_openai_client_gets_typed_errors(client: openai.OpenAI) -> None:
     assert f"maximum context length is {MAX_MODEL_LEN} tokens" in too_long.value.message
 
 
-def test_client_disconnect_aborts_the_request(served: Served, http: httpx.Client) -> None:
+def test_client_disconnect_aborts_the_request(served: LiveServer, http: httpx.Client) -> None:
     body = {"model": MODEL, "prompt": "Now is the winter", "max_tokens": 64, "ignore_eos": True}
     # Streamed: the client reads one chunk and hangs up.
     with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as response:
@@ -310,7 +230,7 @@ def test_metrics(http: httpx.Client) -> None:
     assert "vllm:time_to_first_token_seconds_count{" in text
 
 
-def test_api_key(served: Served) -> None:
+def test_api_key(served: LiveServer) -> None:
     app = build_app(served.engine, MODEL, api_key="sesame")
 
     async def run() -> tuple[int, int, int]:

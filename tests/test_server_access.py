@@ -5,59 +5,48 @@ wherever GET answers, and ``/health`` answering while a 4 MiB prompt is tokenize
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
+from llmc.bench.server_process import ServeProcess
 from llmc.errors import EngineConfigError
-from llmc.runtime.server import AsyncLLMEngine, build_app
 from llmc.runtime.server.api_key import API_KEY_ENV, resolve_api_key
 from llmc.runtime.server.limits import RequestLimits
-from tests.test_server import MODEL, Server, tiny_llama_and_engine
+from tests.test_server import MODEL
 from tests.test_server_validation import AUTH, CHAT, CMPL, KEY, MESSAGE, C, H, _error
+
+if TYPE_CHECKING:
+    from tests.conftest import LiveServer, ServerFactory
 
 LIMITS = RequestLimits(max_request_body_bytes=8 << 20)  # room for a 4 MiB prompt
 
 
-@dataclass
-class Guarded:
-    server: Server
-    engine: AsyncLLMEngine
-
-
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+def guarded(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[LiveServer]:
     from llmc.runtime.engine import LLMEngine
 
-    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
-    engine = AsyncLLMEngine(LLMEngine.from_engine_dir(engine_dir, num_blocks=32), max_waiting=8)
-    server = Server(build_app(engine, MODEL, api_key=KEY, limits=LIMITS))
-    yield Guarded(server, engine)
-    server.stop()
-    engine.shutdown()
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=32)
+    with running_server(engine, MODEL, max_waiting=8, api_key=KEY, limits=LIMITS) as server:
+        yield server
 
 
 @pytest.fixture
-def http(guarded: Guarded) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=guarded.server.url, timeout=120, headers=AUTH) as c:
+def http(guarded: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=guarded.url, timeout=120, headers=AUTH) as c:
         yield c
 
 
 # --- D. API key and HEAD -----------------------------------------------------------------------
 
 
-def test_two_authorization_headers_are_a_401(guarded: Guarded) -> None:
-    with httpx.Client(base_url=guarded.server.url, timeout=30) as c:
+def test_two_authorization_headers_are_a_401(guarded: LiveServer) -> None:
+    with httpx.Client(base_url=guarded.url, timeout=30) as c:
         for second in (f"Bearer {KEY}", "Bearer wrong"):
             headers = [("Authorization", f"Bearer {KEY}"), ("Authorization", second)]
             response = c.get("/v1/models", headers=headers)
@@ -66,8 +55,8 @@ def test_two_authorization_headers_are_a_401(guarded: Guarded) -> None:
         assert c.get("/v1/models", headers=AUTH).status_code == 200
 
 
-def test_head_answers_wherever_get_does(guarded: Guarded) -> None:
-    with httpx.Client(base_url=guarded.server.url, timeout=30) as c:
+def test_head_answers_wherever_get_does(guarded: LiveServer) -> None:
+    with httpx.Client(base_url=guarded.url, timeout=30) as c:
         for path, headers in (("/health", {}), ("/ready", {}), ("/v1/models", AUTH)):
             get, head = c.get(path, headers=headers), c.head(path, headers=headers)
             assert (get.status_code, head.status_code) == (200, 200), path
@@ -97,46 +86,24 @@ def test_api_key_comes_from_the_option_the_file_or_the_environment(tmp_path: Pat
             resolve_api_key(None, key_file, {})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_llmc_serve_takes_the_key_file_and_the_limit_flags(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    tmp_path: Path, tiny_llama_engine: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
-    port = _free_port()
-    command = [sys.executable, "-m", "llmc.cli", "serve", str(engine_dir), "--port", str(port)]
-    command += ["--api-key-file", str(key_file), "--max-n", "2", "--kv-cache-memory", "0.001"]
-    command += ["--shutdown-timeout", "1", "--served-model-name", MODEL]
-    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    log = tmp_path / "serve.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
-            deadline = time.monotonic() + 120
-            while True:
-                assert process.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "llmc serve did not start"
-                try:
-                    if c.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.2)
-            assert c.get("/v1/models").status_code == 401
-            headers = {"Authorization": "Bearer from-file"}
-            assert c.get("/v1/models", headers=headers).status_code == 200
-            past = c.post(C, json=CMPL | {"n": 3}, headers=headers)
-            assert "limit of 2 (max_n" in _error(past, 400, "n")
-            assert c.post(C, json=CMPL | {"n": 2}, headers=headers).status_code == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
+    monkeypatch.delenv(API_KEY_ENV, raising=False)  # the key comes from the file alone
+    flags = ["--api-key-file", str(key_file), "--max-n", "2", "--kv-cache-memory", "0.001"]
+    flags += ["--shutdown-timeout", "1", "--served-model-name", MODEL]
+    with (
+        ServeProcess(tiny_llama_engine, flags, startup_timeout_s=120) as server,
+        httpx.Client(base_url=server.url, timeout=30) as c,
+    ):
+        assert c.get("/v1/models").status_code == 401
+        headers = {"Authorization": "Bearer from-file"}
+        assert c.get("/v1/models", headers=headers).status_code == 200
+        past = c.post(C, json=CMPL | {"n": 3}, headers=headers)
+        assert "limit of 2 (max_n" in _error(past, 400, "n")
+        assert c.post(C, json=CMPL | {"n": 2}, headers=headers).status_code == 200
 
 
 # --- E. the event loop stays free --------------------------------------------------------------
@@ -144,7 +111,7 @@ def test_llmc_serve_takes_the_key_file_and_the_limit_flags(
 
 @pytest.mark.parametrize("path", [C, H], ids=["completions", "chat"])
 def test_health_answers_while_a_4_mib_prompt_is_tokenized(
-    guarded: Guarded, http: httpx.Client, path: str
+    guarded: LiveServer, http: httpx.Client, path: str
 ) -> None:
     """A liveness bound, not a speed assertion: the whole prompt takes seconds to tokenize on
     these cores; ``/health`` must answer in well under a second while five of them are refused
@@ -160,7 +127,7 @@ def test_health_answers_while_a_4_mib_prompt_is_tokenized(
     )
     big.start()
     latencies = []
-    with httpx.Client(base_url=guarded.server.url, timeout=30) as probe:
+    with httpx.Client(base_url=guarded.url, timeout=30) as probe:
         while big.is_alive():
             start = time.monotonic()
             assert probe.get("/health").status_code == 200

@@ -14,14 +14,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
-import pytest
-import uvicorn
 
-from llmc.runtime.server import AsyncLLMEngine, build_app
-from llmc.runtime.server.drain import DrainingServer
-from tests.test_server import MODEL, _wait_until, tiny_llama_and_engine
+from tests.test_server import MODEL, _wait_until
+
+if TYPE_CHECKING:
+    from tests.conftest import ServerFactory
 
 NUM_STREAMS = 12
 KEY = "sesame"
@@ -73,13 +73,15 @@ def _check_serve_flags(url: str) -> None:
     assert 'vllm:prefix_cache_hits_total{model_name="tiny-llama"} 0.0' in metrics
 
 
-def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> None:
-    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
+def test_sigterm_drains_llmc_serve(tiny_llama_engine: Path) -> None:
+    """``llmc serve`` in its own process (not `running_server`): the test signals it and reads
+    its exit status and stderr."""
     port = _free_port()
     root = Path(__file__).resolve().parents[1]
     # Two sequences at a time: six 60-token streams take about 180 steps, so most
     # are queued or running when the signal comes.
-    command = [sys.executable, "-m", "llmc.cli", "serve", str(engine_dir), "--port", str(port)]
+    command = [sys.executable, "-m", "llmc.cli", "serve", str(tiny_llama_engine)]
+    command += ["--port", str(port)]
     command += ["--served-model-name", MODEL, "--max-num-seqs", "1", "--shutdown-timeout", "120"]
     command += ["--no-prefix-caching", "--max-request-body-bytes", "2000"]
     command += ["--allowed-origins", "https://a.example", "--api-key", KEY]
@@ -128,12 +130,11 @@ def test_sigterm_drains_llmc_serve(tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def test_requests_running_at_the_shutdown_timeout_end_with_abort(
-    tmp_path_factory: pytest.TempPathFactory,
+    tiny_llama_engine: Path, running_server: ServerFactory
 ) -> None:
     from llmc.runtime.engine import LLMEngine
 
-    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
-    engine = LLMEngine.from_engine_dir(engine_dir, num_blocks=32)
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=32)
     step = engine.step
 
     def slow_step():  # noqa: ANN202 - 60 tokens take 3 s, far past the 0.5 s timeout
@@ -141,24 +142,15 @@ def test_requests_running_at_the_shutdown_timeout_end_with_abort(
         return step()
 
     engine.step = slow_step  # type: ignore[method-assign]
-    async_engine = AsyncLLMEngine(engine)
-    app = build_app(async_engine, MODEL)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = DrainingServer(
-        uvicorn.Config(app, log_level="warning"), app.state.drain, async_engine, 0.5
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
-    thread.start()
-    try:
-        _wait_until(lambda: server.started, "the server is up", 30)
+    with running_server(engine, MODEL, shutdown_timeout_s=0.5) as server:
         body = {"model": MODEL, "prompt": "Hi", "max_tokens": MAX_TOKENS, "stream": True}
         body |= {"ignore_eos": True, "n": 2}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        completions = server.url + "/v1/completions"
+        with httpx.stream("POST", completions, json=body, timeout=60) as response:
             lines = response.iter_lines()
             events = [next(lines)]
-            server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
+            # What uvicorn's signal handler calls.
+            server.uvicorn_server.handle_exit(signal.SIGTERM, None)
             events += [line for line in lines if line]
         assert events[-1] == "data: [DONE]"
         chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
@@ -170,12 +162,7 @@ def test_requests_running_at_the_shutdown_timeout_end_with_abort(
         assert finishes == {0: "abort", 1: "abort"}
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == 0)
         assert text  # what was generated before the timeout is kept
-        thread.join(30)
-        assert not thread.is_alive()
-        stats = async_engine.stats
+        server.thread.join(30)
+        assert not server.thread.is_alive()
+        stats = server.engine.stats
         assert stats.num_free_blocks == stats.num_total_blocks and stats.num_running == 0
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        async_engine.shutdown()

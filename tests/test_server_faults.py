@@ -10,16 +10,22 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
 import pytest
 
-from llmc.runtime.server import AsyncLLMEngine, build_app
+from llmc.runtime.server import AsyncLLMEngine
 from llmc.runtime.step_inputs import StepInputs
-from tests.test_server import MODEL, Server, _wait_until, tiny_llama_and_engine
+from tests.test_server import MODEL, _wait_until
 from tests.test_server_hardening import _metrics, _pool_is_free
+
+if TYPE_CHECKING:
+    from tests.conftest import LiveServer, ServerFactory
 
 C = "/v1/completions"
 GREEDY = {"model": MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
@@ -62,29 +68,33 @@ class FaultyRunner:
 
 @dataclass
 class Faulty:
-    server: Server
+    server: LiveServer
     engine: AsyncLLMEngine
     runner: FaultyRunner
 
 
-def _serve(tmp_path_factory: pytest.TempPathFactory, **kw: int) -> Faulty:
+@contextmanager
+def _serve(
+    running_server: ServerFactory, engine_dir: Path, max_consecutive_step_failures: int = 3
+) -> Iterator[Faulty]:
     from llmc.runtime.engine import LLMEngine
 
-    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
     engine = LLMEngine.from_engine_dir(engine_dir, num_blocks=32)
     runner = FaultyRunner(engine.runner)
     engine.runner = runner  # type: ignore[assignment]
-    async_engine = AsyncLLMEngine(engine, max_waiting=8, **kw)
-    return Faulty(Server(build_app(async_engine, MODEL)), async_engine, runner)
+    with running_server(
+        engine, MODEL, max_waiting=8, max_consecutive_step_failures=max_consecutive_step_failures
+    ) as server:
+        try:
+            yield Faulty(server, server.engine, runner)
+        finally:
+            runner.resume.set()
 
 
 @pytest.fixture(scope="module")
-def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Faulty]:
-    served = _serve(tmp_path_factory)
-    yield served
-    served.runner.resume.set()
-    served.server.stop()
-    served.engine.shutdown()
+def faulty(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[Faulty]:
+    with _serve(running_server, tiny_llama_engine) as served:
+        yield served
 
 
 @pytest.fixture
@@ -224,33 +234,31 @@ def test_a_request_aborted_before_its_first_token_is_counted_as_abort(
 
 
 def test_only_failed_steps_in_a_row_kill_the_engine(
-    tmp_path_factory: pytest.TempPathFactory,
+    tiny_llama_engine: Path, running_server: ServerFactory
 ) -> None:
-    served = _serve(tmp_path_factory, max_consecutive_step_failures=2)
-    try:
-        with httpx.Client(base_url=served.server.url, timeout=60) as http:
-            body = GREEDY | {"prompt": PROMPTS["a"]}
-            for fail in (True, False, True):  # a success in between resets the count
-                served.runner.fail_all = fail
-                response = http.post(C, json=body)
-                if fail:
-                    _assert_500(response)
-                else:
-                    assert response.status_code == 200
-                assert http.get("/health").status_code == 200
-            _assert_500(http.post(C, json=body))  # the second failed step in a row
-            _wait_until(lambda: not served.engine.is_running, "the engine stops")
-            assert http.get("/health").status_code == 503
-            assert http.get("/ready").status_code == 503
-            dead = http.post(C, json=body)
-            assert dead.status_code == 503 and dead.json()["error"]["code"] == "engine_dead"
-            assert "2 failed steps in a row" in dead.json()["error"]["message"]
-            counts = _metrics(http)
-            assert counts["vllm:request_success_total[error]"] == 3
-            assert counts["vllm:request_success_total[length]"] == 1
-    finally:
-        served.server.stop()
-        served.engine.shutdown()
+    with (
+        _serve(running_server, tiny_llama_engine, max_consecutive_step_failures=2) as served,
+        httpx.Client(base_url=served.server.url, timeout=60) as http,
+    ):
+        body = GREEDY | {"prompt": PROMPTS["a"]}
+        for fail in (True, False, True):  # a success in between resets the count
+            served.runner.fail_all = fail
+            response = http.post(C, json=body)
+            if fail:
+                _assert_500(response)
+            else:
+                assert response.status_code == 200
+            assert http.get("/health").status_code == 200
+        _assert_500(http.post(C, json=body))  # the second failed step in a row
+        _wait_until(lambda: not served.engine.is_running, "the engine stops")
+        assert http.get("/health").status_code == 503
+        assert http.get("/ready").status_code == 503
+        dead = http.post(C, json=body)
+        assert dead.status_code == 503 and dead.json()["error"]["code"] == "engine_dead"
+        assert "2 failed steps in a row" in dead.json()["error"]["message"]
+        counts = _metrics(http)
+        assert counts["vllm:request_success_total[error]"] == 3
+        assert counts["vllm:request_success_total[length]"] == 1
 
 
 def test_a_500_keeps_the_keep_alive_connection_open(faulty: Faulty) -> None:
@@ -275,4 +283,4 @@ def _a_route_with_a_bug(faulty: Faulty) -> None:
     def unexpected() -> None:
         raise RuntimeError("a bug in a route")
 
-    faulty.server.server.config.app.add_api_route("/unexpected-failure", unexpected)
+    faulty.server.app.add_api_route("/unexpected-failure", unexpected)

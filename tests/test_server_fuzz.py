@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -36,11 +36,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemathesis.checks import negative_data_rejection, not_a_server_error
 
 from llmc.runtime.sampling_params import MAX_LOGPROBS
-from llmc.runtime.server import AsyncLLMEngine, build_app
 from llmc.runtime.server.chat_messages import ChatMessage
 from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
-from tests.test_server import MODEL, Server, _wait_until, tiny_llama_and_engine
+from tests.test_server import MODEL, _wait_until
+
+if TYPE_CHECKING:
+    from tests.conftest import LiveServer, ServerFactory
 
 KEY = "sesame"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -209,30 +211,21 @@ def post_and_check(client: httpx.Client, path: str, body: dict[str, Any]) -> tup
 # --- the tests -------------------------------------------------------------------------------
 
 
-@dataclass
-class Fuzzed:
-    server: Server
-    engine: AsyncLLMEngine
-
-
 @pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
+def fuzzed(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[LiveServer]:
     """The server as ``llmc serve`` runs it, with an API key and a small body cap, over 32
     blocks of 16 tokens, so choices of a large ``n`` must wait for or preempt one another."""
     from llmc.runtime.engine import LLMEngine
 
-    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
-    engine = AsyncLLMEngine(LLMEngine.from_engine_dir(engine_dir, num_blocks=32), max_waiting=8)
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=32)
     limits = RequestLimits(max_request_body_bytes=MAX_BODY)
-    server = Server(build_app(engine, MODEL, api_key=KEY, limits=limits))
-    yield Fuzzed(server, engine)
-    server.stop()
-    engine.shutdown()
+    with running_server(engine, MODEL, max_waiting=8, api_key=KEY, limits=limits) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
-def openapi(fuzzed: Fuzzed) -> schemathesis.BaseSchema:
-    schema = openapi_schema(fuzzed.server.url, MODEL, KEY)
+def openapi(fuzzed: LiveServer) -> schemathesis.BaseSchema:
+    schema = openapi_schema(fuzzed.url, MODEL, KEY)
     schema.config.generation.update(
         modes=list(schemathesis.GenerationMode), max_examples=100, deterministic=True
     )
@@ -241,8 +234,8 @@ def openapi(fuzzed: Fuzzed) -> schemathesis.BaseSchema:
 
 
 @pytest.fixture(scope="module")
-def http(fuzzed: Fuzzed) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=fuzzed.server.url, timeout=HANG_S, headers=AUTH) as client:
+def http(fuzzed: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fuzzed.url, timeout=HANG_S, headers=AUTH) as client:
         yield client
 
 
@@ -279,7 +272,7 @@ def test_engine_fuzzing_gets_no_5xx_and_no_hang(http: httpx.Client) -> None:
 
 
 def test_after_fuzzing_the_server_serves_and_every_block_is_free(
-    fuzzed: Fuzzed, http: httpx.Client
+    fuzzed: LiveServer, http: httpx.Client
 ) -> None:
     """Runs after the fuzzing above (pytest keeps the file's order)."""
     body = {"model": MODEL, "prompt": "Hello there", "max_tokens": 4, "ignore_eos": True}

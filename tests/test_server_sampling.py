@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -17,35 +18,29 @@ import pytest
 import torch
 
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.server import AsyncLLMEngine, build_app
-from tests.test_server import MODEL, Server, tiny_llama_and_engine
+from tests.test_server import MODEL
+
+if TYPE_CHECKING:
+    from tests.conftest import ServerFactory
 
 PROMPT = "ROMEO: But soft, what light through yonder"
 TOL = 2e-3  # ONNX Runtime vs torch, float32
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return tiny_llama_and_engine(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def url(paths: tuple[Path, Path]) -> Iterator[str]:
+def url(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[str]:
     from llmc.runtime.engine import LLMEngine
 
-    engine = AsyncLLMEngine(LLMEngine.from_engine_dir(paths[1], num_blocks=64))
-    server = Server(build_app(engine, MODEL))
-    yield server.url
-    server.stop()
-    engine.shutdown()
+    with running_server(LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=64), MODEL) as s:
+        yield s.url
 
 
 @pytest.fixture(scope="module")
-def hf(paths: tuple[Path, Path]):  # noqa: ANN201
+def hf(tiny_llama_dir: Path):  # noqa: ANN201
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(paths[0], torch_dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(paths[0])
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, torch_dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
 @pytest.fixture
@@ -216,10 +211,10 @@ FIELD_CASES = [
 ]
 
 
-def test_sampling_fields_reach_the_engine(http: httpx.Client, paths: tuple[Path, Path]) -> None:
+def test_sampling_fields_reach_the_engine(http: httpx.Client, tiny_llama_engine: Path) -> None:
     from llmc.runtime.llm import LLM
 
-    llm = LLM(paths[1], num_blocks=64)
+    llm = LLM(tiny_llama_engine, num_blocks=64)
     base = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True}
     greedy = http.post("/v1/completions", json=base | {"temperature": 0}).json()
     for fields, _ in FIELD_CASES:

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 from llmc.errors import EngineConfigError
-from llmc.runtime.server import AsyncLLMEngine, build_app
 from llmc.runtime.server.limits import RequestLimits
-from tests.test_server import MODEL, Server, tiny_llama_and_engine
+from tests.test_server import MODEL
+
+if TYPE_CHECKING:
+    from tests.conftest import LiveServer, ServerFactory
 
 KEY = "sesame"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -32,29 +35,19 @@ NAMED_TEMPLATE = (
 )
 
 
-@dataclass
-class Validated:
-    server: Server
-    engine: AsyncLLMEngine
-
-
 @pytest.fixture(scope="module")
-def validated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Validated]:
+def validated(tiny_llama_engine: Path, running_server: ServerFactory) -> Iterator[LiveServer]:
     from llmc.runtime.engine import LLMEngine
 
-    _, engine_dir = tiny_llama_and_engine(tmp_path_factory)
-    engine = LLMEngine.from_engine_dir(engine_dir, num_blocks=32)
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=32)
     engine.tokenizer.chat_template = NAMED_TEMPLATE
-    async_engine = AsyncLLMEngine(engine, max_waiting=8)
-    server = Server(build_app(async_engine, MODEL, api_key=KEY))
-    yield Validated(server, async_engine)
-    server.stop()
-    async_engine.shutdown()
+    with running_server(engine, MODEL, max_waiting=8, api_key=KEY) as server:
+        yield server
 
 
 @pytest.fixture
-def http(validated: Validated) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=validated.server.url, timeout=120, headers=AUTH) as c:
+def http(validated: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=validated.url, timeout=120, headers=AUTH) as c:
         yield c
 
 

@@ -9,25 +9,14 @@ from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import MAX_SEED, SamplingParams
 from llmc.runtime.sequence import Sequence
 from tests.test_engine import GREEDY, fake_engine, oracle, prompt_of, run
-from tests.tiny_models import train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    from transformers import AutoTokenizer
-
-    path = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer(path)
-    return AutoTokenizer.from_pretrained(path)
-
 
 PROMPT = [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]  # three full blocks of 4, and 1
 
 
-def test_a_failed_schedule_aborts_every_request_and_caches_no_unwritten_block(tokenizer):
+def test_a_failed_schedule_aborts_every_request_and_caches_no_unwritten_block(tiny_tokenizer):
     # The fake runner reads each context back from its cache and asserts every slot was
     # written: a block left in the prefix cache unwritten would fail the second run.
-    eng = fake_engine(tokenizer)
+    eng = fake_engine(tiny_tokenizer)
     schedule = eng.scheduler.schedule
     calls = []
 
@@ -55,8 +44,10 @@ def test_a_failed_schedule_aborts_every_request_and_caches_no_unwritten_block(to
     assert again.outputs[0].token_ids == oracle(PROMPT, 5)
 
 
-def test_a_failure_while_recording_results_aborts_the_step_and_the_engine_goes_on(tokenizer):
-    eng = fake_engine(tokenizer, max_num_seqs=1)  # "b" waits while "a" runs
+def test_a_failure_while_recording_results_aborts_the_step_and_the_engine_goes_on(
+    tiny_tokenizer,
+):
+    eng = fake_engine(tiny_tokenizer, max_num_seqs=1)  # "b" waits while "a" runs
     update = eng.outputs.update
     calls = []
 

@@ -15,9 +15,9 @@ from onnx.reference.op_run import OpRun
 
 import llmc.compiler.tensorrt.lower as lower_mod
 from llmc.calibration.collect import collect_stats
-from llmc.compiler.build_steps import float_graph
 from llmc.compiler.model_source import load_model, resolve_model
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_graph
+from llmc.compiler.stages.export import float_graph
 from llmc.compiler.tensorrt.lint import lint_model
 from llmc.compiler.tensorrt.lower import lower_for_tensorrt
 from llmc.engine.plugin import DOMAIN, plugin_nodes

@@ -56,7 +56,8 @@ def test_build_writes_stage_and_exits_2_naming_what_is_missing(int8_stage, capsy
         "bfloat16",
         "bfloat16",
     )
-    assert m.build_config["arch"] == "sm90" and m.build_config["output"] is None
+    assert m.build_config["target"]["arch"] == "sm90"
+    assert m.build_config["destination"]["output"] is None
     assert m.lint["passed"] is True and m.lint["errors"] == 0
     assert sum(m.quantization["counts"].values()) == len(m.quantization["modules"]) > 0
     # calibration statistics travel with the stage: the cached ones, without the Gram matrices

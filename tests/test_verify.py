@@ -35,7 +35,7 @@ def engines(tmp_path_factory):
         ckpts[seed] = make_tiny_gemma3(root / f"ckpt{seed}", seed=seed, sharp=True)
         dirs[seed] = root / f"engine{seed}"
         build(
-            BuildConfig(
+            BuildConfig.of(
                 model=str(ckpts[seed]), block_size=4, max_seq_len=64, output=str(dirs[seed])
             )
         )

@@ -35,6 +35,28 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
     fast.save_pretrained(out_dir)
 
 
+# What both tiny models share: 2 layers, hidden 64, 4 query heads, the tokenizer's 512 ids and
+# its special tokens (<bos> 0, <eos> 1, <pad> 2).
+_TINY_CONFIG = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 512,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
+}
+
+
+def _save(model, out_dir: Path) -> Path:  # noqa: ANN001
+    """Write ``model`` (safetensors) and the trained tokenizer to ``out_dir``."""
+    model.save_pretrained(out_dir, safe_serialization=True)
+    train_tokenizer(out_dir)
+    return out_dir
+
+
 def _sharpen_attention(model, factor: float = 12.0) -> None:
     """Scale q/k projections: at init scale attention is nearly uniform, and greedy tokens would
     not notice a wrong position, window or context."""
@@ -53,25 +75,11 @@ def make_tiny_llama(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-        tie_word_embeddings=False,
-    )
+    cfg = LlamaConfig(**_TINY_CONFIG, num_key_value_heads=2, tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).eval()
     if sharp:
         _sharpen_attention(model)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    train_tokenizer(out_dir)
-    return out_dir
+    return _save(model, out_dir)
 
 
 def make_tiny_gemma3(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
@@ -82,19 +90,11 @@ def make_tiny_gemma3(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
 
     torch.manual_seed(seed)
     cfg = Gemma3TextConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **_TINY_CONFIG,
         num_key_value_heads=1,
         head_dim=32,
         sliding_window=8,
         layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=512,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
         tie_word_embeddings=True,
     )
     model = Gemma3ForCausalLM(cfg).eval()
@@ -106,6 +106,4 @@ def make_tiny_gemma3(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
                 p.normal_(0.0, 0.1)
     if sharp:
         _sharpen_attention(model, 4.0)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    train_tokenizer(out_dir)
-    return out_dir
+    return _save(model, out_dir)

@@ -11,59 +11,37 @@ from __future__ import annotations
 
 import torch
 
+from llmc.engine.plugin import (
+    PluginAttributes,
+    PluginInputs,
+    bind_node_call,
+    node_call,
+    with_node_signature,
+)
 from llmc.plugins.paged_attention.reference import paged_attention_reference
 
 ATTN_IMPLEMENTATION = "llmc_paged"
 
 
-@torch.library.custom_op("llmc::paged_attention", mutates_args=())
-def paged_attention_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    block_tables: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    scale: float,
-    sliding_window: int,
-    logit_softcap: float,
-    block_size: int,
-    layer_idx: int,
-) -> torch.Tensor:
+def _eager(*args: object, **kwargs: object) -> torch.Tensor:
     """Eager implementation: the torch reference. q [T, H*D] -> [T, H*D].
 
     Declared without ``mutates_args`` on purpose: the cache write is a side effect the exported
     graph must keep as one plugin node, not a functionalized copy of the cache (DESIGN §3: the
     cache is never copied). Only eager code (``TorchRunner``, tests) runs this body.
     """
+    inputs, attributes = bind_node_call(args, kwargs)
+    return paged_attention_reference(*inputs, **attributes.kernel_arguments())
 
-    return paged_attention_reference(
-        q,
-        k,
-        v,
-        key_cache,
-        value_cache,
-        seq_lens,
-        query_start_loc,
-        block_tables,
-        slot_mapping,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        scale=scale,
-        sliding_window=sliding_window or None,
-        logit_softcap=logit_softcap or None,
-    )
+
+#: The op: the plugin's inputs, then its exported attributes (``with_node_signature``).
+paged_attention_op = torch.library.custom_op(
+    "llmc::paged_attention", with_node_signature(_eager, torch.Tensor), mutates_args=()
+)
 
 
 @paged_attention_op.register_fake
-def _(q, k, v, key_cache, value_cache, *args) -> torch.Tensor:
+def _(q, *args) -> torch.Tensor:
     return torch.empty_like(q)
 
 
@@ -93,25 +71,21 @@ def paged_attention_forward(
     q = query.transpose(1, 2).reshape(num_tokens, num_heads * head_dim)
     k = key.transpose(1, 2).reshape(num_tokens, num_kv_heads * head_dim)
     v = value.transpose(1, 2).reshape(num_tokens, num_kv_heads * head_dim)
-    out = paged_attention_op(
-        q,
-        k,
-        v,
-        key_cache,
-        value_cache,
-        meta.seq_lens,
-        meta.query_start_loc,
-        meta.block_tables,
-        meta.slot_mapping,
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        float(scaling if scaling is not None else head_dim**-0.5),
-        int(sliding_window or 0),
-        float(softcap or 0.0),
-        int(key_cache.shape[1]),
-        int(layer_idx),
+    inputs = PluginInputs(
+        q, k, v, key_cache, value_cache,
+        meta.seq_lens, meta.query_start_loc, meta.block_tables, meta.slot_mapping,
+    )  # fmt: skip
+    attributes = PluginAttributes(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        scale=float(scaling if scaling is not None else head_dim**-0.5),
+        sliding_window=int(sliding_window or 0),
+        logit_softcap=float(softcap or 0.0),
+        block_size=int(key_cache.shape[1]),
+        layer_idx=int(layer_idx),
     )
+    out = paged_attention_op(*node_call(inputs, attributes))
     return out.view(1, num_tokens, num_heads, head_dim), None
 
 

@@ -10,87 +10,76 @@ from __future__ import annotations
 import warnings
 
 import onnx
+import onnx_ir as ir
 import torch
 
 from llmc.compiler.attention import paged_attention_op
 from llmc.compiler.packed_model import PackedCausalLM
 from llmc.engine.graph import LOGITS, STEP_INPUTS, cache_names
 from llmc.engine.kv_cache import cache_spec
-from llmc.engine.plugin import DOMAIN, PLUGIN_VERSION, SCHEMA_VERSION
+from llmc.engine.plugin import (
+    DOMAIN,
+    PLUGIN_VERSION,
+    SCHEMA_VERSION,
+    bind_node_call,
+    with_node_signature,
+)
 from llmc.plugins import schema
 
 
 def _translation():
+    """The ONNX translation of ``llmc::paged_attention``: one ``llmc::PagedAttention`` node with
+    the op's inputs and exported attributes, plus TensorRT's plugin lookup attributes."""
     import onnxscript
 
     llmc_opset = onnxscript.values.Opset(DOMAIN, SCHEMA_VERSION)
 
-    def paged_attention(
-        q,
-        k,
-        v,
-        key_cache,
-        value_cache,
-        seq_lens,
-        query_start_loc,
-        block_tables,
-        slot_mapping,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        scale: float,
-        sliding_window: int,
-        logit_softcap: float,
-        block_size: int,
-        layer_idx: int,
-    ):
+    def paged_attention(*args, **kwargs):
+        inputs, attributes = bind_node_call(args, kwargs)
         return llmc_opset.PagedAttention(
-            q,
-            k,
-            v,
-            key_cache,
-            value_cache,
-            seq_lens,
-            query_start_loc,
-            block_tables,
-            slot_mapping,
-            plugin_namespace="llmc",
+            *inputs,
+            plugin_namespace=DOMAIN,
             plugin_version=PLUGIN_VERSION,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            scale=scale,
-            sliding_window=sliding_window,
-            logit_softcap=logit_softcap,
-            block_size=block_size,
-            layer_idx=layer_idx,
+            **attributes.exported_attributes(),
         )
 
-    return paged_attention
+    # Inputs unannotated, attributes annotated: how the exporter tells them apart.
+    return with_node_signature(paged_attention)
 
 
 def export_onnx(model: torch.nn.Module, block_size: int) -> onnx.ModelProto:
-    """Export ``model`` (attention already routed to llmc) to an ONNX ``ModelProto``.
+    """Export ``model`` (attention already routed to llmc, weights loaded) to an ONNX
+    ``ModelProto`` holding its weights (``export_ir``, serialized: under protobuf's 2 GB)."""
+    return ir.to_proto(export_ir(model, block_size))
+
+
+def export_ir(model: torch.nn.Module, block_size: int) -> ir.Model:
+    """Export ``model`` (attention already routed to llmc) to an ONNX IR model.
 
     Inputs: ``STEP_INPUTS`` then ``cache_names(num_layers)``; output ``logits`` [S, vocab] float32.
+    A model on the meta device exports too (example inputs follow the parameters' device): its
+    initializers then have shapes and no values, for ``checkpoint_weights.bind_initializers``.
     Raises whatever ``torch.onnx.export`` raises when the model cannot be traced.
     """
 
     schema.register_schema()
     spec = cache_spec(model)
     packed = PackedCausalLM(model).eval()
+    dev = next(model.parameters()).device
     num_tokens, num_seqs, max_blocks, num_blocks = 5, 2, 3, 8
     example = (
-        torch.zeros(num_tokens, dtype=torch.int64),
-        torch.arange(num_tokens, dtype=torch.int64),
-        torch.tensor([2, 4], dtype=torch.int64),
-        torch.tensor([3, 2], dtype=torch.int32),
-        torch.tensor([0, 3, 5], dtype=torch.int32),
-        torch.zeros(num_seqs, max_blocks, dtype=torch.int32),
-        torch.arange(num_tokens, dtype=torch.int64),
+        torch.zeros(num_tokens, dtype=torch.int64, device=dev),
+        torch.arange(num_tokens, dtype=torch.int64, device=dev),
+        torch.tensor([2, 4], dtype=torch.int64, device=dev),
+        torch.tensor([3, 2], dtype=torch.int32, device=dev),
+        torch.tensor([0, 3, 5], dtype=torch.int32, device=dev),
+        torch.zeros(num_seqs, max_blocks, dtype=torch.int32, device=dev),
+        torch.arange(num_tokens, dtype=torch.int64, device=dev),
     )
     cache_shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
-    caches = tuple(torch.zeros(cache_shape, dtype=spec.dtype) for _ in range(2 * spec.num_layers))
+    caches = tuple(
+        torch.zeros(cache_shape, dtype=spec.dtype, device=dev) for _ in range(2 * spec.num_layers)
+    )
     t = torch.export.Dim("num_tokens", min=1, max=65536)
     b = torch.export.Dim("num_seqs", min=1, max=4096)
     s = torch.export.Dim("num_sampled", min=1, max=4096)
@@ -123,4 +112,4 @@ def export_onnx(model: torch.nn.Module, block_size: int) -> onnx.ModelProto:
             optimize=False,
             verbose=False,
         )
-    return program.model_proto
+    return program.model

@@ -29,6 +29,7 @@ def _optimize_segment(
     out_path: Path,
     threads: int,
     config: dict[str, str],
+    external_data_dir: Path | None = None,
 ) -> Counter:
     import onnxruntime as ort
 
@@ -44,6 +45,10 @@ def _optimize_segment(
     )
     for key, value in config.items():
         opts.add_session_config_entry(key, value)
+    if external_data_dir is not None:  # the segment's weights are external data there
+        opts.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(external_data_dir)
+        )
     ort.InferenceSession(
         model.SerializeToString(),
         opts,
@@ -53,9 +58,15 @@ def _optimize_segment(
     return Counter(n.op_type for n in optimized.graph.node)
 
 
-def _save_portable_segment(model: onnx.ModelProto, out_path: Path, choice, threads: int) -> Counter:
+def _save_portable_segment(
+    model: onnx.ModelProto, out_path: Path, choice, threads: int, external_data_dir: Path | None
+) -> Counter:
     """Save the segment as it is (the provider compiles it at load) and check it loads."""
     import onnxruntime as ort
+    from onnx.external_data_helper import load_external_data_for_model
+
+    if external_data_dir is not None:  # this segment's weights only
+        load_external_data_for_model(model, str(external_data_dir))
 
     onnx.save(
         model,
@@ -77,6 +88,7 @@ def lower_to_cpu(
     progress=None,
     choice=None,
     session_config: dict[str, str] | None = None,
+    external_data_dir: Path | None = None,
 ) -> tuple[ExecutionPlan, dict[str, int]]:
     """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``, and
     for the CPU EP ``engine.onnx``, the segments joined into one graph (``single_graph.py``).
@@ -84,9 +96,10 @@ def lower_to_cpu(
     ``choice`` (``execution_provider.ProviderChoice``, default: the CPU EP) decides whether the
     segments are optimized by ORT now (CPU EP) or saved portable for the provider to compile at
     load (OpenVINO); ``session_config`` holds ORT session config entries for the optimization
-    (e.g. MatMulNBits' accuracy level). Returns the plan and the op counts of the saved
-    segments (recorded in the manifest). ``progress(done, total)`` is called after each
-    segment. Raises onnxruntime errors if a segment does not load.
+    (e.g. MatMulNBits' accuracy level); ``external_data_dir`` is where the weights of a
+    ``model`` holding external-data references are (a streamed build). Returns the plan and
+    the op counts of the saved segments (recorded in the manifest). ``progress(done, total)``
+    is called after each segment. Raises onnxruntime errors if a segment does not load.
     """
 
     choice = choice or provider_for_dtype("float32")
@@ -101,9 +114,12 @@ def lower_to_cpu(
                 engine_dir / spec.file,
                 threads,
                 session_config or {},
+                external_data_dir,
             )
         else:
-            ops += _save_portable_segment(seg, engine_dir / spec.file, choice, threads)
+            ops += _save_portable_segment(
+                seg, engine_dir / spec.file, choice, threads, external_data_dir
+            )
         if progress is not None:
             progress(i + 1, len(segments))
     if choice.optimize_at_build:

@@ -25,3 +25,16 @@ def staged_dir(out: Path) -> Iterator[Path]:
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
+
+
+@contextmanager
+def scratch_dir(out: Path) -> Iterator[Path]:
+    """Yield an empty hidden directory beside ``out`` for a build's intermediate files (the
+    streamed float graph); it is removed when the block ends, however it ends. Beside ``out``
+    so that it is on the disk the engine goes to, not in a small ``/tmp``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.work.", dir=out.parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

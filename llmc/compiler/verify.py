@@ -1,7 +1,7 @@
 """``llmc verify``: check a built engine against the unquantized model it was built from.
 
 The reference is rebuilt from the engine manifest's source checkpoint (its digest must match the
-manifest) as the unquantized engine graph (``build_steps.float_graph``). Two checks run on it:
+manifest) as the unquantized engine graph (``stages.export.float_graph``). Two checks run on it:
 
 1. The accuracy report (``llmc.calibration.accuracy``) on held-out text: ``--data`` (its held-out
    part), else the file the build's report names if it still exists, else text sampled from the
@@ -31,9 +31,10 @@ from pathlib import Path
 
 from llmc.calibration.accuracy import AccuracyReport, evaluate_accuracy
 from llmc.calibration.data import HELDOUT, load_windows
-from llmc.compiler.build_steps import float_graph, no_stage
 from llmc.compiler.model_source import load_model, resolve_model, sha256_files
 from llmc.compiler.segment_compare import SegmentComparison, compare_segment, match_names
+from llmc.compiler.stages.export import float_graph
+from llmc.compiler.stages.progress import stage_of
 from llmc.compiler.verify_config import VerifyConfig, VerifyError
 from llmc.engine.host import check_host
 from llmc.engine.isa import detect_host_isa
@@ -76,7 +77,7 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
     from transformers import AutoTokenizer
 
     engine_dir = Path(engine_dir)
-    stage = progress.stage if progress is not None else no_stage
+    stage = stage_of(progress)
     with stage("check engine"):
         manifest = read_manifest(engine_dir)
         check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})

@@ -7,9 +7,12 @@
   graph is cut into it;
 - ``plugin``: the ``llmc::PagedAttention`` contract, ``PluginAttributes`` its one definition;
 - ``kv_cache``: KV-cache dtypes (plugin attribute, numpy, ONNX) and geometry;
-- ``host``: ``check_runs_here``, whether this host runs an engine, from ``isa`` (CPU features,
-  executed), ``gpu`` (CUDA devices, TensorRT) and ``provider`` (ONNX Runtime execution
-  providers).
+- ``targets``: the target registry (``TARGETS``: ``cpu``, ``sm80`` ... ``sm120``), one module per
+  kind of target behind the ``Target`` protocol: backend, dtypes, execution providers, compute
+  capability, host check;
+- ``host``: ``check_runs_here``, whether this host runs an engine, dispatched to its target's
+  check, which reads ``isa`` (CPU features, executed), ``gpu`` (CUDA devices, TensorRT) and
+  ``provider`` (ONNX Runtime execution providers).
 
 The compiler writes these, the runtime and the registry read them; this package imports neither
 (``pyproject.toml``'s import-linter contracts, ``tests/test_layers.py``).

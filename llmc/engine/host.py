@@ -1,174 +1,67 @@
 """Whether this host runs an engine: ``check_runs_here``, before anything of it is loaded.
 
-A CPU engine needs this machine's architecture, the ISA features it was built for (executed,
-``llmc.engine.isa``), the ONNX Runtime major.minor that built it and its execution provider's
-plugin major.minor. A TensorRT engine needs a GPU it runs on and exactly the TensorRT release
-that built it (``llmc.engine.gpu``; checked without importing ``tensorrt``). Each refusal says
-what to rebuild or install. The registry's resolver runs the same check on every candidate.
+The engine's manifest names its target; the target (``llmc.engine.targets``) says what a host
+needs to run it and checks that: a cpu engine this machine's architecture, the ISA features it
+was built for (executed, ``llmc.engine.isa``), the ONNX Runtime major.minor that built it and
+its execution provider's plugin major.minor (``targets.cpu``); an sm engine a GPU it runs on and
+exactly the TensorRT release that built it (``targets.sm``; checked without importing
+``tensorrt``). Each refusal says what to rebuild or install. The registry's resolver runs the
+same check on every candidate.
+
+The targets' own checks, given the host's facts, are importable from here too:
+``check_host`` and ``check_provider_version`` (cpu), ``check_gpu_host``,
+``check_tensorrt_version`` and ``release`` (sm).
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 
-from llmc.engine.gpu import GpuInfo, arch_capability, capability_name, detect_gpus
-from llmc.engine.gpu import tensorrt_version as installed_tensorrt_version
-from llmc.engine.isa import HostIsa, detect_host_isa, isa_name, missing_features
 from llmc.engine.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     EngineManifest,
+    damaged_hint,
     raise_format_mismatch,
-    rebuild_command,
 )
-from llmc.engine.provider import ProviderChoice, provider_version
-from llmc.errors import EngineMismatchError
+from llmc.engine.targets import TARGETS, Target
+from llmc.engine.targets.cpu import check_host, check_provider_version
+from llmc.engine.targets.sm import check_gpu_host, check_tensorrt_version, release
+from llmc.errors import EngineCorruptError, EngineMismatchError
 
-GPU_TARGET = re.compile(r"sm\d+")
-
-
-def check_runs_here(manifest: EngineManifest) -> None:
-    """Refuse an engine this host cannot run: for a TensorRT plan its GPU and TensorRT
-    (``check_gpu_host``); otherwise target, machine, ISA features, ONNX Runtime major.minor
-    (``check_host``), then the execution provider plugin's version. Deserializes nothing.
-
-    Raises:
-        EngineMismatchError: says what differs and what to rebuild or install.
-    """
-    if manifest.backend == "tensorrt":
-        check_gpu_host(manifest, detect_gpus(), installed_tensorrt_version())
-        return
-    import onnxruntime as ort  # here: its import costs ~0.2 s that a GPU engine never needs
-
-    check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
-    provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
-    check_provider_version(manifest, provider_version(provider))
+__all__ = [
+    "check_gpu_host",
+    "check_host",
+    "check_provider_version",
+    "check_runs_here",
+    "check_tensorrt_version",
+    "release",
+]
 
 
-def check_host(m: EngineManifest, host: HostIsa, backend_versions: dict[str, str]) -> None:
-    """Refuse a CPU engine this host cannot run, before anything of it is loaded.
-
-    ``backend_versions`` maps backend name ("onnxruntime", "tensorrt") to its installed version;
-    a backend absent from it counts as not installed. This host is assumed to have no GPU.
+def check_runs_here(manifest: EngineManifest, targets: Mapping[str, Target] = TARGETS) -> None:
+    """Refuse an engine this host cannot run: its format version, then its target's host check
+    (``Target.check_runs_here``), the target looked up by name in ``targets`` (default: the
+    registry), then whether the manifest's backend is that target's (the runtime picks its
+    runner by the target's backend). Deserializes nothing.
 
     Raises:
-        EngineMismatchError: format version, target (a GPU arch), machine arch, ISA features or
-            the backend's major.minor version differ; the message says what to rebuild or install.
+        EngineMismatchError: another format version, a target ``targets`` does not know, or
+            what the target's check refuses; says what to rebuild or install.
+        EngineCorruptError: the manifest's backend is not its target's.
     """
-    if m.format_version != FORMAT_VERSION:
-        raise_format_mismatch(m.format_version, MANIFEST_NAME)
-    rebuild = rebuild_command(m, "cpu")
-    if GPU_TARGET.fullmatch(m.target):
+    if manifest.format_version != FORMAT_VERSION:
+        raise_format_mismatch(manifest.format_version, MANIFEST_NAME)
+    found = targets.get(manifest.target)
+    if found is None:
         raise EngineMismatchError(
-            f"engine built for {m.target}, this host is {host.name} (no GPU); "
-            f"rebuild with {rebuild}"
+            f"engine built for target {manifest.target!r}, which this llmc does not know "
+            f"(known: {', '.join(targets)}); rebuild it for one of them with "
+            f"`llmc build {manifest.source} --arch ...`"
         )
-    if m.target != "cpu":
-        raise EngineMismatchError(f"unknown engine target {m.target!r}; rebuild with {rebuild}")
-    if m.arch != host.arch:
-        raise EngineMismatchError(
-            f"engine built for {m.arch}, this host is {host.arch} ({host.name}); "
-            f"rebuild on this host with {rebuild}"
+    found.check_runs_here(manifest)
+    if manifest.backend != found.backend:
+        raise EngineCorruptError(
+            f"{MANIFEST_NAME} says target {found.name} but backend {manifest.backend!r} "
+            f"({found.name} engines run on {found.backend}); {damaged_hint(manifest)}"
         )
-    missing = missing_features(m.isa, host)
-    if missing:
-        raise EngineMismatchError(
-            f"engine built for {isa_name(m.isa)} needs {', '.join(missing)}, which this host "
-            f"({host.name}) does not run; rebuild on this host with {rebuild}"
-        )
-    installed = backend_versions.get(m.backend)
-    needed = ".".join(m.backend_version.split(".")[:2])
-    if installed is None:
-        raise EngineMismatchError(
-            f"engine needs {m.backend} {needed}.x (built with {m.backend_version}), which is not "
-            f"installed; install {m.backend} {needed}.x"
-        )
-    if _major_minor(installed) != _major_minor(m.backend_version):
-        raise EngineMismatchError(
-            f"engine was built with {m.backend} {m.backend_version} but {installed} is installed; "
-            f"install {m.backend} {needed}.x or rebuild with {rebuild}"
-        )
-
-
-def check_provider_version(manifest: EngineManifest, installed: str | None) -> None:
-    """Refuse an engine built with another major.minor of its execution-provider plugin
-    (``installed``: the plugin package's version here, None when it is not installed)."""
-    needed = manifest.execution_provider_version
-    if needed is None:
-        return
-    if installed is None or installed.split(".")[:2] != needed.split(".")[:2]:
-        raise EngineMismatchError(
-            f"engine runs on {manifest.execution_provider} {needed} but "
-            f"{installed or 'no version'} is installed; pip install the matching "
-            "onnxruntime-ep-openvino, or rebuild the engine with --dtype float32"
-        )
-
-
-def check_gpu_host(
-    manifest: EngineManifest, gpus: list[GpuInfo], trt_version: str | None
-) -> GpuInfo:
-    """Refuse a TensorRT engine this host cannot run, without importing ``tensorrt``.
-
-    ``gpus``: this host's CUDA devices (``detect_gpus()``); ``trt_version``: the installed
-    ``tensorrt`` package's version (None: not installed). Returns the GPU to run on.
-
-    Raises:
-        EngineMismatchError: no CUDA GPU; no GPU the plan runs on (the builder GPU's compute
-            capability, or any sm80+ for hardware compatibility "ampere+"); TensorRT missing or
-            of another major.minor.patch than the plan was built with. The message says what
-            to do.
-    """
-    trt = manifest.tensorrt or {}
-    target = manifest.target
-    wanted = arch_capability(target)
-    compat = trt.get("hardware_compatibility", "none")
-    cpu_build = f"`llmc build {manifest.source} --arch cpu`"
-    if not gpus:
-        raise EngineMismatchError(
-            f"engine built for {target} is a TensorRT plan that needs a GPU of compute capability "
-            f"{capability_name(target)}; this host has no CUDA GPU. Run it on a {target} host, "
-            f"or build a CPU engine with {cpu_build}"
-        )
-    fits = [
-        g
-        for g in gpus
-        if g.capability == wanted or (compat == "ampere+" and g.capability >= (8, 0))
-    ]
-    if not fits:
-        found = ", ".join(f"{g.name} ({g.arch})" for g in gpus)
-        rebuild = f"`llmc build {manifest.source} --arch {gpus[0].arch}`"
-        raise EngineMismatchError(
-            f"engine built for {target} (hardware compatibility {compat}) does not run on this "
-            f"host's GPUs: {found}; rebuild with {rebuild}"
-        )
-    built = manifest.backend_version
-    needed = ".".join(release(built))
-    if trt_version is None:
-        raise EngineMismatchError(
-            f"engine is a TensorRT {built} plan but the tensorrt package is not installed; "
-            f"pip install tensorrt=={needed}.*"
-        )
-    check_tensorrt_version(built, trt_version)
-    return fits[0]
-
-
-def release(version: str) -> tuple[str, ...]:
-    """A TensorRT version's major.minor.patch ("11.1.0.7" -> ("11", "1", "0"))."""
-    return tuple(version.split(".")[:3])
-
-
-def check_tensorrt_version(built: str, installed: str) -> None:
-    """Refuse running a plan built by TensorRT ``built`` with TensorRT ``installed`` unless
-    their major.minor.patch agree: a plan loads only on the TensorRT that built it (DESIGN §6;
-    TensorRT's "Version tag does not match"). Raises EngineMismatchError."""
-    if release(installed) != release(built):
-        needed = ".".join(release(built))
-        raise EngineMismatchError(
-            f"engine was built with TensorRT {built} but {installed} is installed; plans load "
-            f"only on the TensorRT that built them: install tensorrt=={needed}.* or rebuild "
-            "the engine with this TensorRT"
-        )
-
-
-def _major_minor(version: str) -> tuple[str, ...]:
-    return tuple(re.split(r"[.+-]", version)[:2])

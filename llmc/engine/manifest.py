@@ -42,7 +42,7 @@ class ManifestCore:
     source: str  # the path or alias given to `llmc build`
     checkpoint_digest: str
     tokenizer_digest: str
-    target: str  # "cpu" or a GPU arch "sm80" ... "sm120"
+    target: str  # a name of the target registry (llmc.engine.targets): "cpu", "sm80" ... "sm120"
     dtype: str  # "float32" | "bfloat16" (cpu); "float16" | "bfloat16" | "float32" (sm*)
     quant: str  # "none" | "int8" | "int4" | "fp8" ...
     kv_cache_dtype: str  # as the engine stores it: the compute dtype, "fp8" or "int8"
@@ -94,10 +94,12 @@ class EngineManifest(ManifestCore):
     # TensorRT engines: version, cuda_version, compute_capability, plan file, builder options,
     # optimization profiles, lint summary (``llmc.compiler.tensorrt.engine_dir``).
     tensorrt: dict | None = None
+    # Wall time and peak RSS of the build, whole and per stage (llmc.compiler.build_stats).
+    build_stats: dict | None = None
 
 
 #: Fields added after format 1 shipped: a manifest without them reads as their default.
-_OPTIONAL_FIELDS = {"tensorrt", "provider_selection"}
+_OPTIONAL_FIELDS = {"tensorrt", "provider_selection", "build_stats"}
 
 
 def write_manifest(m: EngineManifest, engine_dir: str | Path) -> Path:

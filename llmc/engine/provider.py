@@ -4,9 +4,11 @@
 build time. ``OpenVINOExecutionProvider`` (PyPI ``onnxruntime-ep-openvino``, a plugin EP) runs
 the same graph with bfloat16 compute on AVX-512 BF16 hosts: measured 1.5-2.8x the CPU EP's speed
 on Gemma 3 270M here (DESIGN §9), at up to ~0.1 relative difference in logits, so it serves
-``--dtype bfloat16`` engines only. Which provider an engine runs on is chosen at build time by
-measurement (``llmc.compiler.provider_choice``) and recorded in its manifest; how a session is
-bound to it is the runtime's (``llmc.runtime.execution_provider``).
+``--dtype bfloat16`` engines only. Providers are a sub-axis of the ``cpu`` target
+(``llmc.engine.targets.cpu``), named on the command line by the keys of ``PROVIDERS``. Which
+provider an engine runs on is chosen at build time by measurement
+(``llmc.compiler.provider_choice``) and recorded in its manifest; how a session is bound to it
+is the runtime's (``llmc.runtime.execution_provider``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from dataclasses import dataclass
 CPU_EP = "CPUExecutionProvider"
 OPENVINO_EP = "OpenVINOExecutionProvider"
 OPENVINO_PACKAGE = "onnxruntime-ep-openvino"
+#: ``--execution-provider`` value -> the ONNX Runtime execution provider it names.
+PROVIDERS = {"cpu": CPU_EP, "openvino": OPENVINO_EP}
+#: Distributions that install the ``onnxruntime`` module, the plain CPU build first.
+ONNXRUNTIME_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino")
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,24 @@ def provider_for_dtype(dtype: str) -> ProviderChoice:
     if dtype == "bfloat16":
         return ProviderChoice(OPENVINO_EP, "bf16")
     return ProviderChoice(CPU_EP, "f32")
+
+
+def onnxruntime_version() -> str | None:
+    """Version of the installed ONNX Runtime (the ``onnxruntime`` module's distribution), or
+    None when it is not installed. Read from package metadata: importing ``onnxruntime`` costs
+    ~0.2 s that a host check does not need."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+    from importlib.util import find_spec
+
+    if find_spec("onnxruntime") is None:
+        return None
+    for dist in ONNXRUNTIME_PACKAGES:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    others = packages_distributions().get("onnxruntime", [])  # another build of it (slower)
+    return version(others[0]) if others else None
 
 
 def provider_version(choice: ProviderChoice) -> str | None:

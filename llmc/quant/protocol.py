@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from llmc.engine import targets
 from llmc.quant.grids import Grid, QuantizedWeight
 
 if TYPE_CHECKING:
@@ -94,9 +95,12 @@ class FormatDefaults:
     exclude: str = ""
 
 
-def sm_of(target: str) -> int | None:
-    """The compute capability x 10 of a GPU target (``sm89`` -> 89), None for ``cpu``."""
-    return int(target[2:]) if target.startswith("sm") else None
+def sm_of(name: str) -> int | None:
+    """The compute capability x 10 of target ``name`` (``sm89`` -> 89; ``sm120`` -> 120), None
+    for a target that runs on no GPU (``cpu``). Raises UnknownTargetError (a ValueError) for a
+    name the target registry (``llmc.engine.targets``) does not know."""
+    capability = targets.target(name).capability
+    return None if capability is None else capability[0] * 10 + capability[1]
 
 
 @runtime_checkable
@@ -122,7 +126,9 @@ class QuantFormat(Protocol):
         ...
 
     def runs_on(self, target: str) -> bool:
-        """Whether engines of this format run on ``target`` (``cpu`` or ``sm*``)."""
+        """Whether engines of this format run on ``target`` (a name of the target registry):
+        everywhere on a target without a GPU (the CPU runs every format, FP8 as emulation), on
+        GPUs of ``min_sm`` or newer. Raises UnknownTargetError for an unknown name."""
         sm = sm_of(target)
         return sm is None or sm >= self.min_sm
 

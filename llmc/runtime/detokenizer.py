@@ -30,7 +30,9 @@ class IncrementalDetokenizer:
     its last character arrives, even when it spans tokens, at a cost per step linear in the new
     text whatever the number of stop strings. The text is cut before the earliest match (after
     it with ``include_stop_str_in_output``). As in vLLM, stop strings are only searched once more
-    than ``min_tokens`` tokens were added.
+    than ``min_tokens`` tokens were added. The detokenizer only reports the match; the engine
+    ends the sequence through the scheduler (``stop_checker.py`` states every stop rule and where
+    each is decided).
 
     Args:
         tokenizer: a Hugging Face tokenizer (``decode`` is the only method used).

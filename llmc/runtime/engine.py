@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llmc.errors import ContextLengthError, StepFailedError
+from llmc.errors import StepFailedError
 from llmc.runtime.engine_loader import load_engine
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
+from llmc.runtime.request_check import check_request
 from llmc.runtime.runner import Runner
 from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from llmc.runtime.sequence import Sequence, SequenceStatus
+from llmc.runtime.sequence import Sequence
 from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
 from llmc.runtime.warmup import warmup_step
@@ -103,17 +103,26 @@ class LLMEngine:
         cls,
         path: str | Path,
         *,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_num_forked_seqs: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int | None = None,
         num_blocks: int | None = None,
         kv_cache_memory: int | None = None,
         threads: int | None = None,
         warmup: bool = True,
         expected_manifest_sha256: str | None = None,
-        **overrides: Any,
     ) -> LLMEngine:
         """Load an engine directory and serve it.
 
         Args:
             path: the engine directory (``manifest.json`` and engine files).
+            max_model_len, max_num_seqs, max_num_batched_tokens: `EngineConfig` limits; None:
+                the engine's build limits (``max_seq_len``, ``max_batch``,
+                ``max_num_tokens``), which a TensorRT plan's profiles cannot run past.
+            max_num_forked_seqs, enable_prefix_caching, seed: as `EngineConfig`.
             num_blocks: KV blocks the runner allocates; None sizes the cache from
                 ``kv_cache_memory`` (see ``engine_loader.plan_num_blocks``). Either way the pool
                 must hold one sequence of ``max_model_len`` tokens.
@@ -122,41 +131,33 @@ class LLMEngine:
             warmup: run `warm_up` before returning (a few seconds on Gemma 3 270M).
             expected_manifest_sha256: the sha256 (hex) ``manifest.json`` must have, e.g. the
                 registry's (``ResolvedEngine.manifest_sha256``); None: not checked.
-            overrides: other `EngineConfig` fields (``max_model_len``, ``max_num_seqs``,
-                ``max_num_batched_tokens``, ``seed``); by default the engine's block size and
-                ``max_seq_len`` and the whole cache are used.
 
         Raises:
-            TypeError: for an override that is not an `EngineConfig` field.
             ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``
                 (``EngineConfigError``), or as `__init__`.
             llmc.errors.EngineError: from the loader (no engine, built for another host, corrupt,
                 a KV pool smaller than one ``max_model_len`` sequence).
         """
 
-        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"num_blocks"}
-        unknown = sorted(overrides.keys() - known)
-        if unknown:
-            raise TypeError(f"unknown engine options {unknown}; known: {sorted(known)}")
         loaded = load_engine(
             path,
             num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory,
             threads=threads,
-            max_model_len=overrides.get("max_model_len"),
+            max_model_len=max_model_len,
             expected_manifest_sha256=expected_manifest_sha256,
         )
         manifest = loaded.manifest
-        defaults = {
-            "block_size": loaded.block_size,
-            "num_blocks": loaded.runner.num_blocks,
-            "max_model_len": manifest.max_seq_len,
-            # The engine's build limits are the serving defaults (a TensorRT plan's profiles
-            # cannot run past them).
-            "max_num_seqs": manifest.max_batch,
-            "max_num_batched_tokens": manifest.max_num_tokens,
-        }
-        config = EngineConfig(**{**defaults, **overrides})
+        config = EngineConfig(
+            block_size=loaded.block_size,
+            num_blocks=loaded.runner.num_blocks,
+            max_model_len=_or(max_model_len, manifest.max_seq_len),
+            max_num_seqs=_or(max_num_seqs, manifest.max_batch),
+            max_num_batched_tokens=_or(max_num_batched_tokens, manifest.max_num_tokens),
+            max_num_forked_seqs=max_num_forked_seqs,
+            seed=seed,
+            enable_prefix_caching=enable_prefix_caching,
+        )
         engine = cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids)
         if warmup:
             engine.warm_up()
@@ -189,30 +190,14 @@ class LLMEngine:
         """Queue a request; it starts at the next `step` that has room for it.
 
         Raises:
+            InvalidRequestError: (a ValueError) bad sampling parameters, an empty prompt, or a
+                prompt or stop token id outside the vocabulary; its ``field`` names which
+                (`check_request`).
             ContextLengthError: (a ValueError) if the prompt plus ``max_tokens`` is longer than
                 ``max_model_len``; it carries ``limit`` and ``num_tokens``.
-            ValueError: for a duplicate id, bad sampling parameters (naming the field), an empty
-                prompt, or token ids outside the vocabulary.
+            ValueError: for the id of an unfinished request.
         """
-        if request_id in self.outputs:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        params.validate()
-        if len(prompt_token_ids) == 0:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        vocab_size = self.runner.vocab_size
-        lo, hi = min(prompt_token_ids), max(prompt_token_ids)
-        if lo < 0 or hi >= vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
-        total = len(prompt_token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ContextLengthError(
-                f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens "
-                f"({params.max_tokens}) is {total} tokens, more than this engine's max_model_len "
-                f"of {self.max_model_len}; shorten the prompt or lower max_tokens",
-                limit=self.max_model_len,
-                num_tokens=total,
-            )
+        check_request(prompt_token_ids, params, self.runner.vocab_size, self.max_model_len)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
         self.scheduler.add_request(seq)
         self.outputs.add_request(seq)
@@ -259,20 +244,14 @@ class LLMEngine:
     def _update(
         self, scheduler_output: SchedulerOutput, token_ids: np.ndarray
     ) -> list[RequestOutput]:
-        """Record the step's sampled tokens [S], check stop strings; the step's outputs."""
+        """Record the step's sampled tokens [S] (token stops), detokenize them (stop strings:
+        ``stop_checker.py``); the step's outputs."""
         updated = self.scheduler.update_from_output(scheduler_output, token_ids)
         touched: dict[str, None] = {}
         for seq in updated:
             stop = self.outputs.update(seq)
             if stop is not None:
-                seq.stop_reason = stop
-                if seq.is_finished:
-                    # A stop string in the last token wins over the length limit (as in vLLM).
-                    seq.status = SequenceStatus.FINISHED_STOPPED
-                else:
-                    self.scheduler.finish_request(
-                        seq.request_id, SequenceStatus.FINISHED_STOPPED, seq.index
-                    )
+                self.scheduler.stop_on_string(seq, stop)
             touched[seq.request_id] = None
         return self.outputs.make_outputs(touched)
 
@@ -320,3 +299,7 @@ class LLMEngine:
         token_ids = self.sampler(logits, sampling) if sampling else np.empty(0, np.int64)
         self.outputs.record_logprobs(sampling, logits, token_ids)
         return token_ids
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value

@@ -23,6 +23,7 @@ from llmc.engine.manifest import (
     verify_files,
 )
 from llmc.engine.provider import ProviderChoice
+from llmc.engine.targets import target
 from llmc.errors import EngineConfigError, EngineCorruptError, EngineError, EngineNotFoundError
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.runner import Runner
@@ -137,7 +138,7 @@ def load_engine(
     check_engine_files(manifest, engine_dir, hash_files=verify_digests)
     from transformers import AutoTokenizer
 
-    if manifest.backend == "tensorrt":
+    if target(manifest.target).backend == "tensorrt":
         from llmc.runtime.trt_runner import TrtRunner  # imports torch
 
         runner = TrtRunner(engine_dir, manifest, num_blocks=blocks)

@@ -7,12 +7,15 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+from llmc.runtime.chat_template import encode_chat
 from llmc.runtime.engine import LLMEngine
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.sampling_params import SamplingParams
 
 # A prompt is text, or pre-tokenized as {"prompt_token_ids": [...]} (vLLM's TokensPrompt).
 Prompt = str | dict[str, list[int]]
+# A conversation: chat messages, oldest first ({"role": "user", "content": "Hi"}).
+Conversation = list[dict[str, Any]]
 
 
 class LLM:
@@ -22,7 +25,9 @@ class LLM:
         engine_dir: an engine directory built by ``llmc build``.
         expected_manifest_sha256: the sha256 (hex) its ``manifest.json`` must have (e.g. the
             registry's, ``ResolvedEngine.manifest_sha256``); None: not checked.
-        overrides: `EngineConfig` fields (``max_num_seqs``, ``max_model_len``, ``seed``, ...).
+        engine_options: the other keyword arguments of `LLMEngine.from_engine_dir`
+            (``max_num_seqs``, ``max_model_len``, ``seed``, ``num_blocks`` ...), passed on as
+            they are.
 
     Raises:
         TypeError, ValueError: as `LLMEngine.from_engine_dir`.
@@ -33,10 +38,10 @@ class LLM:
         engine_dir: str | Path,
         *,
         expected_manifest_sha256: str | None = None,
-        **overrides: Any,
+        **engine_options: Any,
     ) -> None:
         engine = LLMEngine.from_engine_dir(
-            engine_dir, expected_manifest_sha256=expected_manifest_sha256, **overrides
+            engine_dir, expected_manifest_sha256=expected_manifest_sha256, **engine_options
         )
         self._init(engine)
 
@@ -116,6 +121,34 @@ class LLM:
             if progress is not None:
                 progress.close()
         return [finished[request_id] for request_id in request_ids]
+
+    def chat(
+        self,
+        conversations: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate the assistant's reply to each conversation (vLLM's ``LLM.chat``): its
+        prompt is the model's chat template applied to the messages (`render_chat`).
+
+        Args:
+            conversations: a conversation (a list of ``{"role": ..., "content": ...}``
+                messages, oldest first) or a list of them.
+            sampling_params, use_tqdm: as `generate`.
+
+        Returns:
+            One finished `RequestOutput` per conversation, in order.
+
+        Raises:
+            ChatTemplateError: (a ValueError) the template refused a conversation; nothing is
+                queued then.
+            ValueError, StepFailedError: as `generate`.
+        """
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        tokenizer = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": encode_chat(tokenizer, c)} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

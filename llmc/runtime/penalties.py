@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from llmc.runtime.sequence import Sequence
+from llmc.runtime.stop_checker import below_min_tokens, stop_token_ids
 
 # Penalized logits stay within +-1e30: divided by the smallest sampled temperature (1e-5) they
 # are still finite in float32 (max 3.4e38), so no row's softmax turns NaN.
@@ -25,13 +26,10 @@ def apply_min_tokens(
 
     Source: vLLM's ``MinTokensLogitsProcessor`` (stop token ids plus EOS set to -inf).
     """
-    eos = list(eos_token_ids)
     vocab_size = logits.shape[1]
     for i, seq in enumerate(seqs):
-        params = seq.params
-        if seq.num_output_tokens < params.min_tokens:
-            stop_ids = params.stop_token_ids + ([] if params.ignore_eos else eos)
-            stop_ids = [t for t in stop_ids if t < vocab_size]
+        if below_min_tokens(seq):
+            stop_ids = [t for t in stop_token_ids(seq.params, eos_token_ids) if t < vocab_size]
             logits[i, stop_ids] = -np.inf
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from llmc.runtime.penalties import apply_min_tokens, apply_penalties
 from llmc.runtime.sampling_params import SamplingParams, check_seed
 from llmc.runtime.sequence import Sequence
+from llmc.runtime.stop_checker import below_min_tokens
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +75,7 @@ class Sampler:
             raise ValueError(f"{num_rows} logits rows but {len(seqs)} sequences")
         params = [seq.params for seq in seqs]
         generators = [seq.generator for seq in seqs]
-        if any(s.num_output_tokens < s.params.min_tokens or s.params.has_penalties for s in seqs):
+        if any(below_min_tokens(s) or s.params.has_penalties for s in seqs):
             logits = logits.copy()
             apply_min_tokens(logits, seqs, self.eos_token_ids)
             apply_penalties(logits, seqs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from llmc.runtime.request_check import InvalidRequestError
+
 # Temperatures below this are treated as greedy: dividing logits by ~0 overflows float32 (vLLM's
 # `_SAMPLING_EPS` does the same).
 GREEDY_TEMPERATURE = 1e-5
@@ -110,54 +112,67 @@ class SamplingParams:
         """Check every field.
 
         Raises:
-            ValueError: naming the first bad field, its value and the allowed range.
+            InvalidRequestError: (a ValueError) naming the first bad field (its ``field``), its
+                value and the allowed range.
         """
         _check_int("n", self.n, 1)
         if not self.temperature >= 0.0 or math.isinf(self.temperature):  # NaN fails too
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise InvalidRequestError(
+                f"temperature must be a finite number >= 0, got {self.temperature}", "temperature"
+            )
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k is not None:
             _check_int("top_k", self.top_k, 1, "None (disabled) or ")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         if self.seed is not None:
             check_seed(self.seed)
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})"
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})",
+                "min_tokens",
             )
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+                raise InvalidRequestError(
+                    f"stop strings must be non-empty strings, got {s!r}", "stop"
+                )
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, 0, "a list of ")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {value}", name)
         if not 0.0 < self.repetition_penalty < math.inf:
-            raise ValueError(
-                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"
+            raise InvalidRequestError(
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}",
+                "repetition_penalty",
             )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
                 _check_int(name, value, 0, "None or ")
                 if value > MAX_LOGPROBS:
-                    raise ValueError(f"{name} must be at most {MAX_LOGPROBS}, got {value}")
+                    raise InvalidRequestError(
+                        f"{name} must be at most {MAX_LOGPROBS}, got {value}", name
+                    )
 
 
 def check_seed(seed: object, name: str = "seed") -> None:
-    """Raise ValueError, naming ``name``, unless ``seed`` is an int in [0, `MAX_SEED`]."""
+    """Raise InvalidRequestError (a ValueError), naming ``name``, unless ``seed`` is an int in
+    [0, `MAX_SEED`]."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"{name} must be None or an integer in [0, 2**64 - 1], got {seed!r}")
+        raise InvalidRequestError(
+            f"{name} must be None or an integer in [0, 2**64 - 1], got {seed!r}", name
+        )
 
 
 def _check_int(name: str, value: object, low: int | None, prefix: str = "") -> None:
-    """Raise ValueError unless ``value`` is an int (not a bool) >= ``low``."""
+    """Raise InvalidRequestError naming ``name`` unless ``value`` is an int (not a bool) >=
+    ``low``."""
     if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
         bound = f" >= {low}" if low is not None else ""
-        raise ValueError(f"{name} must be {prefix}an integer{bound}, got {value!r}")
+        raise InvalidRequestError(f"{name} must be {prefix}an integer{bound}, got {value!r}", name)

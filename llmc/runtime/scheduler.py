@@ -14,6 +14,7 @@ from llmc.runtime.scheduler_config import SchedulerConfig
 from llmc.runtime.scheduler_output import ScheduledSequence, SchedulerOutput
 from llmc.runtime.sequence import Sequence, SequenceStatus
 from llmc.runtime.stats import EngineStats
+from llmc.runtime.stop_checker import StopChecker
 from llmc.runtime.waiting_queue import WaitingQueue
 
 __all__ = ["ScheduledSequence", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
@@ -30,7 +31,7 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, eos_token_ids: Iterable[int]) -> None:
         self.config = config
-        self.eos_token_ids = frozenset(eos_token_ids)
+        self.stop_checker = StopChecker(eos_token_ids, config.max_model_len)
         self.kv_cache_manager = KVCacheManager(
             config.num_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -172,12 +173,12 @@ class Scheduler:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampled_token_ids: Iterable[int]
     ) -> list[Sequence]:
-        """Record a step's results: computed tokens, sampled tokens, forks and stop conditions.
+        """Record a step's results: computed tokens, sampled tokens, forks and token stops.
 
-        Stops on EOS (unless ``ignore_eos``), a stop token id (both only once ``min_tokens``
-        are out), ``max_tokens`` or ``max_model_len``; a finished sequence's blocks are freed at
-        once. Stop *strings* are the detokenizer's business: the engine reports them through
-        `finish_request`. Forked completions join the back of the waiting forks.
+        Each sampled token is checked by the `StopChecker` (EOS, stop token ids, ``max_tokens``,
+        ``max_model_len``; see ``stop_checker.py``); a finished sequence's blocks are freed at
+        once. Stop *strings* come later, from the detokenizer, through `stop_on_string`.
+        Forked completions join the back of the waiting forks.
 
         Args:
             scheduler_output: the plan the step ran.
@@ -212,7 +213,7 @@ class Scheduler:
             for s, token in zip(group, group_tokens, strict=True):
                 s.append_token(token)
                 updated.append(s)
-                status = self._check_stop(s)
+                status = self.stop_checker.check(s)
                 if status is not None:
                     self._finish(s, status)
             self.waiting.add_forks(c for c in planned.forks if not c.is_finished)
@@ -262,6 +263,17 @@ class Scheduler:
             if index is None or seq.index == index:
                 self._finish(seq, status)
 
+    def stop_on_string(self, seq: Sequence, stop: str) -> None:
+        """End ``seq`` for the stop string ``stop``, which the detokenizer found in the text of
+        its latest token; it becomes ``seq.stop_reason``. When that token also ended the
+        sequence (a length limit, a stop token), the stop string wins: the status becomes
+        FINISHED_STOPPED (as in vLLM)."""
+        seq.stop_reason = stop
+        if seq.is_finished:
+            seq.status = SequenceStatus.FINISHED_STOPPED
+        else:
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+
     def abort_request(self, request_id: str) -> None:
         """Cancel a request wherever it is; unknown or finished ids are ignored."""
         self.finish_request(request_id, SequenceStatus.FINISHED_ABORTED)
@@ -300,23 +312,6 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
-
-    def _check_stop(self, seq: Sequence) -> SequenceStatus | None:
-        params = seq.params
-        if seq.num_output_tokens < params.min_tokens:
-            return None
-        last = seq.output_token_ids[-1]
-        if last in params.stop_token_ids:
-            seq.stop_reason = last
-            return SequenceStatus.FINISHED_STOPPED
-        if not params.ignore_eos and last in self.eos_token_ids:
-            return SequenceStatus.FINISHED_STOPPED
-        if (
-            seq.num_output_tokens >= params.max_tokens
-            or seq.num_tokens >= self.config.max_model_len
-        ):
-            return SequenceStatus.FINISHED_LENGTH_CAPPED
-        return None
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
         if seq.status is SequenceStatus.RUNNING:

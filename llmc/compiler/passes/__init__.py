@@ -15,6 +15,7 @@ from llmc.compiler.passes.no_op import remove_no_ops
 from llmc.compiler.passes.parallel_matmul import fuse_parallel_matmuls
 from llmc.compiler.passes.rms_norm import fuse_rms_norm
 from llmc.compiler.passes.rotary_embedding import fuse_rotary_embedding
+from llmc.compiler.passes.weight_transpose import fold_weight_transposes
 
 
 def _num_nodes(model: ir.Model) -> int:
@@ -40,6 +41,7 @@ def _dedupe(model: ir.Model) -> int:
 
 
 PIPELINE: list[tuple[str, Callable[[ir.Model], int]]] = [
+    ("weight_transpose", fold_weight_transposes),
     ("fold_constants", _fold_constants),
     ("no_op_arithmetic", remove_no_ops),
     ("rms_norm", fuse_rms_norm),

@@ -42,11 +42,11 @@ def fuse_parallel_matmuls(model: ir.Model) -> int:
         if len(nodes) < 2:
             continue
         x = nodes[0].inputs[0]
-        weights = [n.inputs[1].const_value.numpy() for n in nodes]
+        weights = [n.inputs[1].const_value for n in nodes]
         widths = [w.shape[1] for w in weights]
         fused_w = ir.Value(
             name=f"{nodes[0].inputs[1].name}_fused{count}",
-            const_value=ir.tensor(np.concatenate(weights, axis=1)),
+            const_value=_concatenated(weights, f"{nodes[0].inputs[1].name}_fused{count}"),
         )
         graph.register_initializer(fused_w)
         sizes = ir.Value(
@@ -73,6 +73,17 @@ def fuse_parallel_matmuls(model: ir.Model) -> int:
         count += 1
     _drop_unused_initializers(graph)
     return count
+
+
+def _concatenated(weights: list[ir.TensorProtocol], name: str) -> ir.TensorProtocol:
+    """``weights`` ([K, N_i] each) joined along N, read when written (the weights may be lazy
+    checkpoint tensors: nothing is read here)."""
+    shape = ir.Shape([weights[0].shape[0], sum(w.shape[1] for w in weights)])
+
+    def read() -> ir.TensorProtocol:
+        return ir.tensor(np.concatenate([w.numpy() for w in weights], axis=1), name=name)
+
+    return ir.LazyTensor(read, dtype=weights[0].dtype, shape=shape, name=name)
 
 
 def _drop_unused_initializers(graph: ir.Graph) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.errors import LlmcError
@@ -51,16 +52,16 @@ class TextSource:
         return hashlib.sha256(Path(self.path).read_bytes()).hexdigest() + ":" + self.part
 
 
-def text_sources(config: BuildConfig) -> tuple[TextSource, TextSource]:
+def text_sources(options: CalibrationOptions) -> tuple[TextSource, TextSource]:
     """(calibration, held-out) sources; reads the files now so that an empty or unreadable one
     fails before any work (raises ``CalibrationDataError``)."""
     from llmc.calibration.data import read_texts
 
-    for path in (config.calib_data, config.eval_data):
+    for path in (options.calib_data, options.eval_data):
         if path:
             read_texts(path)
-    calib = TextSource(config.calib_data, "calibration", CALIBRATION_SEED)
-    held = config.eval_data or config.calib_data
+    calib = TextSource(options.calib_data, "calibration", CALIBRATION_SEED)
+    held = options.eval_data or options.calib_data
     return calib, TextSource(held, "heldout", HELDOUT_SEED)
 
 
@@ -92,43 +93,44 @@ def quantize(
     from llmc.version import __version__
 
     spec = config.quant_spec(bound_pairs)
+    calib = config.calibration
     graph = ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
     gram_keys = gptq_keys(graph, spec)
     key = calibration_key(
         model=checkpoint_digest,
         data=calib_source.digest(),
-        samples=config.calib_samples,
-        seq_len=config.calib_seq_len,
-        method=config.calib_method_for_quant,
+        samples=calib.calib_samples,
+        seq_len=calib.calib_seq_len,
+        method=config.calib_method,
         tensors=sorted(tensors),
         gram=sorted(gram_keys),
         llmc=__version__,
     )
-    cache = Path(config.cache_dir).expanduser() / "calibration" / f"{key}.npz"
+    cache = calib.stats_path(key)
     stats = load_stats(cache)
     if stats is None or not set(tensors) <= set(stats):
         with stage("calibration data"):
             windows = windows_of(
-                calib_source, hf_model, tokenizer, config.calib_samples, config.calib_seq_len
+                calib_source, hf_model, tokenizer, calib.calib_samples, calib.calib_seq_len
             )
-        with stage(f"calibrate ({len(windows)} x {config.calib_seq_len} tokens)") as tick:
-            blocks = -(-config.calib_seq_len // config.block_size)
+        with stage(f"calibrate ({len(windows)} x {calib.calib_seq_len} tokens)") as tick:
+            blocks = -(-calib.calib_seq_len // config.export.block_size)
             runner = OrtRunner.from_model(
                 float_model,
                 blocks,
-                threads=config.threads,
+                threads=config.target.threads,
                 extra_outputs=tuple(dict.fromkeys(tensors.values())),
             )
             stats = collect_stats(runner, tensors, windows, progress=tick, gram_keys=gram_keys)
             del runner
             save_stats(stats, cache)
-    with stage(f"quantize ({config.quant})"):
+    with stage(f"quantize ({spec.quant})"):
         report = quantize_graph(graph, stats, spec)
         report.spec["calibration"] = {
             "data": calib_source.describe(),
-            "samples": config.calib_samples,
-            "seq_len": config.calib_seq_len,
+            "samples": calib.calib_samples,
+            "seq_len": calib.calib_seq_len,
             "cache_key": key,
         }
         return ir.to_proto(graph), report
@@ -186,10 +188,11 @@ def accuracy_report(
     from llmc.calibration.accuracy import evaluate_accuracy
     from llmc.runtime.ort_runner import OrtRunner
 
-    windows = windows_of(source, hf_model, tokenizer, config.eval_samples, config.calib_seq_len)
-    blocks = -(-config.calib_seq_len // config.block_size)
-    ref = OrtRunner.from_model(reference, blocks, threads=config.threads)
-    engine = OrtRunner(engine_dir, blocks, threads=config.threads)
+    calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
+    windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
+    blocks = -(-calib.calib_seq_len // block_size)
+    ref = OrtRunner.from_model(reference, blocks, threads=threads)
+    engine = OrtRunner(engine_dir, blocks, threads=threads)
     return evaluate_accuracy(
-        ref, engine, windows, config.block_size, data=source.describe(), progress=progress
+        ref, engine, windows, block_size, data=source.describe(), progress=progress
     )

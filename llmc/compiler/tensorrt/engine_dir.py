@@ -34,14 +34,15 @@ def write_engine(
     import torch  # here: its CUDA version is recorded, and this path runs only on a GPU host
 
     out = config.output_dir(m.model_id)
+    limits, target = config.export, config.target
     profile = optimization_profile(
         m.num_kv_heads,
         m.head_dim,
         m.num_layers,
         m.block_size,
-        config.max_num_tokens,
-        config.max_batch,
-        config.max_seq_len,
+        limits.max_num_tokens,
+        limits.max_batch,
+        limits.max_seq_len,
     )
     with staged_dir(out) as tmp:
         with stage(f"TensorRT build ({m.target})") as tick:
@@ -49,9 +50,9 @@ def write_engine(
                 stage_dir / MODEL_FILE,
                 tmp / PLAN_FILE,
                 profile,
-                builder_opt_level=config.builder_opt_level,
-                hardware_compat=config.hardware_compat,
-                timing_cache=config.timing_cache,
+                builder_opt_level=target.builder_opt_level,
+                hardware_compat=target.hardware_compat,
+                timing_cache=target.timing_cache,
                 tick=tick,
             )
         gpu = next(g for g in detect_gpus() if g.capability == arch_capability(m.target))
@@ -64,9 +65,9 @@ def write_engine(
         shutil.copytree(stage_dir / "tokenizer", tmp / "tokenizer")
         shutil.copyfile(stage_dir / "generation_config.json", tmp / "generation_config.json")
         facts = shared_facts(m) | {
-            "max_seq_len": config.max_seq_len,
-            "max_num_tokens": config.max_num_tokens,
-            "max_batch": config.max_batch,
+            "max_seq_len": limits.max_seq_len,
+            "max_num_tokens": limits.max_num_tokens,
+            "max_batch": limits.max_batch,
             "build_config": config.to_dict(),
             "build_config_hash": config.hash(),
         }

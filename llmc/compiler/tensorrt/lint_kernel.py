@@ -20,6 +20,8 @@ import onnx
 from llmc.compiler.tensorrt.lint_view import Finding, GraphView, node_finding
 from llmc.compiler.tensorrt.plugin_io import PTX_ISA_KEY, metadata
 from llmc.engine.plugin import PluginAttributes, plugin_nodes
+from llmc.engine.targets import TARGETS
+from llmc.engine.targets.sm import SmTarget
 from llmc.errors import LlmcError
 from llmc.plugins.paged_attention import trt_aot
 from llmc.plugins.paged_attention.trt_plugin import AOT_ATTRIBUTE
@@ -31,11 +33,17 @@ SMALLEST_BLOCK_N = 16
 def check_kernels(view: GraphView, target: str | None) -> list[Finding]:
     """Findings about the plugin nodes' AOT kernels on ``target`` (e.g. "sm90")."""
     nodes = plugin_nodes(view.model)
-    if not nodes or target is None or not target.startswith("sm"):
+    if not nodes or target is None:
         return []
-    arch = int(target[2:])
+    found = TARGETS.get(target)
+    if found is None:
+        known = ", ".join(TARGETS)
+        return [Finding("error", "smem", None, None, f"unknown target {target}; known: {known}")]
+    if not isinstance(found, SmTarget):
+        return []  # no GPU: no AOT kernel runs on it
+    arch = found.sm
     if arch not in trt_aot.MAX_SHARED_MEMORY:
-        return [Finding("error", "smem", None, None, f"unknown GPU target {target}")]
+        return [Finding("error", "smem", None, None, f"no shared-memory limit known for {target}")]
     out = _ptx(view.model, arch)
     for n in nodes:
         out += _shared_memory(view, n, arch)

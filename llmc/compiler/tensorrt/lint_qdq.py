@@ -28,13 +28,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from llmc.compiler.build_config import GPU_TARGETS
-from llmc.compiler.quantize.formats import FORMATS, int4
+from llmc.compiler.quantize.formats import int4
 from llmc.compiler.tensorrt.lint_view import node_finding
 from llmc.compiler.tensorrt.support_table import TYPE_NAMES
+from llmc.engine.targets import TARGETS
+from llmc.engine.targets.sm import SmTarget
 
-FP8_ARCHS = tuple(a for a in GPU_TARGETS if FORMATS["fp8"].runs_on(a))  # the fp8 format's rule
-FP4_ARCHS = ("sm100", "sm120")
+_SM = [t for t in TARGETS.values() if isinstance(t, SmTarget)]
+FP8_ARCHS = tuple(t.name for t in _SM if t.fp8)  # FP8 tensor cores (targets.sm.SM_TABLE)
+FP4_ARCHS = tuple(t.name for t in _SM if t.fp4)
 _Q_TYPES = {"INT8", "FP8", "INT4", "FP4"}
 BLOCK_TYPES = ("INT4", "FP8", "FP4")
 INT4_BLOCK_SIZES = int4.TRT_BLOCK_SIZES

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from llmc.engine.kv_cache import NUMPY_DTYPES
+from llmc.engine.plugin import KernelArguments, PluginInputs, plugin_kernel
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
 # Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
@@ -42,9 +43,10 @@ class _KernelLibrary:
         source_sha256.restype = ctypes.c_char_p
         self.source_sha256: str = source_sha256().decode()
         ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-        self.paged_attention = library.llmc_paged_attention
+        self.paged_attention = library.llmc_paged_attention_on
         self.paged_attention.restype = ctypes.c_int
         self.paged_attention.argtypes = [
+            ptr,  # parallel: NULL, the kernel's own thread pool
             ptr, i64, ptr, i64, ptr, i64,  # q, k, v and their row strides
             ptr, ptr, i64, i32,  # key_cache, value_cache, num_blocks, block_size
             ptr, ptr, ptr, i64, i32,  # seq_lens, query_start_loc, block_tables, stride, max_blocks
@@ -189,31 +191,15 @@ def dequantize_cpu(codes: np.ndarray, scale: float = 1.0) -> np.ndarray:
     return out
 
 
+@plugin_kernel
 def paged_attention_cpu(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    key_cache: np.ndarray,
-    value_cache: np.ndarray,
-    seq_lens: np.ndarray,
-    query_start_loc: np.ndarray,
-    block_tables: np.ndarray,
-    slot_mapping: np.ndarray,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    scale: float,
-    sliding_window: int | None,
-    logit_softcap: float | None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-    out: np.ndarray | None = None,
+    inputs: PluginInputs, a: KernelArguments, *, out: np.ndarray | None = None
 ) -> np.ndarray:
     """Write the new tokens' keys and values into the paged cache in place, then attend causally.
 
-    Same contract as :func:`llmc.plugins.paged_attention.reference.paged_attention_reference`
-    (DESIGN §3), on numpy arrays with float32 activations. Threads: the kernel's own pool of
+    Same contract and signature as
+    :func:`llmc.plugins.paged_attention.reference.paged_attention_reference` (DESIGN §3), on
+    numpy arrays with float32 activations. Threads: the kernel's own pool of
     sleeping workers (``LLMC_NUM_THREADS``, else ``OMP_NUM_THREADS``, else all online cores; see
     the C file for why not OpenMP); steps under ~2^18 multiply-adds run on the calling thread.
 
@@ -248,17 +234,22 @@ def paged_attention_cpu(
             points outside the cache (checked by the kernel before it writes anything).
         RuntimeError: the kernel cannot be loaded or compiled (see :func:`load_library`).
     """
+    num_heads, num_kv_heads, head_dim = a.num_heads, a.num_kv_heads, a.head_dim
+    q, k, v = inputs.q, inputs.k, inputs.v
+    key_cache, value_cache = inputs.key_cache, inputs.value_cache
+    seq_lens, query_start_loc = inputs.seq_lens, inputs.query_start_loc
+    block_tables, slot_mapping = inputs.block_tables, inputs.slot_mapping
     if num_kv_heads <= 0 or head_dim <= 0 or num_heads % num_kv_heads != 0 or num_heads <= 0:
         raise ValueError(
             f"need num_heads a positive multiple of num_kv_heads and head_dim > 0, got "
             f"num_heads={num_heads}, num_kv_heads={num_kv_heads}, head_dim={head_dim}"
         )
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
-    if logit_softcap is not None and not logit_softcap > 0:
-        raise ValueError(f"logit_softcap must be None or > 0, got {logit_softcap}")
-    _check_scale("k_scale", k_scale)
-    _check_scale("v_scale", v_scale)
+    if a.sliding_window is not None and a.sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or >= 1, got {a.sliding_window}")
+    if a.logit_softcap is not None and not a.logit_softcap > 0:
+        raise ValueError(f"logit_softcap must be None or > 0, got {a.logit_softcap}")
+    _check_scale("k_scale", a.k_scale)
+    _check_scale("v_scale", a.v_scale)
     for name, array in (("q", q), ("k", k), ("v", v)):
         _check(name, array, np.float32, 2, rows_strided=True)
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
@@ -295,6 +286,7 @@ def paged_attention_cpu(
         return out
 
     status = load_library().paged_attention(
+        None,  # the kernel's own thread pool
         q.ctypes.data, q.strides[0] // 4, k.ctypes.data, k.strides[0] // 4,
         v.ctypes.data, v.strides[0] // 4, key_cache.ctypes.data, value_cache.ctypes.data,
         num_blocks, block_size, seq_lens.ctypes.data, query_start_loc.ctypes.data,
@@ -302,8 +294,8 @@ def paged_attention_cpu(
         slot_mapping.ctypes.data, out.ctypes.data,
         num_tokens, num_seqs, num_heads, num_kv_heads, head_dim,
         # Why min(): a window longer than any context is no window, and must fit a C int.
-        scale, min(sliding_window or 0, 2**31 - 1), logit_softcap or 0.0,
-        cache_dtype, k_scale, v_scale,
+        a.scale, min(a.sliding_window or 0, 2**31 - 1), a.logit_softcap or 0.0,
+        cache_dtype, a.k_scale, a.v_scale,
     )  # fmt: skip
     if status != 0:
         message = load_library().status_message(status).decode()

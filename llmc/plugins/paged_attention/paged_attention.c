@@ -1079,7 +1079,7 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
   }
 }
 
-/* Everything one work item needs: the arguments of llmc_paged_attention plus the tiling. */
+/* Everything one work item needs: the arguments of llmc_paged_attention_on plus the tiling. */
 struct step_ctx {
   const float *q;
   int64_t q_stride;
@@ -1130,9 +1130,10 @@ static void attend_item(const void *context, int64_t index) {
   }
 }
 
-/* Returns PA_OK, or a PA_BAD_* code before anything is written. Strides are in elements.
- * sliding_window <= 0 and softcap <= 0 mean off. The caches hold cache_dtype (PA_CACHE_*)
- * elements; k_scale and v_scale (> 0) are used by the quantized ones only. */
+/* Returns PA_OK, or a PA_BAD_* code before anything is written. parallel NULL: the items run on
+ * this file's thread pool. Strides are in elements. sliding_window <= 0 and softcap <= 0 mean
+ * off. The caches hold cache_dtype (PA_CACHE_*) elements; k_scale and v_scale (> 0) are used by
+ * the quantized ones only. */
 int llmc_paged_attention_on(const struct llmc_pa_parallel *parallel, const float *q,
                             int64_t q_stride, const float *k, int64_t k_stride, const float *v,
                             int64_t v_stride, void *key_cache, void *value_cache,
@@ -1185,34 +1186,12 @@ int llmc_paged_attention_on(const struct llmc_pa_parallel *parallel, const float
                          tile_start, num_seqs, num_heads, num_kv_heads, head_dim, group,
                          tile_tokens, row_stride, block_size, sliding_window, scale, softcap,
                          num_items};
-  if (work >= PARALLEL_MIN_WORK && num_items >= 2) {
-    parallel->run(parallel->runner, attend_item, &ctx, num_items);
-  } else {
+  if (work < PARALLEL_MIN_WORK || num_items < 2) {
     for (int64_t i = 0; i < num_items; ++i) attend_item(&ctx, i);
+  } else if (parallel == NULL) {
+    parallel_for(attend_item, &ctx, num_items, 1);
+  } else {
+    parallel->run(parallel->runner, attend_item, &ctx, num_items);
   }
   return PA_OK;
-}
-
-static void run_on_pool(void *runner, llmc_pa_item_fn fn, const void *ctx, int64_t num_items) {
-  (void)runner;
-  parallel_for(fn, ctx, num_items, 1);
-}
-
-/* The entry point of the ctypes binding (cpu.py): the call's items run on this file's pool. */
-int llmc_paged_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
-                         const float *v, int64_t v_stride, void *key_cache, void *value_cache,
-                         int64_t num_blocks, int block_size, const int32_t *seq_lens,
-                         const int32_t *query_start_loc, const int32_t *block_tables,
-                         int64_t block_table_stride, int max_blocks,
-                         const int64_t *slot_mapping, float *out, int num_tokens, int num_seqs,
-                         int num_heads, int num_kv_heads, int head_dim, float scale,
-                         int sliding_window, float softcap, int cache_dtype, float k_scale,
-                         float v_scale) {
-  static const struct llmc_pa_parallel pool_parallel = {run_on_pool, NULL};
-  return llmc_paged_attention_on(&pool_parallel, q, q_stride, k, k_stride, v, v_stride,
-                                 key_cache, value_cache, num_blocks, block_size, seq_lens,
-                                 query_start_loc, block_tables, block_table_stride, max_blocks,
-                                 slot_mapping, out, num_tokens, num_seqs, num_heads, num_kv_heads,
-                                 head_dim, scale, sliding_window, softcap, cache_dtype, k_scale,
-                                 v_scale);
 }

@@ -34,7 +34,8 @@ struct llmc_pa_parallel {
 };
 
 /* One layer of one step; see paged_attention.c. Returns PA_OK or a PA_BAD_* code (nothing is
- * written then). llmc_paged_attention runs its items on the kernel's own thread pool. */
+ * written then). With parallel NULL (the ctypes binding, cpu.py) the items run on the kernel's
+ * own thread pool. */
 int llmc_paged_attention_on(const struct llmc_pa_parallel *parallel, const float *q,
                             int64_t q_stride, const float *k, int64_t k_stride, const float *v,
                             int64_t v_stride, void *key_cache, void *value_cache,

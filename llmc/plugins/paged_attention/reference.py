@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from llmc.engine.plugin import KernelArguments, PluginInputs, plugin_kernel
+
 #: Saturation bound of each quantized cache dtype, in quantization steps (units of the scale).
 QUANTIZED_CACHE_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
 
@@ -40,26 +42,8 @@ def dequantize_kv(codes: torch.Tensor, scale: float) -> torch.Tensor:
     return codes.float() * torch.tensor(scale, dtype=torch.float32)
 
 
-def paged_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    block_tables: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    scale: float,
-    sliding_window: int | None,
-    logit_softcap: float | None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> torch.Tensor:
+@plugin_kernel
+def paged_attention_reference(inputs: PluginInputs, a: KernelArguments) -> torch.Tensor:
     """Write the new tokens' keys and values into the paged cache, then attend causally.
 
     Args:
@@ -86,7 +70,9 @@ def paged_attention_reference(
             quantization step; see the module docstring); unused by an unquantized cache.
 
     The n new tokens of sequence b are the last n positions of its context: new token i sits at
-    position ``seq_lens[b] - n + i``. Scores and softmax are computed in float32.
+    position ``seq_lens[b] - n + i``. Scores and softmax are computed in float32. The signature
+    is the plugin's (``llmc.engine.plugin.plugin_kernel``): the inputs positional, the rest
+    keywords.
 
     Returns:
         [T, H*D] in ``q``'s dtype.
@@ -95,6 +81,8 @@ def paged_attention_reference(
         ValueError: ``num_heads`` is not a multiple of ``num_kv_heads``, or the caches' dtypes
             differ.
     """
+    num_heads, num_kv_heads, head_dim = a.num_heads, a.num_kv_heads, a.head_dim
+    q, key_cache, value_cache = inputs.q, inputs.key_cache, inputs.value_cache
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     if key_cache.dtype != value_cache.dtype:
@@ -105,35 +93,35 @@ def paged_attention_reference(
 
     # The cache write comes first: a new token attends to itself and to the tokens before it in
     # the same step, which it can only see once they are in the cache.
-    slots = slot_mapping.long()
+    slots = inputs.slot_mapping.long()
     rows = (-1, num_kv_heads, head_dim)
     # .view, not .reshape: it must write in place.
-    key_cache.view(rows)[slots] = quantize_kv(k.view(rows), key_cache.dtype, k_scale)
-    value_cache.view(rows)[slots] = quantize_kv(v.view(rows), value_cache.dtype, v_scale)
+    key_cache.view(rows)[slots] = quantize_kv(inputs.k.view(rows), key_cache.dtype, a.k_scale)
+    value_cache.view(rows)[slots] = quantize_kv(inputs.v.view(rows), value_cache.dtype, a.v_scale)
 
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype)
-    for b in range(seq_lens.shape[0]):
-        start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
-        num_new, context_len = end - start, int(seq_lens[b])
+    for b in range(inputs.seq_lens.shape[0]):
+        start, end = int(inputs.query_start_loc[b]), int(inputs.query_start_loc[b + 1])
+        num_new, context_len = end - start, int(inputs.seq_lens[b])
         if num_new == 0:
             continue
         num_blocks = -(-context_len // block_size)
-        blocks = block_tables[b, :num_blocks].long()
+        blocks = inputs.block_tables[b, :num_blocks].long()
         # keys, values: [L, KVH, D] -> [L, H, D], each KV head repeated for its query heads.
         keys = key_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:context_len]
         values = value_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:context_len]
-        keys = dequantize_kv(keys, k_scale).repeat_interleave(group, dim=1)
-        values = dequantize_kv(values, v_scale).repeat_interleave(group, dim=1)
+        keys = dequantize_kv(keys, a.k_scale).repeat_interleave(group, dim=1)
+        values = dequantize_kv(values, a.v_scale).repeat_interleave(group, dim=1)
         queries = q[start:end].float().view(num_new, num_heads, head_dim)
 
-        scores = torch.einsum("nhd,lhd->hnl", queries, keys) * scale  # [H, n, L]
-        if logit_softcap is not None:
-            scores = logit_softcap * torch.tanh(scores / logit_softcap)
+        scores = torch.einsum("nhd,lhd->hnl", queries, keys) * a.scale  # [H, n, L]
+        if a.logit_softcap is not None:
+            scores = a.logit_softcap * torch.tanh(scores / a.logit_softcap)
         positions = torch.arange(context_len - num_new, context_len)[:, None]  # [n, 1]
         key_positions = torch.arange(context_len)[None, :]  # [1, L]
         visible = key_positions <= positions
-        if sliding_window is not None:
-            visible &= key_positions > positions - sliding_window
+        if a.sliding_window is not None:
+            visible &= key_positions > positions - a.sliding_window
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[start:end] = torch.einsum("hnl,lhd->nhd", probs, values).to(q.dtype)

@@ -64,6 +64,7 @@ this module only where Triton is used: it imports ``triton`` (and raises
 
 from __future__ import annotations
 
+from llmc.engine.plugin import INPUTS
 from llmc.errors import LlmcError
 
 try:
@@ -83,10 +84,7 @@ from llmc.plugins.paged_attention.triton_cache_codes import (  # noqa: E402 (aft
 
 #: Kernel parameters in order: input pointers, the int32 scalars, output pointers (the order
 #: TensorRT's AOT launch passes them), then the compile-time constants.
-POINTER_INPUTS = (
-    "q_ptr", "k_ptr", "v_ptr", "key_cache_ptr", "value_cache_ptr", "seq_lens_ptr",
-    "query_start_loc_ptr", "block_tables_ptr", "slot_mapping_ptr",
-)  # fmt: skip
+POINTER_INPUTS = tuple(f"{name}_ptr" for name in INPUTS)
 SCALAR_INPUTS = ("num_seqs", "max_blocks")
 POINTER_OUTPUTS = ("out_ptr", "key_cache_out_ptr", "value_cache_out_ptr")
 

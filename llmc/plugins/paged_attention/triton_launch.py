@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from llmc.engine.plugin import KernelArguments, PluginInputs, plugin_kernel
 from llmc.plugins.paged_attention.triton_tiles import (
     choose_num_splits,
     kernel_config,
@@ -48,25 +49,11 @@ def _check(name: str, tensor: torch.Tensor, dtypes: tuple[torch.dtype, ...], ndi
         raise ValueError(f"{name} must be contiguous (read and written in place, never copied)")
 
 
+@plugin_kernel
 def paged_attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    block_tables: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    inputs: PluginInputs,
+    a: KernelArguments,
     *,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    scale: float,
-    sliding_window: int | None,
-    logit_softcap: float | None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
     block_m: int | None = None,
     block_n: int = 32,
     num_splits: int | None = None,
@@ -74,7 +61,7 @@ def paged_attention_triton(
 ) -> torch.Tensor:
     """Write the new tokens' K/V into the paged cache in place, then attend causally (Triton).
 
-    Same arguments and result as
+    Same signature (then the options below) and result as
     :func:`~llmc.plugins.paged_attention.reference.paged_attention_reference`, on torch tensors
     of one device (CUDA, or CPU under ``TRITON_INTERPRET=1``): q [T, H*D], k and v [T, KVH*D]
     in float32, float16 or bfloat16; caches [num_blocks, block_size, KVH, D] in q's dtype,
@@ -95,6 +82,11 @@ def paged_attention_triton(
             ids, slots, lengths) are not checked on the device: the runner's step builder
             guarantees them.
     """
+    num_heads, num_kv_heads, head_dim = a.num_heads, a.num_kv_heads, a.head_dim
+    q, k, v = inputs.q, inputs.k, inputs.v
+    key_cache, value_cache = inputs.key_cache, inputs.value_cache
+    seq_lens, query_start_loc = inputs.seq_lens, inputs.query_start_loc
+    block_tables, slot_mapping = inputs.block_tables, inputs.slot_mapping
     _check("q", q, _ACTIVATION_DTYPES, 2)
     _check("k", k, (q.dtype,), 2)
     _check("v", v, (q.dtype,), 2)
@@ -124,7 +116,7 @@ def paged_attention_triton(
     for name, (tensor, shape) in expected.items():
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
-    for name, value in (("scale", scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+    for name, value in (("scale", a.scale), ("k_scale", a.k_scale), ("v_scale", a.v_scale)):
         if not 0.0 < float(value) < float("inf"):
             raise ValueError(f"{name} must be a finite positive number, got {value}")
 
@@ -150,16 +142,9 @@ def paged_attention_triton(
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
     constants = kernel_constants(
         config,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
+        **a._asdict(),
         block_size=key_cache.shape[1],
-        scale=scale,
-        sliding_window=sliding_window,
-        logit_softcap=logit_softcap,
         cache_quant=cache_quant,
-        k_scale=k_scale,
-        v_scale=v_scale,
         # Interpreted kernels are not JITFunctions (trt_aot.py tells them apart the same way).
         upcast_dot=q.dtype == torch.bfloat16
         and not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
@@ -169,34 +154,26 @@ def paged_attention_triton(
     grid = config.grid(num_tokens, num_seqs, num_kv_heads)
     if cache_quant == "fp8":  # the kernel reads and writes FP8 codes as bytes (same storage)
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
+        inputs = inputs._replace(key_cache=key_cache, value_cache=value_cache)
     paged_attention_kernel[grid](
-        q, k, v, key_cache, value_cache, seq_lens, query_start_loc, block_tables, slot_mapping,
-        num_seqs, block_tables.shape[1],
-        out, key_cache, value_cache,
+        *inputs, num_seqs, block_tables.shape[1], out, key_cache, value_cache,
         **constants, **launch,
     )  # fmt: skip
     if num_splits > 1:
-        _flash_decoding(q, k, v, key_cache, value_cache, seq_lens, query_start_loc,
-                        block_tables, num_splits, out, constants, launch)  # fmt: skip
+        _flash_decoding(inputs, num_splits, out, constants, launch)
     return out
 
 
 def _flash_decoding(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    block_tables: torch.Tensor,
+    inputs: PluginInputs,
     num_splits: int,
     out: torch.Tensor,
     constants: dict[str, object],
     launch: dict[str, int],
 ) -> None:
     """The decode tokens' attention in ``num_splits`` slices, then their reduction into ``out``
-    (triton_flash_decoding.py): partials [B, S, H, D] and [B, S, H] in float32."""
+    (triton_flash_decoding.py): partials [B, S, H, D] and [B, S, H] in float32. ``inputs``: the
+    launcher's, an FP8 cache as its uint8 view."""
     import triton
 
     from llmc.plugins.paged_attention.triton_flash_decoding import (
@@ -204,22 +181,22 @@ def _flash_decoding(
         flash_decoding_split_kernel,
     )
 
-    num_seqs, num_heads = seq_lens.shape[0], constants["NUM_HEADS"]
+    num_seqs, num_heads = inputs.seq_lens.shape[0], constants["NUM_HEADS"]
     head_dim, num_kv_heads = constants["HEAD_DIM"], constants["NUM_KV_HEADS"]
+    device = inputs.q.device
     partial_out = torch.empty(
-        (num_seqs, num_splits, num_heads, head_dim), dtype=torch.float32, device=q.device
+        (num_seqs, num_splits, num_heads, head_dim), dtype=torch.float32, device=device
     )
-    partial_lse = torch.empty(
-        (num_seqs, num_splits, num_heads), dtype=torch.float32, device=q.device
-    )
+    partial_lse = torch.empty((num_seqs, num_splits, num_heads), dtype=torch.float32, device=device)
     split_constants = {name: c for name, c in constants.items() if name != "SPLIT_DECODE"}
+    # The split kernel takes every input but slot_mapping: the main kernel wrote the cache.
+    read = [tensor for name, tensor in inputs._asdict().items() if name != "slot_mapping"]
     flash_decoding_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k, v, key_cache, value_cache, seq_lens, query_start_loc, block_tables,
-        block_tables.shape[1], num_splits, partial_out, partial_lse,
+        *read, inputs.block_tables.shape[1], num_splits, partial_out, partial_lse,
         **split_constants, **launch,
     )  # fmt: skip
     flash_decoding_reduce_kernel[(num_seqs, num_heads)](
-        partial_out, partial_lse, query_start_loc, num_splits, out,
+        partial_out, partial_lse, inputs.query_start_loc, num_splits, out,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=constants["BLOCK_D"],
         SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=launch["num_warps"],
     )  # fmt: skip

@@ -209,16 +209,9 @@ def _compile(
     )
     constants = triton_tiles.kernel_constants(
         config,
-        num_heads=attributes.num_heads,
-        num_kv_heads=attributes.num_kv_heads,
-        head_dim=attributes.head_dim,
+        **attributes.kernel_arguments(),
         block_size=attributes.block_size,
-        scale=attributes.scale,
-        sliding_window=attributes.sliding_window,
-        logit_softcap=attributes.logit_softcap,
         cache_quant={"auto": "none"}.get(attributes.kv_cache_dtype, attributes.kv_cache_dtype),
-        k_scale=attributes.k_scale,
-        v_scale=attributes.v_scale,
     )
     signature = kernel_signature(activation_dtype, attributes.kv_cache_dtype)
     signature.update(dict.fromkeys(constants, "constexpr"))

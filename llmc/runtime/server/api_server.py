@@ -10,63 +10,33 @@ from llmc.runtime.server.api_key import resolve_api_key
 from llmc.runtime.server.app import build_app
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.drain import ABORT_GRACE_S, DrainingServer
-from llmc.runtime.server.limits import RequestLimits
+from llmc.runtime.server.serve_config import ServeConfig
 
 logger = logging.getLogger(__name__)
 
 
 def serve(
-    engine_dir: str,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    model_name: str | None = None,
-    api_key: str | None = None,
-    api_key_file: str | None = None,
-    max_waiting: int = 64,
-    shutdown_timeout_s: float = 30.0,
-    log_level: str = "info",
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    max_num_forked_seqs: int | None = None,
-    max_model_len: int | None = None,
-    kv_cache_memory: int | None = None,
-    enable_prefix_caching: bool = True,
-    allowed_origins: list[str] | None = None,
-    limits: RequestLimits | None = None,
+    engine_dir: str | Path,
+    config: ServeConfig | None = None,
+    *,
+    model_id: str | None = None,
     expected_manifest_sha256: str | None = None,
-    max_consecutive_step_failures: int = 3,
 ) -> None:
     """Serve an engine directory with the OpenAI-compatible API until SIGINT or SIGTERM.
 
     The first SIGTERM/SIGINT drains (``drain.py``): readiness turns false, new requests get
-    503, in-flight ones finish for at most ``shutdown_timeout_s`` and the rest end with
-    finish_reason "abort"; then the engine thread stops and the process exits. Blocks until
-    then.
+    503, in-flight ones finish for at most ``config.lifecycle.shutdown_timeout`` seconds and the
+    rest end with finish_reason "abort"; then the engine thread stops and the process exits.
+    Blocks until then.
 
     Args:
         engine_dir: the engine directory (``manifest.json`` and engine files).
-        host: interface to bind; the default serves only this machine.
-        port: TCP port.
-        model_name: the name clients pass as ``model``; default: the engine directory's name.
-        api_key: when set, every route but /health, /ready, /metrics requires
-            ``Authorization: Bearer <api_key>``.
-        api_key_file: a file holding the key instead; with neither, ``$LLMC_API_KEY`` if set
-            (``api_key.py``).
-        max_waiting: requests that may wait for their first token before new ones get 503.
-        shutdown_timeout_s: how long a drain lets in-flight requests run, seconds.
-        log_level: uvicorn's log level.
-        max_num_seqs, max_num_batched_tokens, max_model_len: engine limits (default: the
-            engine's build limits).
-        max_num_forked_seqs: most running completions 1..n-1 of n > 1 requests (default: half
-            of max_num_seqs).
-        kv_cache_memory: KV-cache budget in bytes (default: the loader's).
-        enable_prefix_caching: share the KV blocks of common prompt prefixes between requests.
-        allowed_origins: CORS origins (None: CORS off).
-        limits: the bounds on one request; None: the defaults of `RequestLimits`.
+        config: every option (see `ServeConfig`); None: the defaults.
+        model_id: the registry's model id when ``engine_dir`` was resolved from it, the name
+            clients pass as ``model`` unless ``served_model_name`` is set; None: the engine
+            directory's name.
         expected_manifest_sha256: the sha256 (hex) the engine's ``manifest.json`` must have
             (the registry's, when ``engine_dir`` was resolved from it); None: not checked.
-        max_consecutive_step_failures: failed steps in a row after which the engine is taken
-            to be broken (/health 503); one failed step only fails the requests it carried.
 
     Raises:
         EngineConfigError: both ``api_key`` and ``api_key_file``, or a key file that cannot be
@@ -78,25 +48,24 @@ def serve(
 
     from llmc.runtime.engine import LLMEngine
 
-    key = resolve_api_key(api_key, api_key_file, os.environ)
-    name = model_name or Path(engine_dir).resolve().name
-    overrides = {
-        "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "max_num_forked_seqs": max_num_forked_seqs,
-        "max_model_len": max_model_len,
-    }
+    config = config or ServeConfig()
+    http, limits, lifecycle = config.http, config.engine, config.lifecycle
+    key = resolve_api_key(http.api_key, http.api_key_file, os.environ)
+    name = http.served_model_name or model_id or Path(engine_dir).resolve().name
     llm_engine = LLMEngine.from_engine_dir(
         engine_dir,
-        kv_cache_memory=kv_cache_memory,
-        enable_prefix_caching=enable_prefix_caching,
+        kv_cache_memory=limits.kv_cache_bytes,
+        max_model_len=limits.max_model_len,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_num_forked_seqs=limits.max_num_forked_seqs,
+        enable_prefix_caching=limits.enable_prefix_caching,
         expected_manifest_sha256=expected_manifest_sha256,
-        **{k: v for k, v in overrides.items() if v is not None},
     )
     engine = AsyncLLMEngine(
         llm_engine,
-        max_waiting=max_waiting,
-        max_consecutive_step_failures=max_consecutive_step_failures,
+        max_waiting=lifecycle.max_waiting,
+        max_consecutive_step_failures=lifecycle.max_consecutive_step_failures,
     )
     try:
         app = build_app(
@@ -104,17 +73,19 @@ def serve(
             name,
             api_key=key,
             owns_engine=True,
-            allowed_origins=allowed_origins,
-            limits=limits,
+            allowed_origins=http.allowed_origins,
+            limits=config.limits,
         )
-        config = uvicorn.Config(
+        uvicorn_config = uvicorn.Config(
             app,
-            host=host,
-            port=port,
-            log_level=log_level,
+            host=http.host,
+            port=http.port,
+            log_level=lifecycle.log_level,
             timeout_graceful_shutdown=int(ABORT_GRACE_S),
         )
-        logger.info("serving %s as model %r on http://%s:%d", engine_dir, name, host, port)
-        DrainingServer(config, app.state.drain, engine, shutdown_timeout_s).run()
+        logger.info(
+            "serving %s as model %r on http://%s:%d", engine_dir, name, http.host, http.port
+        )
+        DrainingServer(uvicorn_config, app.state.drain, engine, lifecycle.shutdown_timeout).run()
     finally:
         engine.shutdown()  # when uvicorn failed to start (e.g. the port is taken)

@@ -27,6 +27,8 @@ from typing import TypeVar
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmc.errors import ContextLengthError
+from llmc.runtime.chat_template import CHAT_ADD_SPECIAL_TOKENS, ChatTemplateError, render_chat
+from llmc.runtime.request_check import InvalidRequestError
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.bounded_encode import encode_bounded
@@ -104,7 +106,7 @@ class OpenAIServing:
         to ``messages`` with ``add_generation_prompt=True``."""
         self._check(request)
         text = await self._off_loop(self._render_chat, request)
-        prompt_ids = await self._encode_off_loop(text, False, "messages")
+        prompt_ids = await self._encode_off_loop(text, CHAT_ADD_SPECIAL_TOKENS, "messages")
         renderer = ChatRenderer(
             f"chatcmpl-{uuid.uuid4().hex}",
             self.model_name,
@@ -123,7 +125,7 @@ class OpenAIServing:
     ) -> JSONResponse | StreamingResponse:
         """Submit the request, wait for its first output, then answer whole or streamed."""
         arrival = time.monotonic()
-        params = self._sampling_params(request, len(prompt_ids), param)
+        params = self._sampling_params(request, len(prompt_ids))
         request_id = renderer.request_id
         outputs = self.engine.generate(prompt_ids, params, request_id, prompt=prompt)
         try:
@@ -135,7 +137,9 @@ class OpenAIServing:
             ) from exc
         except ContextLengthError as exc:
             raise _context_length_error(exc, len(prompt_ids), params.max_tokens, param) from exc
-        except ValueError as exc:  # LLMEngine.add_request refused the prompt or the parameters
+        except InvalidRequestError as exc:  # LLMEngine.add_request's check_request refused it
+            raise _invalid_request(exc, request, param) from exc
+        except ValueError as exc:  # a request id already in use
             raise bad_request(str(exc)) from exc
         tracker = RequestTracker(self.metrics, len(prompt_ids), arrival)
         tracker.update(first)
@@ -152,8 +156,9 @@ class OpenAIServing:
         return StreamingResponse(events, media_type="text/event-stream")
 
     def _check(self, request: Request) -> None:
-        """404 for another model; 400 past a limit (`RequestLimits.check`) or for a stop token
-        id outside the vocabulary (the engine checks the prompt's ids)."""
+        """404 for another model; 400 past a limit of this server (`RequestLimits.check`),
+        before any tokenizing. Whether the engine can run the request is its own check
+        (`check_request`), when the request reaches it."""
         model = request.model
         if model != self.model_name:
             raise ApiError(
@@ -163,14 +168,6 @@ class OpenAIServing:
                 code="model_not_found",
             )
         self.limits.check(request)
-        stop_ids = request.stop_token_ids
-        if stop_ids and max(stop_ids) >= (vocab_size := self.engine.vocab_size):
-            raise bad_request(
-                f"Invalid value for 'stop_token_ids': token id {max(stop_ids)} is outside the "
-                f"vocabulary; this model's vocabulary size is {vocab_size} (ids 0 to "
-                f"{vocab_size - 1}).",
-                "stop_token_ids",
-            )
 
     async def _off_loop(self, work: Callable[..., T], *args: object) -> T:
         """``work(*args)`` on the tokenizer thread; cancelled with the request."""
@@ -195,32 +192,22 @@ class OpenAIServing:
             raise bad_request(str(exc), param, "context_length_exceeded") from exc
 
     def _render_chat(self, request: ChatCompletionRequest) -> str:
-        """The chat template applied to the messages (on the tokenizer thread)."""
-        tokenizer = self.engine.tokenizer
+        """The chat template applied to the messages (on the tokenizer thread); 400 naming
+        ``messages`` when the template refuses them."""
+        messages = [m.template_input() for m in request.messages]
         try:
-            text = tokenizer.apply_chat_template(
-                [m.template_input() for m in request.messages],
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except Exception as exc:  # jinja2.TemplateError, ValueError: the messages do not fit
-            raise bad_request(f"Cannot apply the chat template: {exc}", "messages") from exc
-        # The template already holds every special token (BOS included, if the model uses one):
-        # the caller encodes it with add_special_tokens=False.
-        return text
+            return render_chat(self.engine.tokenizer, messages)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from exc
 
-    def _sampling_params(
-        self, request: Request, num_prompt_tokens: int, param: str
-    ) -> SamplingParams:
+    def _sampling_params(self, request: Request, num_prompt_tokens: int) -> SamplingParams:
         """The request's ``SamplingParams`` (OpenAI's and vLLM's fields, vLLM's defaults);
-        ``max_tokens`` unset means the rest of the context. 400 for an empty prompt or values
-        ``SamplingParams.validate`` refuses."""
-        if num_prompt_tokens == 0:
-            raise bad_request("The prompt is empty: it must have at least one token.", param)
+        ``max_tokens`` unset means the rest of the context. Not checked: the engine checks
+        every request (`check_request`)."""
         max_tokens = request.max_new_tokens
         if max_tokens is None:
             max_tokens = max(self.engine.max_model_len - num_prompt_tokens, 1)
-        params = SamplingParams(
+        return SamplingParams(
             n=request.n,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
@@ -242,13 +229,14 @@ class OpenAIServing:
             prompt_logprobs=request.prompt_logprobs,
             skip_special_tokens=request.skip_special_tokens,
         )
-        try:
-            params.validate()
-        except ValueError as exc:
-            name = str(exc).split(" ", 1)[0]
-            param = name if name in type(request).model_fields else None
-            raise bad_request(str(exc), param) from exc
-        return params
+
+
+def _invalid_request(exc: InvalidRequestError, request: Request, param: str) -> ApiError:
+    """OpenAI's 400 for a request `check_request` refused, naming the request field at fault:
+    ``param`` (``prompt`` or ``messages``) for the prompt, else the `SamplingParams` field of
+    the same name when the endpoint has one."""
+    field = param if exc.field == "prompt" else exc.field
+    return bad_request(str(exc), field if field in type(request).model_fields else None)
 
 
 def _context_length_error(

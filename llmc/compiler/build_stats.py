@@ -1,0 +1,84 @@
+"""Wall time and peak resident memory of each build stage, recorded into the manifest.
+
+A sampler thread reads the build process's resident set size (psutil, every
+``interval_s``) while a stage runs and keeps the stage's peak; the build's ``stage`` callable
+wraps the display's (``BuildProgress.stage``) with this one, so every stage is measured whether
+or not a terminal shows it. RSS includes file pages the process has mapped and touched
+(memory-mapped checkpoint and external-data files), which is what the kernel charges the build
+for.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StageStats:
+    """One stage: wall time (s) and the process's peak RSS while it ran (bytes)."""
+
+    wall_s: float
+    peak_rss_bytes: int
+
+
+@dataclass
+class BuildStats:
+    """Per-stage measurements of one build, in the order the stages ran.
+
+    ``display`` is the progress display's stage context manager (``BuildProgress.stage``) or
+    None. Use ``stats.stage(name)`` as the build's stage callable.
+    """
+
+    display: object = None
+    interval_s: float = 0.05
+    stages: dict[str, StageStats] = field(default_factory=dict)
+    _start: float = field(default_factory=time.perf_counter)
+
+    @contextmanager
+    def stage(self, name: str):
+        """Time ``name`` and sample its peak RSS; yields the display's ``tick(done, total)``."""
+        import psutil
+
+        proc = psutil.Process()
+        peak = proc.memory_info().rss
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.wait(self.interval_s):
+                peak = max(peak, proc.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, name=f"rss:{name}", daemon=True)
+        sampler.start()
+        start = time.perf_counter()
+        try:
+            if self.display is not None:
+                with self.display(name) as tick:
+                    yield tick
+            else:
+                yield lambda done, total: None
+        finally:
+            stop.set()
+            sampler.join()
+            peak = max(peak, proc.memory_info().rss)
+            self.stages[name] = StageStats(time.perf_counter() - start, peak)
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        """The highest peak of any stage (bytes)."""
+        return max((s.peak_rss_bytes for s in self.stages.values()), default=0)
+
+    def to_dict(self) -> dict:
+        """``{"wall_s", "peak_rss_bytes", "stages": {name: {"wall_s", "peak_rss_bytes"}}}``:
+        the manifest's ``build_stats``."""
+        return {
+            "wall_s": round(time.perf_counter() - self._start, 3),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "stages": {
+                k: {"wall_s": round(v.wall_s, 3), "peak_rss_bytes": v.peak_rss_bytes}
+                for k, v in self.stages.items()
+            },
+        }

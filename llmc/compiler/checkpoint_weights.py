@@ -1,0 +1,149 @@
+"""Checkpoint tensors read lazily: a safetensors checkpoint as an index of byte ranges.
+
+A streaming build never holds the checkpoint in memory: each graph initializer is bound to the
+byte range of its tensor in the checkpoint's ``.safetensors`` files, and read when the tensor is
+written (``onnx_ir.save`` writes one tensor at a time). A tensor already in the engine's dtype
+is an ``onnx_ir.ExternalTensor`` over the file (memory-mapped, no copy); one in another dtype
+(a bfloat16 checkpoint for a float32 engine) is an ``onnx_ir.LazyTensor`` that converts on read.
+
+File layout (huggingface/safetensors, "Format"): an 8-byte little-endian header length N, N
+bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": ...}``,
+then the tensor bytes; offsets count from the end of the header.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+from llmc.errors import ModelSourceError
+
+# safetensors dtype names -> ONNX element types (those a checkpoint of weights holds).
+_DTYPES = {
+    "F32": ir.DataType.FLOAT,
+    "F16": ir.DataType.FLOAT16,
+    "BF16": ir.DataType.BFLOAT16,
+    "F64": ir.DataType.DOUBLE,
+    "I64": ir.DataType.INT64,
+    "I32": ir.DataType.INT32,
+}
+
+
+@dataclass(frozen=True)
+class TensorLocation:
+    """Where one checkpoint tensor's bytes are: ``length`` bytes at ``offset`` of ``file``."""
+
+    file: Path
+    offset: int
+    length: int
+    dtype: ir.DataType
+    shape: tuple[int, ...]
+
+    def read(self) -> np.ndarray:
+        """The tensor as a numpy array in its stored dtype (bfloat16 as ``ml_dtypes.bfloat16``),
+        read through a memory map. Shape ``self.shape``."""
+        mm = np.memmap(
+            self.file, dtype=np.uint8, mode="r", offset=self.offset, shape=(self.length,)
+        )
+        return mm.view(self.dtype.numpy()).reshape(self.shape)
+
+
+def index_safetensors(files: list[Path] | tuple[Path, ...]) -> dict[str, TensorLocation]:
+    """Name -> ``TensorLocation`` of every tensor in ``files`` (a checkpoint's shards).
+
+    Reads only the headers. Raises ModelSourceError for a file that is not safetensors, a
+    dtype a checkpoint of weights does not use, or a name found in two shards.
+    """
+    index: dict[str, TensorLocation] = {}
+    for file in files:
+        with open(file, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise ModelSourceError(f"{file} is not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > 100 << 20:
+                raise ModelSourceError(f"{file}: safetensors header of {n} bytes is not plausible")
+            try:
+                header = json.loads(f.read(n))
+            except ValueError as e:
+                raise ModelSourceError(f"{file}: unreadable safetensors header: {e}") from e
+        base = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = _DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise ModelSourceError(f"{file}: tensor {name} has dtype {info['dtype']}")
+            if name in index:
+                raise ModelSourceError(f"tensor {name} is in both {index[name].file} and {file}")
+            begin, end = info["data_offsets"]
+            index[name] = TensorLocation(
+                file, base + begin, end - begin, dtype, tuple(info["shape"])
+            )
+    return index
+
+
+def lazy_tensor(loc: TensorLocation, name: str, dtype: ir.DataType) -> ir.TensorProtocol:
+    """An ONNX IR tensor named ``name`` with ``loc``'s values in ``dtype``: the file's bytes
+    as they are when the dtypes agree, else converted when read (float types only)."""
+    if loc.dtype == dtype:
+        return ir.ExternalTensor(
+            loc.file.name,
+            loc.offset,
+            loc.length,
+            dtype,
+            shape=ir.Shape(loc.shape),
+            name=name,
+            base_dir=loc.file.parent,
+        )
+
+    def convert() -> ir.TensorProtocol:
+        return ir.tensor(loc.read().astype(dtype.numpy()), name=name)
+
+    return ir.LazyTensor(convert, dtype=dtype, shape=ir.Shape(loc.shape), name=name)
+
+
+def bind_initializers(
+    graph: ir.Graph,
+    index: dict[str, TensorLocation],
+    buffers: dict[str, np.ndarray],
+    dtype: ir.DataType,
+    aliases: dict[str, str] | None = None,
+    prefix: str = "model.",
+) -> None:
+    """Give every initializer of ``graph`` (exported from a model on the meta device, so
+    without values) its checkpoint tensor, lazily.
+
+    An initializer is named after the module's state-dict key with ``prefix`` (the export's
+    wrapper) in front. Float tensors take ``dtype``; ``buffers`` holds the values of tensors a
+    model computes at construction instead of loading them (rotary ``inv_freq``, embedding
+    scales). ``aliases`` maps a tied weight's name to the checkpoint tensor it shares
+    (transformers' ``all_tied_weights_keys``: ``lm_head.weight`` ->
+    ``model.embed_tokens.weight``); the export names a shared tensor after either. Raises
+    ModelSourceError naming the initializers found in neither.
+    """
+    missing = []
+    for name, value in graph.initializers.items():
+        key = name.removeprefix(prefix)
+        if key not in index and key not in buffers:
+            key = (aliases or {}).get(key, key)
+        if key in index:
+            loc = index[key]
+            target = dtype if loc.dtype.is_floating_point() else loc.dtype
+            value.const_value = lazy_tensor(loc, name, target)
+        elif key in buffers:
+            array = buffers[key]
+            if np.issubdtype(array.dtype, np.floating):
+                array = array.astype(dtype.numpy())
+            value.const_value = ir.tensor(array, name=name)
+        else:
+            missing.append(key)
+    if missing:
+        raise ModelSourceError(
+            f"{len(missing)} graph weight(s) are not in the checkpoint: {', '.join(missing[:5])}"
+        )

@@ -1,0 +1,126 @@
+"""``QuantOptions``: the quantization format (``--quant``) and its knobs.
+
+Unset pattern options (``--exclude``, ``--weight-only8``) take the format's defaults
+(``FormatDefaults``), resolved by the properties below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmc.compiler.config.option import check_choices, option
+from llmc.compiler.quantize.formats import FORMATS, QuantChoices
+from llmc.errors import BuildConfigError
+from llmc.quant.protocol import FormatDefaults
+
+QUANTS = QuantChoices()  # the offered formats of the registry, llmc.compiler.quantize.formats
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+INT4_METHODS = ("awq", "rtn")
+WEIGHT_ROUNDINGS = ("gptq", "nearest")
+INT4_BLOCK_SIZES = (32, 64, 128)
+
+
+def format_defaults(quant: str) -> FormatDefaults:
+    """The defaults of format ``quant`` (empty ones for a name the registry lacks)."""
+    return FORMATS[quant].defaults if quant in FORMATS else FormatDefaults()
+
+
+def per_quant(default: str) -> str:
+    """``default``'s value of every quantizing --quant choice, for an option's help."""
+    values = [(q, getattr(format_defaults(q), default)) for q in QUANTS if FORMATS[q].quantizes]
+    return "; ".join(f"{q}: {v or 'none'}" for q, v in values)
+
+
+def _patterns(value: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    """Quantization: the Q/DQ format, the KV-cache storage, and the format's options."""
+
+    quant: str = option(
+        "none",
+        "quantization as Q/DQ nodes: "
+        + ", ".join(f"{q} ({FORMATS[q].summary})" for q in QUANTS if FORMATS[q].quantizes),
+        QUANTS,
+    )
+    kv_cache_dtype: str = option(
+        "auto", "KV cache storage: auto (compute dtype), fp8, int8", KV_CACHE_DTYPES
+    )
+    int4_block_size: int = option(128, "int4: input channels per weight scale", INT4_BLOCK_SIZES)
+    int4_method: str = option("awq", "int4: AWQ activation-aware scales or plain RTN", INT4_METHODS)
+    weight_rounding: str = option(
+        "gptq",
+        "how quantized weights are rounded to their grid: gptq (GPTQ error compensation with "
+        "the calibration inputs' Hessian; same scales and Q/DQ nodes) or nearest",
+        WEIGHT_ROUNDINGS,
+    )
+    weight_only8: str | None = option(
+        None,
+        "comma-separated module patterns given 8-bit weight-only (block-wise) weights instead "
+        "of --quant's format; default per --quant: " + per_quant("weight_only8") + " ('' for none)",
+    )
+    smoothquant_alpha: float = option(0.5, "int8: SmoothQuant migration strength in [0, 1]")
+    smoothquant_alpha_grid: str = option(
+        "",
+        "int8: comma-separated alphas in [0, 1] (or 'auto' for 0, 0.1, ..., 1) to choose from per "
+        "layer, by the layer's output error on the calibration sample; replaces "
+        "--smoothquant-alpha ('' for none)",
+    )
+    exclude: str | None = option(
+        None,
+        "comma-separated module patterns kept unquantized (fnmatch on checkpoint names, e.g. "
+        "'lm_head,*.down_proj'); default per --quant: " + per_quant("exclude") + " ('' for none)",
+    )
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether ``--quant`` rewrites the graph (every format but ``none``)."""
+        return FORMATS[self.quant].quantizes
+
+    @property
+    def defaults(self) -> FormatDefaults:
+        """The defaults of ``--quant``'s format."""
+        return format_defaults(self.quant)
+
+    @property
+    def weight_only8_patterns(self) -> tuple[str, ...]:
+        """``--weight-only8`` split into patterns; unset means the default of ``--quant``."""
+        return _patterns(
+            self.defaults.weight_only8 if self.weight_only8 is None else self.weight_only8
+        )
+
+    @property
+    def exclude_patterns(self) -> tuple[str, ...]:
+        """``--exclude`` split into fnmatch patterns; unset means the default of ``--quant``."""
+        return _patterns(self.defaults.exclude if self.exclude is None else self.exclude)
+
+    @property
+    def smoothquant_alphas(self) -> tuple[float, ...]:
+        """``--smoothquant-alpha-grid`` as floats (empty: one fixed alpha). Raises
+        BuildConfigError for a value that is not a number in [0, 1]."""
+        text = self.smoothquant_alpha_grid.strip()
+        if text == "auto":
+            return tuple(i / 10 for i in range(11))
+        alphas = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            try:
+                alpha = float(part)
+            except ValueError:
+                alpha = -1.0
+            if not 0.0 <= alpha <= 1.0:
+                raise BuildConfigError(
+                    f"--smoothquant-alpha-grid takes numbers in [0, 1] or 'auto', got {part!r}"
+                )
+            alphas.append(alpha)
+        return tuple(alphas)
+
+    def validate(self) -> None:
+        """Raise BuildConfigError for an unknown choice or an alpha outside [0, 1]."""
+        check_choices(self)
+        _ = self.smoothquant_alphas  # BuildConfigError if the grid does not parse
+        if not 0.0 <= self.smoothquant_alpha <= 1.0:
+            raise BuildConfigError(
+                f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}"
+            )

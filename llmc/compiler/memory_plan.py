@@ -1,0 +1,101 @@
+"""How a build uses host memory: stream the weights or load them, and what that will need.
+
+Two paths (``streaming_export``):
+
+- **streamed** (a safetensors checkpoint, ``--quant none``, cpu target): weights are read from
+  the checkpoint one tensor at a time. Peak = the process's fixed cost (Python, torch,
+  transformers, ONNX Runtime: ``BASE_BYTES``) + the tensors in flight while the float graph is
+  written + two copies of the largest float32 tensor while ONNX Runtime optimizes the segment
+  holding it (the tensor and its optimized copy).
+- **in memory** (quantized builds, GGUF files, GPU targets): the float32 model, its exported
+  graph and the quantizer's working copies are all held; peak grows with the model at
+  ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
+  float build, 12-14 GB for 1.07 GB of Gemma 3 270M quantized; ``benchmarks/RESULTS.md``).
+
+With ``--max-build-memory`` the streamed path shrinks its in-flight budget to fit; a build that
+cannot fit is refused before any weight is read, with the figure it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmc.compiler.checkpoint_weights import index_safetensors
+from llmc.compiler.model_source import ModelSource
+from llmc.errors import BuildConfigError
+
+GB = 1e9
+BASE_BYTES = int(0.8 * GB)
+MAX_IN_FLIGHT_BYTES = 512 << 20
+MIN_IN_FLIGHT_BYTES = 64 << 20
+#: Peak RSS over float32 weight bytes on the in-memory path: float builds, quantized builds.
+IN_MEMORY_FACTOR = {False: 8.0, True: 13.0}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The path a build takes and the peak host memory it expects (bytes)."""
+
+    streamed: bool
+    need_bytes: int
+    in_flight_bytes: int
+    float32_weight_bytes: int
+
+    def to_dict(self) -> dict:
+        """The plan as the manifest's ``build_stats.memory_plan`` records it."""
+        return {
+            "streamed": self.streamed,
+            "need_bytes": self.need_bytes,
+            "in_flight_bytes": self.in_flight_bytes,
+            "float32_weight_bytes": self.float32_weight_bytes,
+        }
+
+
+def _float32_sizes(src: ModelSource) -> tuple[int, int]:
+    """(total, largest) float32 bytes of the checkpoint's tensors; GGUF files count as their
+    file size dequantized (about 7 float32 bytes per stored byte of a 4-bit file)."""
+    if src.gguf_file is not None:
+        size = sum(f.stat().st_size for f in src.weight_files)
+        return 7 * size, 7 * size // 8
+    index = index_safetensors(src.weight_files)
+    sizes = [4 * int(loc.length / loc.dtype.itemsize) for loc in index.values()]
+    return sum(sizes), max(sizes, default=0)
+
+
+def plan_memory(src: ModelSource, quantizes: bool, cpu: bool, limit_gb: float | None) -> MemoryPlan:
+    """Choose the path for ``src`` and check it fits ``limit_gb`` (None: no limit).
+
+    Raises BuildConfigError, before any weight is read, when the plan needs more than the limit:
+    the message gives the figure needed and what would fit.
+    """
+    total, largest = _float32_sizes(src)
+    streamed = cpu and not quantizes and src.gguf_file is None
+    limit = None if limit_gb is None else int(limit_gb * GB)
+    if not streamed:
+        need = BASE_BYTES + int(IN_MEMORY_FACTOR[quantizes] * total)
+        if limit is not None and need > limit:
+            why = (
+                "quantized builds hold the model in memory"
+                if quantizes
+                else ("GGUF files and GPU targets are loaded whole")
+            )
+            raise BuildConfigError(
+                f"this build needs about {need / GB:.1f} GB of host memory ({why}: "
+                f"{IN_MEMORY_FACTOR[quantizes]:.0f}x the {total / GB:.2f} GB of float32 weights), "
+                f"over --max-build-memory {limit_gb:g}; a safetensors checkpoint with --quant none "
+                f"streams its weights, or give the build more memory"
+            )
+        return MemoryPlan(False, need, 0, total)
+    fixed = BASE_BYTES + 2 * largest
+    in_flight = MAX_IN_FLIGHT_BYTES
+    if limit is not None:
+        in_flight = min(in_flight, limit - fixed)
+        if in_flight < MIN_IN_FLIGHT_BYTES:
+            need = fixed + MIN_IN_FLIGHT_BYTES
+            raise BuildConfigError(
+                f"this build needs at least {need / GB:.1f} GB of host memory (the process's "
+                f"{BASE_BYTES / GB:.1f} GB, twice its largest tensor of {largest / GB:.2f} GB in "
+                f"float32, and {MIN_IN_FLIGHT_BYTES >> 20} MiB of tensors in flight), over "
+                f"--max-build-memory {limit_gb:g}"
+            )
+    return MemoryPlan(True, fixed + in_flight, in_flight, total)

@@ -1,0 +1,22 @@
+"""Publish a built engine into a registry (``--registry PATH``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmc.compiler.config.destination import DestinationOptions
+from llmc.compiler.stages.progress import Stage, no_stage
+from llmc.registry.index import IndexEntry
+from llmc.registry.local import LocalRegistry
+
+
+def publish(
+    destination: DestinationOptions, engine_dir: Path, stage: Stage = no_stage
+) -> IndexEntry | None:
+    """With ``destination.registry``, publish the engine in ``engine_dir`` there
+    (``LocalRegistry.publish``) and return its ``IndexEntry``; None without a registry. Raises
+    what ``LocalRegistry.publish`` raises."""
+    if not destination.registry:
+        return None
+    with stage("publish to the registry"):
+        return LocalRegistry(Path(destination.registry)).publish(engine_dir)

@@ -1,0 +1,73 @@
+"""Quantize the float graph as ``--quant`` says: calibrate (cached), then write Q/DQ nodes
+(``llmc.compiler.quantize.pipeline``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.quantize import pipeline as qp
+from llmc.compiler.quantize.qdq import QuantReport
+from llmc.compiler.stages.export import FloatGraph
+from llmc.compiler.stages.load import LoadedModel
+from llmc.compiler.stages.progress import Stage, no_stage
+
+
+@dataclass(frozen=True)
+class CalibrationTexts:
+    """Where a quantized build's text comes from: calibration, and the held-out text of the
+    accuracy report (never overlapping, ``pipeline.text_sources``)."""
+
+    calibration: qp.TextSource
+    heldout: qp.TextSource
+
+
+@dataclass(frozen=True)
+class EngineGraph:
+    """The graph a target lowers: the float graph, or its Q/DQ rewrite with the report of what
+    was quantized how (``quant_report``; None for ``--quant none``)."""
+
+    proto: onnx.ModelProto
+    pass_report: dict[str, int]
+    quant_report: QuantReport | None = None
+    weights_dir: Path | None = None  # as FloatGraph.weights_dir
+
+
+def read_texts(config: BuildConfig) -> CalibrationTexts | None:
+    """The text sources of a quantized build (None for ``--quant none``); the files are read
+    now so that an empty or unreadable one fails before any work (CalibrationDataError)."""
+    if not config.quantization.quantizes:
+        return None
+    return CalibrationTexts(*qp.text_sources(config.calibration))
+
+
+def quantize(
+    graph: FloatGraph,
+    model: LoadedModel,
+    config: BuildConfig,
+    texts: CalibrationTexts | None,
+    stage: Stage = no_stage,
+    bound_pairs: bool = False,
+) -> EngineGraph:
+    """``graph`` with Q/DQ nodes as ``config`` says (``graph`` itself for ``--quant none``);
+    ``texts`` from ``read_texts``. ``bound_pairs``: int8 weight pairs within 128 (cpu hosts
+    without VNNI, ``host.int8_bound_pairs``)."""
+    if not config.quantization.quantizes:
+        return EngineGraph(graph.proto, graph.pass_report, weights_dir=graph.weights_dir)
+    if texts is None:
+        raise ValueError("a quantized build needs its calibration texts (read_texts)")
+    resolved = model.resolved
+    proto, report = qp.quantize(
+        config,
+        graph.proto,
+        model.hf_model,
+        resolved.tokenizer,
+        resolved.checkpoint_digest,
+        texts.calibration,
+        stage,
+        bound_pairs=bound_pairs,
+    )
+    return EngineGraph(proto, graph.pass_report, report)

@@ -1,0 +1,77 @@
+"""Measure a lowered cpu engine: its accuracy against the float graph (quantized builds) and
+the execution provider that runs it fastest with agreeing logits (``provider_choice``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmc.calibration.accuracy import AccuracyReport
+from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.provider_choice import ProviderSelection, select_provider
+from llmc.compiler.provider_timing import probe_steps
+from llmc.compiler.quantize import pipeline as qp
+from llmc.compiler.stages.export import FloatGraph
+from llmc.compiler.stages.load import LoadedModel
+from llmc.compiler.stages.lower import LoweredEngine
+from llmc.compiler.stages.progress import Stage, no_stage
+from llmc.compiler.stages.quantize import CalibrationTexts
+from llmc.engine.provider import ProviderChoice
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    """What was measured on a lowered cpu engine: ``accuracy`` against the float graph on
+    held-out text (None unless quantized) and the provider ``selection``."""
+
+    accuracy: AccuracyReport | None
+    selection: ProviderSelection
+
+    @property
+    def provider(self) -> ProviderChoice:
+        """The chosen execution provider and its compute precision."""
+        return ProviderChoice(self.selection.provider, self.selection.precision)
+
+
+def report_cpu(
+    engine: LoweredEngine,
+    reference: FloatGraph,
+    model: LoadedModel,
+    config: BuildConfig,
+    texts: CalibrationTexts | None,
+    stage: Stage = no_stage,
+) -> EngineReport:
+    """The accuracy report of a quantized ``engine`` against ``reference`` on ``texts``'
+    held-out windows (skipped when ``texts`` is None), then the provider choice. Raises
+    BuildConfigError when no provider is accepted."""
+    accuracy = None
+    if texts is not None:
+        with stage("accuracy report") as tick:
+            accuracy = qp.accuracy_report(
+                config,
+                reference.proto,
+                engine.engine_dir,
+                model.hf_model,
+                model.tokenizer,
+                texts.heldout,
+                tick,
+            )
+    with stage("choose execution provider"):
+        selection = choose_provider(config, engine.engine_dir, model.vocab_size)
+    return EngineReport(accuracy, selection)
+
+
+def choose_provider(config: BuildConfig, engine_dir: Path, vocab_size: int) -> ProviderSelection:
+    """Measure the execution-provider candidates on the engine just lowered into
+    ``engine_dir`` and choose one (``provider_choice.select_provider``)."""
+    limits = config.export
+    probe = probe_steps(
+        limits.block_size, vocab_size, limits.max_seq_len, limits.max_num_tokens, limits.max_batch
+    )
+    return select_provider(
+        engine_dir,
+        config.source.dtype,
+        config.target.execution_provider,
+        probe,
+        config.target.threads,
+    )

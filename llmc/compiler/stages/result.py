@@ -1,0 +1,43 @@
+"""``BuildResult``: what ``llmc build`` produced, and its summary for the terminal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmc.calibration.accuracy import AccuracyReport
+from llmc.registry.index import IndexEntry
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What a build produced: where, the pass report, and the optimized graph's op counts;
+    for quantized builds the quantization record and the accuracy report; with ``--registry``
+    the registry's entry and root."""
+
+    engine_dir: Path
+    pass_report: dict[str, int]
+    optimized_ops: dict[str, int]
+    quantization: dict | None = None
+    accuracy_report: AccuracyReport | None = None
+    registry_entry: IndexEntry | None = None
+    registry: str | None = None
+
+    def format(self) -> str:
+        """The build's summary: passes, what was quantized and which fused kernels run it, the
+        accuracy report, the engine directory and where it was published."""
+        lines = ["passes: " + ", ".join(f"{k}={v}" for k, v in self.pass_report.items())]
+        if self.quantization is not None:
+            counts = ", ".join(f"{k}={v}" for k, v in self.quantization["counts"].items())
+            fast = ", ".join(
+                f"{op} {r['found']}/{r['expected']}"
+                for op, r in self.quantization.get("fast_path", {}).items()
+            )
+            lines.append(f"quantized: {counts}; fused kernels: {fast}")
+        if self.accuracy_report is not None:
+            lines.append(self.accuracy_report.format())
+        lines.append(f"engine: {self.engine_dir}")
+        if self.registry_entry is not None:
+            entry = self.registry_entry
+            lines.append(f"published: {entry.model_id}@{entry.short_id} in {self.registry}")
+        return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""The float engine graph of a safetensors checkpoint, written without loading the checkpoint.
+
+Method: the model is built on the meta device (shapes, no values), exported with plugin nodes
+as usual (``export.export_ir``), and each graph initializer is then bound to its tensor's bytes
+in the checkpoint (``checkpoint_weights``); the graph passes rewrite structure and leave weights
+unread (``passes/weight_transpose.py``, the lazy concatenation of ``parallel_matmul``), and
+``onnx_ir.save`` writes the graph with its weights as external data, a bounded number of
+tensors in flight. Peak memory is the largest tensors in flight plus the graph, not the model
+(measured on a Qwen2.5-0.5B-shaped checkpoint in ``benchmarks/RESULTS.md``). Buffers a model
+computes at construction (rotary ``inv_freq``, embedding scales) come from a CPU instance whose
+parameters stay on the meta device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx_ir as ir
+
+from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
+from llmc.compiler.model_source import ModelSource
+
+FLOAT_GRAPH = "float.onnx"
+
+
+@dataclass(frozen=True)
+class MetaModel:
+    """A transformers causal LM on the meta device and what binding its weights needs."""
+
+    model: object  # transformers PreTrainedModel, parameters and buffers on "meta"
+    buffers: dict  # state-dict name -> numpy array of each buffer, computed on CPU
+    aliases: dict[str, str]  # tied weight -> the checkpoint tensor it shares
+
+
+def can_stream(src: ModelSource) -> bool:
+    """Whether ``src`` is a safetensors checkpoint (GGUF files are dequantized by
+    transformers as a whole and take the in-memory path)."""
+    return src.gguf_file is None and bool(src.weight_files)
+
+
+def meta_model(src: ModelSource) -> MetaModel:
+    """Build ``src``'s model with parameters on the meta device and llmc's attention routing;
+    buffers are computed on CPU first and returned beside it."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from llmc.compiler.attention import register_attention
+
+    config = AutoConfig.from_pretrained(str(src.directory))
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, attn_implementation=register_attention()
+        )
+    model.eval()
+    model.tie_weights()
+    if (src.directory / "generation_config.json").is_file():  # as from_pretrained reads it
+        model.generation_config = GenerationConfig.from_pretrained(str(src.directory))
+    buffers = {k: v.float().numpy() for k, v in model.named_buffers()}
+    aliases = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    model.to("meta")
+    return MetaModel(model, buffers, aliases)
+
+
+def write_float_graph(
+    src: ModelSource,
+    meta: MetaModel,
+    block_size: int,
+    work_dir: Path,
+    in_flight_bytes: int,
+    stage,
+) -> tuple[Path, dict[str, int]]:
+    """Export ``meta``'s model, bind its weights to ``src``'s checkpoint as float32, run the
+    graph passes, and write ``work_dir / FLOAT_GRAPH`` (+ ``.data``) with at most
+    ``in_flight_bytes`` of weights read and not yet written. Returns the path and the pass
+    report. Raises ModelSourceError when a graph weight is not in the checkpoint."""
+    from llmc.compiler.export import export_ir
+    from llmc.compiler.passes import run_passes
+
+    with stage("export to ONNX"):
+        model = export_ir(meta.model, block_size=block_size)
+        index = index_safetensors(src.weight_files)
+        bind_initializers(model.graph, index, meta.buffers, ir.DataType.FLOAT, meta.aliases)
+    with stage("graph passes"):
+        pass_report = run_passes(model)
+    with stage("write the float graph"):
+        work_dir.mkdir(parents=True, exist_ok=True)
+        path = work_dir / FLOAT_GRAPH
+        ir.save(
+            model,
+            path,
+            external_data=FLOAT_GRAPH + ".data",
+            max_in_flight_bytes=in_flight_bytes,
+        )
+    return path, pass_report

@@ -1,0 +1,263 @@
+"""``ServeConfig``: every option of ``llmc serve``, one documented field each, in one dataclass
+per concern (network and auth, engine limits, request limits, admission and shutdown).
+
+The command's flags, their help and their argument groups come from these fields
+(``serve_flags.py``); ``--config serve.yaml`` may set any field by its name, flat (``port: 9000``,
+``max_num_seqs: 8``), and the command line wins (`ServeConfig.from_sources`), as
+``BuildConfig`` does for ``llmc build``.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from llmc.config_file import read_config_file
+from llmc.errors import EngineConfigError
+from llmc.runtime.server.limits import RequestLimits
+
+#: uvicorn's log levels.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _opt(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A documented option; ``flag`` replaces the derived ``--name-with-dashes``."""
+    metadata = {"help": help, "choices": choices, "flag": flag, "metavar": metavar}
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """Where the server listens and who may call it.
+
+    Raises:
+        EngineConfigError: a port outside 0..65535.
+    """
+
+    host: str = _opt("127.0.0.1", "interface to bind; the default serves only this machine")
+    port: int = _opt(8000, "TCP port (0: any free port)")
+    served_model_name: str | None = _opt(
+        None,
+        "the model name clients send (default: the registry's model id, else the engine "
+        "directory's name)",
+        metavar="NAME",
+    )
+    api_key: str | None = _opt(
+        None,
+        "require this bearer token on every route but /health, /ready, /metrics (default: "
+        "$LLMC_API_KEY; the command line is visible to other users, the file and the variable "
+        "are not)",
+        metavar="KEY",
+    )
+    api_key_file: str | None = _opt(None, "read the API key from this file", metavar="PATH")
+    allowed_origins: list[str] | None = _opt(
+        None,
+        "a CORS origin allowed to call the API ('*' for any; repeatable); default: CORS off",
+        metavar="ORIGIN",
+    )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise EngineConfigError(f"port must be in 0..65535, got {self.port}")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """How the engine runs: its batch limits and its KV cache. None: the engine's build limits
+    (``max_batch``, ``max_num_tokens``, ``max_seq_len`` of its manifest); the engine checks
+    them when it loads (``EngineConfigError``).
+
+    Raises:
+        EngineConfigError: a KV-cache budget that is not positive.
+    """
+
+    max_num_seqs: int | None = _opt(
+        None, "most sequences per step (default: the engine's max_batch)"
+    )
+    max_num_batched_tokens: int | None = _opt(
+        None, "token budget per step (default: the engine's max_num_tokens)"
+    )
+    max_num_forked_seqs: int | None = _opt(
+        None,
+        "most running completions 1..n-1 of n > 1 requests, so one large-n request cannot "
+        "crowd out new ones (default: half of --max-num-seqs)",
+    )
+    max_model_len: int | None = _opt(
+        None, "longest prompt + output, tokens (default: the engine's max_seq_len)"
+    )
+    kv_cache_memory: float | None = _opt(None, "KV-cache budget in GiB (default 2)", metavar="GIB")
+    enable_prefix_caching: bool = _opt(
+        True,
+        "share the KV blocks of common prompt prefixes between requests",
+        flag="--no-prefix-caching",
+    )
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_memory is not None and not self.kv_cache_memory > 0:
+            raise EngineConfigError(
+                f"kv_cache_memory must be a positive number of GiB, got {self.kv_cache_memory}"
+            )
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """``kv_cache_memory`` in bytes; None: the loader's default."""
+        if self.kv_cache_memory is None:
+            return None
+        return int(self.kv_cache_memory * (1 << 30))
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """Admission, health and shutdown of the server process.
+
+    Raises:
+        EngineConfigError: a negative ``max_waiting`` or ``shutdown_timeout``.
+    """
+
+    max_waiting: int = _opt(64, "requests waiting for their first token before new ones get 503")
+    max_consecutive_step_failures: int = _opt(
+        3,
+        "failed engine steps in a row after which the server reports itself dead (/health "
+        "503); a single failed step only fails the requests it carried",
+    )
+    shutdown_timeout: float = _opt(
+        30.0,
+        "seconds in-flight requests may run after SIGTERM; then they are aborted",
+        metavar="SECONDS",
+    )
+    log_level: str = _opt("info", "uvicorn's log level", choices=LOG_LEVELS)
+
+    def __post_init__(self) -> None:
+        for name in ("max_waiting", "shutdown_timeout"):
+            if getattr(self, name) < 0:
+                raise EngineConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.log_level not in LOG_LEVELS:
+            raise EngineConfigError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
+
+
+def _group(cls: type, title: str, description: str | None = None) -> Any:
+    return field(default_factory=cls, metadata={"title": title, "description": description})
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Every option of ``llmc serve``, by concern; each group's fields are flags of the same
+    name, and keys of a ``--config`` file (one flat mapping: option names are unique across the
+    groups)."""
+
+    http: HttpConfig = _group(HttpConfig, "network and auth")
+    engine: EngineLimits = _group(EngineLimits, "engine limits")
+    limits: RequestLimits = _group(
+        RequestLimits,
+        "request limits",
+        "Past a limit a request gets a 400 naming the field and the limit (413 for the body); "
+        "max_tokens is bounded by --max-model-len.",
+    )
+    lifecycle: LifecycleConfig = _group(LifecycleConfig, "admission and shutdown")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ServeConfig:
+        """The config with ``values`` (option name -> value, flat; ``-`` or ``_`` in names)
+        set over the defaults.
+
+        Raises:
+            EngineConfigError: an unknown option (naming it and the known ones), a value of the
+                wrong type, or one its group refuses.
+        """
+        values = {k.replace("-", "_"): v for k, v in values.items()}
+        unknown = sorted(set(values) - set(OPTION_NAMES))
+        if unknown:
+            raise EngineConfigError(
+                f"unknown serve option(s) {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}"
+            )
+        groups = {}
+        for group, kind in OPTION_GROUPS:
+            hints = typing.get_type_hints(kind)
+            given = [f.name for f in fields(kind) if f.name in values]
+            groups[group.name] = kind(
+                **{name: _typed(name, values[name], hints[name]) for name in given}
+            )
+        return cls(**groups)
+
+    @classmethod
+    def from_sources(cls, yaml_path: str | Path | None, cli: dict[str, Any]) -> ServeConfig:
+        """Merge: defaults < YAML file (a flat mapping of option: value) < command line.
+
+        Raises:
+            EngineConfigError: an unreadable file, one that is not a mapping, or as `from_dict`.
+        """
+        values: dict[str, Any] = {}
+        if yaml_path:
+            values.update(read_config_file(yaml_path, "serve config", EngineConfigError))
+        values.update(cli)
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every option, flat, in flag order (what `from_dict` reads back)."""
+        return {
+            k: v for group in fields(self) for k, v in asdict(getattr(self, group.name)).items()
+        }
+
+    def redacted(self) -> ServeConfig:
+        """A copy without the API key's value, for printing."""
+        if self.http.api_key is None:
+            return self
+        return replace(self, http=replace(self.http, api_key="<redacted>"))
+
+
+#: (field of ServeConfig, its group's dataclass), in flag order.
+OPTION_GROUPS = [(f, typing.get_type_hints(ServeConfig)[f.name]) for f in fields(ServeConfig)]
+#: Every option name over every group, in flag order (tests/test_serve_config.py checks that no
+#: two groups share one).
+OPTION_NAMES = [f.name for _, kind in OPTION_GROUPS for f in fields(kind)]
+
+
+def alternatives(hint: Any) -> tuple[Any, ...]:
+    """The types a field's type hint allows: ``int | None`` -> (int, NoneType)."""
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against the field's type hint (ints become floats where floats are
+    expected); EngineConfigError naming the option otherwise."""
+    options = alternatives(hint)
+    if value is None and type(None) in options:
+        return None
+    for kind in options:
+        if kind is bool and isinstance(value, bool):
+            return value
+        if isinstance(value, bool):
+            continue
+        if kind is int and isinstance(value, int):
+            return value
+        if kind is float and isinstance(value, int | float):
+            return float(value)
+        if kind is str and isinstance(value, str):
+            return value
+        if typing.get_origin(kind) is list and isinstance(value, list):
+            if all(isinstance(v, str) for v in value):
+                return list(value)
+    wanted = " or ".join(_KIND_NAMES[typing.get_origin(k) or k] for k in options)
+    raise EngineConfigError(f"serve option {name} must be {wanted}, got {value!r}")
+
+
+_KIND_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    list: "a list of strings",
+    type(None): "null",
+}

@@ -1,0 +1,128 @@
+"""The streamed build (weights read from the checkpoint one tensor at a time) against the
+in-memory build it replaces: the same weights bit for bit, the same logits; and the memory plan
+that refuses a build before any weight is read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from llmc.compiler.build import build
+from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.checkpoint_weights import index_safetensors
+from llmc.compiler.lower_cpu import lower_to_cpu
+from llmc.compiler.stages.export import export
+from llmc.compiler.stages.load import load, resolve
+from llmc.errors import BuildConfigError
+from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.step_inputs import StepInputs
+from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
+
+
+def weight_digests(engine_dir: Path) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, sha256 of the bytes) of every initializer over the engine's segments, sorted:
+    the weights whatever they are named."""
+    out = []
+    for path in sorted((engine_dir / "segments").glob("segment_*.onnx")):
+        model = onnx.load(str(path))  # with external data
+        for t in model.graph.initializer:
+            a = numpy_helper.to_array(t)
+            out.append(
+                (tuple(a.shape), hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
+            )
+    return sorted(out)
+
+
+def in_memory_engine(ckpt: Path, out: Path, block_size: int) -> Path:
+    """The engine the in-memory path writes: the whole float32 model loaded, exported in memory."""
+    config = BuildConfig.of(model=str(ckpt), block_size=block_size)
+    model = load(resolve(config.source))  # no memory plan: the weights are loaded whole
+    graph = export(model, config.export)
+    assert graph.weights_dir is None
+    lower_to_cpu(graph.proto, out)
+    return out
+
+
+def prefill_logits(engine_dir: Path, block_size: int) -> np.ndarray:
+    """Logits of every position of one 11-token prefill (crosses blocks and the window)."""
+    ids = np.array([5, 17, 3, 99, 42, 7, 256, 1, 300, 12, 64], np.int64)
+    n = len(ids)
+    blocks = -(-n // block_size)
+    step = StepInputs(
+        input_ids=ids,
+        positions=np.arange(n, dtype=np.int64),
+        logits_indices=np.arange(n, dtype=np.int64),
+        seq_lens=np.array([n], np.int32),
+        query_start_loc=np.array([0, n], np.int32),
+        block_tables=np.arange(blocks, dtype=np.int32)[None, :],
+        slot_mapping=np.arange(n, dtype=np.int64),
+    )
+    return OrtRunner(engine_dir, blocks + 1).execute(step)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_streamed_engine_equals_in_memory_engine(family, tmp_path):
+    make = make_tiny_llama if family == "llama" else make_tiny_gemma3
+    ckpt = make(tmp_path / "ckpt", sharp=True)
+    streamed = build(BuildConfig.of(model=str(ckpt), block_size=4, output=str(tmp_path / "s")))
+    stats = json.loads((streamed.engine_dir / "manifest.json").read_text())["build_stats"]
+    assert stats["memory_plan"]["streamed"] is True
+    whole = in_memory_engine(ckpt, tmp_path / "m", 4)
+    assert weight_digests(streamed.engine_dir) == weight_digests(whole)
+    np.testing.assert_array_equal(prefill_logits(streamed.engine_dir, 4), prefill_logits(whole, 4))
+
+
+def test_bfloat16_checkpoint_streams_to_the_float32_weights_transformers_loads(tmp_path):
+    """A bf16 checkpoint is converted to float32 tensor by tensor, as from_pretrained does."""
+    from transformers import AutoModelForCausalLM
+
+    ckpt = make_tiny_llama(tmp_path / "f32", sharp=True)
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16")
+    for f in ckpt.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            (tmp_path / "bf16" / f.name).write_bytes(f.read_bytes())
+    bf16 = tmp_path / "bf16"
+    assert {
+        loc.dtype.name for loc in index_safetensors(list(bf16.glob("*.safetensors"))).values()
+    } == {"BFLOAT16"}
+    streamed = build(BuildConfig.of(model=str(bf16), block_size=4, output=str(tmp_path / "s")))
+    whole = in_memory_engine(bf16, tmp_path / "m", 4)
+    assert weight_digests(streamed.engine_dir) == weight_digests(whole)
+    np.testing.assert_array_equal(prefill_logits(streamed.engine_dir, 4), prefill_logits(whole, 4))
+
+
+def test_max_build_memory_refuses_before_reading_weights(tiny_llama_dir, tmp_path):
+    out = tmp_path / "e"
+    with pytest.raises(
+        BuildConfigError, match=r"needs at least \d+\.\d GB .*--max-build-memory 0.5"
+    ):
+        build(BuildConfig.of(model=str(tiny_llama_dir), max_build_memory=0.5, output=str(out)))
+    # A quantized build holds the model in memory: refused at a limit the streamed build fits.
+    limit = 0.9
+    with pytest.raises(BuildConfigError, match="quantized builds hold the model in memory"):
+        build(
+            BuildConfig.of(
+                model=str(tiny_llama_dir), quant="int8", max_build_memory=0.8, output=str(out)
+            )
+        )
+    assert not out.exists()
+    result = build(
+        BuildConfig.of(model=str(tiny_llama_dir), max_build_memory=limit, output=str(out))
+    )
+    stats = json.loads((result.engine_dir / "manifest.json").read_text())["build_stats"]
+    plan = stats["memory_plan"]
+    assert plan["streamed"] and plan["need_bytes"] <= limit * 1e9
+    assert 0 < plan["in_flight_bytes"] < 512 << 20  # shrunk to fit the limit
+    assert set(stats["stages"]) >= {
+        "resolve model",
+        "export to ONNX",
+        "lower to ONNX Runtime (cpu)",
+    }
