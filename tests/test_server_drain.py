@@ -108,6 +108,7 @@ def test_sigterm_drains_llmc_serve(tiny_llama_engine: Path) -> None:
             t.start()
         assert first.wait(60)
         proc.send_signal(signal.SIGTERM)
+        in_flight = sum(t.is_alive() for t in threads)
         time.sleep(0.3)  # the signal handler runs on the server's event loop
         assert _status(url + "/ready") == 503
         assert _status(url + "/health") == 200
@@ -116,10 +117,9 @@ def test_sigterm_drains_llmc_serve(tiny_llama_engine: Path) -> None:
         )
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "server_shutting_down"
-        in_flight = sum(t.is_alive() for t in threads)
         for t in threads:
             t.join(120)
-        assert in_flight > 0  # the drain had work to wait for
+        assert in_flight > 0, results  # the drain had work to wait for
         assert results == [("length", "data: [DONE]", MAX_TOKENS)] * NUM_STREAMS
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == -signal.SIGTERM  # uvicorn re-raises the signal after the drain

@@ -126,3 +126,22 @@ def test_max_build_memory_refuses_before_reading_weights(tiny_llama_dir, tmp_pat
         "export to ONNX",
         "lower to ONNX Runtime (cpu)",
     }
+
+
+def test_tied_embedding_is_stored_once(tmp_path):
+    """Gemma ties its [V, H] embedding to the vocabulary projection: the first segment's Gather
+    and the last segment's Gemm read one copy of the table, in one data file."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    ckpt = make_tiny_gemma3(tmp_path / "ckpt", sharp=True)
+    engine = build(BuildConfig.of(model=str(ckpt), block_size=4, output=str(tmp_path / "e")))
+    places, readers = set(), []
+    for path in sorted((engine.engine_dir / "segments").glob("segment_*.onnx")):
+        model = onnx.load(str(path), load_external_data=False)
+        for t in model.graph.initializer:
+            if tuple(t.dims) == (512, 64):  # vocabulary x hidden
+                info = ExternalDataInfo(t)
+                places.add((info.location, info.offset))
+                readers += [n.op_type for n in model.graph.node if t.name in n.input]
+    assert len(places) == 1
+    assert sorted(readers) == ["Gather", "Gemm"]

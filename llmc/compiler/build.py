@@ -18,7 +18,7 @@ from llmc.compiler.stages.host import plan_cpu
 from llmc.compiler.stages.load import load, resolve
 from llmc.compiler.stages.lower import lower_cpu
 from llmc.compiler.stages.manifest import write_cpu_manifest
-from llmc.compiler.stages.publish import publish
+from llmc.compiler.stages.publish import publish_result
 from llmc.compiler.stages.quantize import quantize, read_texts
 from llmc.compiler.stages.report import report_cpu
 from llmc.compiler.stages.result import BuildResult
@@ -54,13 +54,12 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
             engine = lower_cpu(graph, tmp, config, plan, stage)
             report = report_cpu(engine, reference, model, config, texts, stage)
             write_cpu_manifest(config, model, graph, engine, report, plan, stage, stats, memory)
-    entry = publish(config.destination, out, stage)
-    return BuildResult(
+    return publish_result(
+        config.destination,
         out,
+        stage,
         graph.pass_report,
         engine.optimized_ops,
         engine.quantization,
         report.accuracy,
-        entry,
-        config.destination.registry,
     )

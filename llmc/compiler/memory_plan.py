@@ -4,9 +4,10 @@ Two paths (``streaming_export``):
 
 - **streamed** (a safetensors checkpoint, ``--quant none``, cpu target): weights are read from
   the checkpoint one tensor at a time. Peak = the process's fixed cost (Python, torch,
-  transformers, ONNX Runtime: ``BASE_BYTES``) + the tensors in flight while the float graph is
-  written + two copies of the largest float32 tensor while ONNX Runtime optimizes the segment
-  holding it (the tensor and its optimized copy).
+  transformers, ONNX Runtime: ``BASE_BYTES``) + the larger of (a) the tensors in flight while
+  the float graph is written and two copies of the largest float32 tensor while ONNX Runtime
+  optimizes the segment holding it, and (b) the engine's weights, which the execution-provider
+  measurement loads as the server will.
 - **in memory** (quantized builds, GGUF files, GPU targets): the float32 model, its exported
   graph and the quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
@@ -87,15 +88,17 @@ def plan_memory(src: ModelSource, quantizes: bool, cpu: bool, limit_gb: float | 
             )
         return MemoryPlan(False, need, 0, total)
     fixed = BASE_BYTES + 2 * largest
+    serving = BASE_BYTES + total  # the provider measurement loads the engine
     in_flight = MAX_IN_FLIGHT_BYTES
     if limit is not None:
         in_flight = min(in_flight, limit - fixed)
-        if in_flight < MIN_IN_FLIGHT_BYTES:
-            need = fixed + MIN_IN_FLIGHT_BYTES
+        need = max(fixed + MIN_IN_FLIGHT_BYTES, serving)
+        if in_flight < MIN_IN_FLIGHT_BYTES or serving > limit:
             raise BuildConfigError(
                 f"this build needs at least {need / GB:.1f} GB of host memory (the process's "
-                f"{BASE_BYTES / GB:.1f} GB, twice its largest tensor of {largest / GB:.2f} GB in "
-                f"float32, and {MIN_IN_FLIGHT_BYTES >> 20} MiB of tensors in flight), over "
-                f"--max-build-memory {limit_gb:g}"
+                f"{BASE_BYTES / GB:.1f} GB, and the larger of: twice its largest tensor of "
+                f"{largest / GB:.2f} GB in float32 with {MIN_IN_FLIGHT_BYTES >> 20} MiB of "
+                f"tensors in flight; the engine's {total / GB:.2f} GB of weights, loaded to "
+                f"measure it as the server will), over --max-build-memory {limit_gb:g}"
             )
-    return MemoryPlan(True, fixed + in_flight, in_flight, total)
+    return MemoryPlan(True, max(fixed + in_flight, serving), in_flight, total)

@@ -15,6 +15,7 @@ from llmc.compiler.passes.no_op import remove_no_ops
 from llmc.compiler.passes.parallel_matmul import fuse_parallel_matmuls
 from llmc.compiler.passes.rms_norm import fuse_rms_norm
 from llmc.compiler.passes.rotary_embedding import fuse_rotary_embedding
+from llmc.compiler.passes.tied_weights import use_tied_weights
 from llmc.compiler.passes.weight_transpose import fold_weight_transposes
 
 
@@ -47,6 +48,7 @@ PIPELINE: list[tuple[str, Callable[[ir.Model], int]]] = [
     ("rms_norm", fuse_rms_norm),
     ("rotary_embedding", fuse_rotary_embedding),
     ("parallel_matmul", fuse_parallel_matmuls),
+    ("tied_weights", use_tied_weights),
     ("dead_and_duplicate_nodes", _dedupe),
 ]
 

@@ -96,6 +96,8 @@ def _squeeze_matmul_inputs(model: ir.Model) -> int:
             continue
         axes = ir.node("Constant", [], attributes={"value_ints": [0]})
         squeeze = ir.node("Squeeze", [a, axes.outputs[0]])
+        squeeze.outputs[0].shape = ir.Shape(list(a.shape)[1:])  # [1, S, K] -> [S, K]
+        squeeze.outputs[0].type = a.type
         graph.insert_before(matmul, [axes, squeeze])
         matmul.replace_input_with(0, squeeze.outputs[0])
         convenience.replace_nodes_and_values(

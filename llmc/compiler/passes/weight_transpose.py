@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+#: Metadata key on a transposed initializer: the name of the weight it transposes.
+TRANSPOSED_FROM = "llmc.transposed_from"
+
 
 def _transposed(src: ir.TensorProtocol, perm: list[int], name: str) -> ir.TensorProtocol:
     shape = ir.Shape([src.shape[p] for p in perm])
@@ -38,6 +41,7 @@ def fold_weight_transposes(model: ir.Model) -> int:
         name = f"{weight.name}_transposed"
         value = ir.Value(name=name, const_value=_transposed(weight.const_value, list(perm), name))
         value.shape, value.type = value.const_value.shape, ir.TensorType(weight.const_value.dtype)
+        value.metadata_props[TRANSPOSED_FROM] = weight.name  # for passes/tied_weights.py
         graph.register_initializer(value)
         ir.convenience.replace_all_uses_with(out, value)
         graph.remove(node, safe=True)

@@ -28,7 +28,7 @@ from llmc.compiler.stages.export import export
 from llmc.compiler.stages.load import load, resolve
 from llmc.compiler.stages.manifest import core_facts
 from llmc.compiler.stages.progress import Stage, stage_of
-from llmc.compiler.stages.publish import publish
+from llmc.compiler.stages.publish import publish_result
 from llmc.compiler.stages.quantize import EngineGraph, quantize, read_texts
 from llmc.compiler.stages.result import BuildResult
 from llmc.compiler.stages.tokenizer import write_tokenizer_files
@@ -194,13 +194,6 @@ def finish_stage(
     out = write_engine(stage_dir, m, config, report, stage)
     if remove_stage:
         shutil.rmtree(stage_dir, ignore_errors=True)
-    entry = publish(config.destination, out, stage)
-    return BuildResult(
-        out,
-        m.pass_report,
-        report.op_counts,
-        m.quantization,
-        None,
-        entry,
-        config.destination.registry,
+    return publish_result(
+        config.destination, out, stage, m.pass_report, report.op_counts, m.quantization
     )
