@@ -394,7 +394,7 @@ def compiled_shared_memory(
     constants = kernel_constants(
         config, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=16, scale=head_dim**-0.5, sliding_window=512, logit_softcap=None,
-        cache_quant="none", k_scale=1.0, v_scale=1.0, split_decode=True,
+        cache_quant="none", k_scale=1.0, v_scale=1.0,
     )  # fmt: skip
     pointers = [act] * 5 + ["*i32"] * 3
     main_types = [*pointers, "*i64", "i32", "i32", act, act, act]
@@ -402,16 +402,16 @@ def compiled_shared_memory(
     split_names = (*tk.POINTER_INPUTS[:8], "max_blocks", "num_splits", "partial_out_ptr",
                    "partial_lse_ptr")  # fmt: skip
     split_types = [*pointers, "i32", "i32", "*fp32", "*fp32"]
-    split_constants = {name: c for name, c in constants.items() if name != "SPLIT_DECODE"}
     reduce_constants = dict(NUM_HEADS=num_heads, HEAD_DIM=head_dim,
                             SPLITS_PAD=MAX_SPLITS, BLOCK_D=config.block_d)  # fmt: skip
     reduce_signature = {"partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32",
                         "query_start_loc_ptr": "*i32", "num_splits": "i32",
                         "out_ptr": act}  # fmt: skip
     kernels = (
-        (tk.paged_attention_kernel, dict(zip(main_names, main_types, strict=True)), constants),
+        (tk.paged_attention_kernel, dict(zip(main_names, main_types, strict=True)),
+         dict(C=constants, SPLIT_DECODE=True)),
         (fd.flash_decoding_split_kernel, dict(zip(split_names, split_types, strict=True)),
-         split_constants),
+         dict(C=constants)),
         (fd.flash_decoding_reduce_kernel, reduce_signature, reduce_constants),
     )  # fmt: skip
     shared = []

@@ -44,7 +44,7 @@ def in_memory_engine(ckpt: Path, out: Path, block_size: int) -> Path:
     """The engine the in-memory path writes: the whole float32 model loaded, exported in memory."""
     config = BuildConfig.of(model=str(ckpt), block_size=block_size)
     model = load(resolve(config.source))  # no memory plan: the weights are loaded whole
-    graph = export(model, config.export)
+    graph = export(model, config.export, share_tied=True)  # as build() does for --quant none
     assert graph.weights_dir is None
     lower_to_cpu(graph.proto, out)
     return out
@@ -105,9 +105,10 @@ def test_max_build_memory_refuses_before_reading_weights(tiny_llama_dir, tmp_pat
         BuildConfigError, match=r"needs at least \d+\.\d GB .*--max-build-memory 0.5"
     ):
         build(BuildConfig.of(model=str(tiny_llama_dir), max_build_memory=0.5, output=str(out)))
-    # A quantized build holds the model in memory: refused at a limit the streamed build fits.
+    # A quantized build calibrates with the float graph loaded: refused at a limit the
+    # --quant none build fits.
     limit = 0.9
-    with pytest.raises(BuildConfigError, match="quantized builds hold the model in memory"):
+    with pytest.raises(BuildConfigError, match="calibration runs the .* float32 graph"):
         build(
             BuildConfig.of(
                 model=str(tiny_llama_dir), quant="int8", max_build_memory=0.8, output=str(out)
@@ -145,3 +146,35 @@ def test_tied_embedding_is_stored_once(tmp_path):
                 readers += [n.op_type for n in model.graph.node if t.name in n.input]
     assert len(places) == 1
     assert sorted(readers) == ["Gather", "Gemm"]
+
+
+def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
+    """The engine the in-memory path writes for a quantized ``config``: the model loaded whole,
+    the float graph exported and quantized in memory."""
+    from llmc.compiler.stages.host import plan_cpu
+    from llmc.compiler.stages.lower import lower_cpu
+    from llmc.compiler.stages.quantize import quantize, read_texts
+
+    texts = read_texts(config)
+    model = load(resolve(config.source))
+    graph = quantize(export(model, config.export), model, config, texts)
+    assert graph.weights_dir is None
+    out.mkdir()
+    lower_cpu(graph, out, config, plan_cpu(config))
+    return out
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_streamed_quantized_engine_equals_in_memory_engine(quant, tmp_path):
+    from tests.tiny_models import SHAKESPEARE
+
+    ckpt = make_tiny_llama(tmp_path / "ckpt", sharp=True)
+    options = dict(model=str(ckpt), block_size=4, quant=quant, calib_data=str(SHAKESPEARE))
+    options |= dict(calib_samples=8, eval_samples=4, cache_dir=str(tmp_path / "cache"))
+    streamed = build(BuildConfig.of(**options, output=str(tmp_path / "s")))
+    stats = json.loads((streamed.engine_dir / "manifest.json").read_text())["build_stats"]
+    assert stats["memory_plan"]["streamed"] is True
+    assert "write the quantized graph" in stats["stages"]
+    whole = in_memory_quantized_engine(BuildConfig.of(**options), tmp_path / "m")
+    assert weight_digests(streamed.engine_dir) == weight_digests(whole)
+    np.testing.assert_array_equal(prefill_logits(streamed.engine_dir, 4), prefill_logits(whole, 4))

@@ -19,7 +19,7 @@ from llmc.compiler.stages.load import load, resolve
 from llmc.compiler.stages.lower import lower_cpu
 from llmc.compiler.stages.manifest import write_cpu_manifest
 from llmc.compiler.stages.publish import publish_result
-from llmc.compiler.stages.quantize import quantize, read_texts
+from llmc.compiler.stages.quantize import quantize, read_texts, sampling_model
 from llmc.compiler.stages.report import report_cpu
 from llmc.compiler.stages.result import BuildResult
 from llmc.compiler.tensorrt.gpu_build import build_gpu
@@ -43,16 +43,18 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
     resolved = resolve(config.source, stage)
     texts = read_texts(config)
     plan = plan_cpu(config)
-    quantizes, limit = config.quantization.quantizes, config.target.max_build_memory
-    memory = plan_memory(resolved.source, quantizes, cpu=True, limit_gb=limit)
+    quant, limit = config.quantization.quant, config.target.max_build_memory
+    memory = plan_memory(resolved.source, quant, cpu=True, limit_gb=limit)
     out = config.output_dir(resolved.model_id)
     with scratch_dir(out) as work:
         model = load(resolved, stage, memory)
-        reference = export(model, config.export, stage, work, memory.in_flight_bytes)
-        graph = quantize(reference, model, config, texts, stage, bound_pairs=plan.bound_pairs)
+        tied = not config.quantization.quantizes  # a quantized build quantizes the projection
+        reference = export(model, config.export, stage, work, memory.in_flight_bytes, tied)
+        sampler = sampling_model(model, texts, stage)
+        graph = quantize(reference, model, config, texts, stage, plan.bound_pairs, work, sampler)
         with staged_dir(out) as tmp:
             engine = lower_cpu(graph, tmp, config, plan, stage)
-            report = report_cpu(engine, reference, model, config, texts, stage)
+            report = report_cpu(engine, reference, model, config, texts, stage, sampler)
             write_cpu_manifest(config, model, graph, engine, report, plan, stage, stats, memory)
     return publish_result(
         config.destination,

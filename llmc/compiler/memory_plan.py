@@ -2,13 +2,16 @@
 
 Two paths (``streaming_export``):
 
-- **streamed** (a safetensors checkpoint, ``--quant none``, cpu target): weights are read from
-  the checkpoint one tensor at a time. Peak = the process's fixed cost (Python, torch,
-  transformers, ONNX Runtime: ``BASE_BYTES``) + the larger of (a) the tensors in flight while
-  the float graph is written and two copies of the largest float32 tensor while ONNX Runtime
-  optimizes the segment holding it, and (b) the engine's weights, which the execution-provider
-  measurement loads as the server will.
-- **in memory** (quantized builds, GGUF files, GPU targets): the float32 model, its exported
+- **streamed** (a safetensors checkpoint, cpu target): the float graph is written without
+  loading the model, its weights read from the checkpoint one tensor at a time. For ``--quant
+  none``, peak = the process's fixed cost (Python, torch, transformers, ONNX Runtime:
+  ``BASE_BYTES``) + the larger of (a) the tensors in flight while the float graph is written
+  and two copies of the largest float32 tensor while ONNX Runtime optimizes the segment
+  holding it, and (b) the engine's weights, which the execution-provider measurement loads as
+  the server will. Quantized builds then calibrate with ONNX Runtime reading the float graph's
+  weights from disk: about the float32 bytes and the quantizer's statistics
+  (``STREAMED_QUANT_FACTOR``).
+- **in memory** (GGUF files, GPU targets, FP8 emulation on cpu): the float32 model, its exported
   graph and the quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
   float build, 12-14 GB for 1.07 GB of Gemma 3 270M quantized; ``benchmarks/RESULTS.md``).
@@ -23,7 +26,9 @@ from dataclasses import dataclass
 
 from llmc.compiler.checkpoint_weights import index_safetensors
 from llmc.compiler.model_source import ModelSource
+from llmc.compiler.quantize.formats import FORMATS
 from llmc.errors import BuildConfigError
+from llmc.quant.protocol import QuantFormat
 
 GB = 1e9
 BASE_BYTES = int(0.8 * GB)
@@ -31,6 +36,8 @@ MAX_IN_FLIGHT_BYTES = 512 << 20
 MIN_IN_FLIGHT_BYTES = 64 << 20
 #: Peak RSS over float32 weight bytes on the in-memory path: float builds, quantized builds.
 IN_MEMORY_FACTOR = {False: 8.0, True: 13.0}
+#: Peak RSS over float32 weight bytes of a streamed quantized build.
+STREAMED_QUANT_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -63,30 +70,46 @@ def _float32_sizes(src: ModelSource) -> tuple[int, int]:
     return sum(sizes), max(sizes, default=0)
 
 
-def plan_memory(src: ModelSource, quantizes: bool, cpu: bool, limit_gb: float | None) -> MemoryPlan:
-    """Choose the path for ``src`` and check it fits ``limit_gb`` (None: no limit).
+def plan_memory(src: ModelSource, quant: str, cpu: bool, limit_gb: float | None) -> MemoryPlan:
+    """Choose the path for ``src`` built with ``--quant quant`` and check it fits ``limit_gb``
+    (None: no limit).
 
     Raises BuildConfigError, before any weight is read, when the plan needs more than the limit:
     the message gives the figure needed and what would fit.
     """
+    fmt = FORMATS[quant]
     total, largest = _float32_sizes(src)
-    streamed = cpu and not quantizes and src.gguf_file is None
+    # A format whose CPU lowering rewrites weights in memory (FP8 emulation) takes that path.
+    rewrites = type(fmt).rewrite_for_cpu is not QuantFormat.rewrite_for_cpu
+    streamed = cpu and src.gguf_file is None and not rewrites
     limit = None if limit_gb is None else int(limit_gb * GB)
     if not streamed:
-        need = BASE_BYTES + int(IN_MEMORY_FACTOR[quantizes] * total)
+        need = BASE_BYTES + int(IN_MEMORY_FACTOR[fmt.quantizes] * total)
         if limit is not None and need > limit:
             why = (
-                "quantized builds hold the model in memory"
-                if quantizes
-                else ("GGUF files and GPU targets are loaded whole")
+                "quantized builds of GGUF files or for GPU targets hold the model in memory"
+                if fmt.quantizes
+                else "GGUF files and GPU targets are loaded whole"
             )
             raise BuildConfigError(
                 f"this build needs about {need / GB:.1f} GB of host memory ({why}: "
-                f"{IN_MEMORY_FACTOR[quantizes]:.0f}x the {total / GB:.2f} GB of float32 weights), "
-                f"over --max-build-memory {limit_gb:g}; a safetensors checkpoint with --quant none "
-                f"streams its weights, or give the build more memory"
+                f"{IN_MEMORY_FACTOR[fmt.quantizes]:.0f}x the {total / GB:.2f} GB of float32 "
+                f"weights), over --max-build-memory {limit_gb:g}; a safetensors checkpoint for "
+                "--arch cpu streams its weights, or give the build more memory"
             )
         return MemoryPlan(False, need, 0, total)
+    if fmt.quantizes:
+        # Calibration runs the float graph (its weights in ONNX Runtime), with the quantizer's
+        # statistics and the quantized weights beside it.
+        need = BASE_BYTES + int(STREAMED_QUANT_FACTOR * total)
+        if limit is not None and need > limit:
+            raise BuildConfigError(
+                f"this build needs about {need / GB:.1f} GB of host memory (calibration runs "
+                f"the {total / GB:.2f} GB float32 graph: {STREAMED_QUANT_FACTOR:g}x with the "
+                f"statistics and quantized weights), over --max-build-memory {limit_gb:g}; "
+                "--quant none streams in less, or give the build more memory"
+            )
+        return MemoryPlan(True, need, MAX_IN_FLIGHT_BYTES, total)
     fixed = BASE_BYTES + 2 * largest
     serving = BASE_BYTES + total  # the provider measurement loads the engine
     in_flight = MAX_IN_FLIGHT_BYTES

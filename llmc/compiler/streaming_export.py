@@ -70,11 +70,13 @@ def write_float_graph(
     work_dir: Path,
     in_flight_bytes: int,
     stage,
+    optional_passes: frozenset[str] = frozenset(),
 ) -> tuple[Path, dict[str, int]]:
     """Export ``meta``'s model, bind its weights to ``src``'s checkpoint as float32, run the
     graph passes, and write ``work_dir / FLOAT_GRAPH`` (+ ``.data``) with at most
     ``in_flight_bytes`` of weights read and not yet written. Returns the path and the pass
-    report. Raises ModelSourceError when a graph weight is not in the checkpoint."""
+    report. ``optional_passes``: as ``passes.run_passes``. Raises ModelSourceError when a graph
+    weight is not in the checkpoint."""
     from llmc.compiler.export import export_ir
     from llmc.compiler.passes import run_passes
 
@@ -83,7 +85,7 @@ def write_float_graph(
         index = index_safetensors(src.weight_files)
         bind_initializers(model.graph, index, meta.buffers, ir.DataType.FLOAT, meta.aliases)
     with stage("graph passes"):
-        pass_report = run_passes(model)
+        pass_report = run_passes(model, optional_passes)
     with stage("write the float graph"):
         work_dir.mkdir(parents=True, exist_ok=True)
         path = work_dir / FLOAT_GRAPH

@@ -87,17 +87,24 @@ class OrtRunner:
         num_blocks: int,
         threads: int | None = None,
         extra_outputs: tuple[str, ...] = (),
+        external_data_dir: Path | None = None,
     ) -> OrtRunner:
         """A runner over an in-memory engine graph (``onnx.ModelProto`` with plugin nodes) on the
         CPU EP, optimized at load (ORT_ENABLE_BASIC). Used by calibration and the accuracy report
         to run the unquantized graph; ``extra_outputs`` names tensors that ``run_step`` must
-        return besides the logits. Raises ValueError if a name is not in the graph."""
+        return besides the logits; ``external_data_dir`` is where the weights of a graph holding
+        external-data references are (a streamed build's float graph). Raises ValueError if a
+        name is not in the graph."""
         import onnxruntime as ort
 
         segments, plan = split_at_plugins(model, extra_outputs=extra_outputs)
         opts = session_options(threads or 2)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.log_severity_level = 3
+        if external_data_dir is not None:
+            opts.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", str(external_data_dir)
+            )
         sessions = [
             ort.InferenceSession(seg.SerializeToString(), opts, providers=["CPUExecutionProvider"])
             for seg in segments

@@ -53,6 +53,13 @@ PIPELINE: list[tuple[str, Callable[[ir.Model], int]]] = [
 ]
 
 
-def run_passes(model: ir.Model) -> dict[str, int]:
-    """Apply ``PIPELINE`` to ``model`` in order; returns ``{pass name: rewrites made}``."""
-    return {name: fn(model) for name, fn in PIPELINE}
+#: Passes a build opts into: ``tied_weights`` reads a tied table through ``Gemm(transB=1)``,
+#: which the quantizer does not rewrite, so only unquantized builds run it (a quantized build
+#: gives the vocabulary projection its own quantized weights instead).
+OPTIONAL = frozenset({"tied_weights"})
+
+
+def run_passes(model: ir.Model, optional: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Apply ``PIPELINE`` to ``model`` in order, the ``OPTIONAL`` passes only when named in
+    ``optional``; returns ``{pass name: rewrites made}`` of the passes run."""
+    return {name: fn(model) for name, fn in PIPELINE if name not in OPTIONAL or name in optional}

@@ -21,6 +21,9 @@ from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.errors import LlmcError
 
+#: The quantized graph of a streamed build, written in its work directory.
+QUANTIZED_GRAPH = "quantized.onnx"
+
 CALIBRATION_SEED = 0
 HELDOUT_SEED = 1
 
@@ -82,19 +85,28 @@ def quantize(
     calib_source: TextSource,
     stage,
     bound_pairs: bool = False,
+    weights_dir: Path | None = None,
+    work_dir: Path | None = None,
 ) -> tuple[onnx.ModelProto, QuantReport]:
     """Calibrate (or load cached statistics) and return the Q/DQ graph and its report.
-    ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without VNNI, see ``formats``)."""
+    ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without VNNI, see ``formats``).
+
+    A streamed float graph (``float_model`` holding external-data references to
+    ``weights_dir / FLOAT_GRAPH.data``) is calibrated by ONNX Runtime reading the weights from
+    disk, quantized with each weight read when its layer is quantized, and written to
+    ``work_dir`` with its weights as external data; the returned proto then references them.
+    ``hf_model`` is only read to sample calibration text (no ``--calib-data``)."""
     import onnx_ir as ir
 
     from llmc.calibration.collect import calibration_key, collect_stats, load_stats, save_stats
     from llmc.compiler.quantize.qdq import calibration_tensors, gptq_keys, quantize_graph
+    from llmc.compiler.streaming_export import FLOAT_GRAPH
     from llmc.runtime.ort_runner import OrtRunner
     from llmc.version import __version__
 
     spec = config.quant_spec(bound_pairs)
     calib = config.calibration
-    graph = ir.from_proto(float_model)
+    graph = ir.load(weights_dir / FLOAT_GRAPH) if weights_dir else ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
     gram_keys = gptq_keys(graph, spec)
     key = calibration_key(
@@ -121,6 +133,7 @@ def quantize(
                 blocks,
                 threads=config.target.threads,
                 extra_outputs=tuple(dict.fromkeys(tensors.values())),
+                external_data_dir=weights_dir,
             )
             stats = collect_stats(runner, tensors, windows, progress=tick, gram_keys=gram_keys)
             del runner
@@ -133,7 +146,14 @@ def quantize(
             "seq_len": calib.calib_seq_len,
             "cache_key": key,
         }
-        return ir.to_proto(graph), report
+        if weights_dir is None:
+            return ir.to_proto(graph), report
+    with stage("write the quantized graph"):
+        if work_dir is None:
+            raise ValueError("a streamed graph is quantized into a work directory")
+        path = work_dir / QUANTIZED_GRAPH
+        ir.save(graph, path, external_data=QUANTIZED_GRAPH + ".data", max_in_flight_bytes=256 << 20)
+        return onnx.load(str(path), load_external_data=False), report
 
 
 def session_config(quant: str) -> dict[str, str]:
@@ -182,16 +202,20 @@ def accuracy_report(
     tokenizer,
     source: TextSource,
     progress,
+    external_data_dir: Path | None = None,
 ):
     """The engine in ``engine_dir`` against the unquantized graph on held-out windows
-    (``llmc.calibration.accuracy.AccuracyReport``)."""
+    (``llmc.calibration.accuracy.AccuracyReport``); ``external_data_dir`` as in
+    ``OrtRunner.from_model``."""
     from llmc.calibration.accuracy import evaluate_accuracy
     from llmc.runtime.ort_runner import OrtRunner
 
     calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
     windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
     blocks = -(-calib.calib_seq_len // block_size)
-    ref = OrtRunner.from_model(reference, blocks, threads=threads)
+    ref = OrtRunner.from_model(
+        reference, blocks, threads=threads, external_data_dir=external_data_dir
+    )
     engine = OrtRunner(engine_dir, blocks, threads=threads)
     return evaluate_accuracy(
         ref, engine, windows, block_size, data=source.describe(), progress=progress

@@ -34,24 +34,36 @@ def export(
     stage: Stage = no_stage,
     work_dir: Path | None = None,
     in_flight_bytes: int = 0,
+    share_tied: bool = False,
 ) -> FloatGraph:
     """The unquantized engine graph of ``model`` with ``options.block_size``-token KV blocks.
 
     A streamed ``model`` (``LoadedModel.streamed``) is written to ``work_dir`` with its weights
     as external data, at most ``in_flight_bytes`` read and not yet written, and the returned
-    proto holds references to them, not the weights."""
+    proto holds references to them, not the weights. ``share_tied``: run the ``tied_weights``
+    pass (unquantized builds: a tied embedding table stored once)."""
+    optional = frozenset({"tied_weights"}) if share_tied else frozenset()
     if model.streamed is None:
-        return FloatGraph(*float_graph(model.hf_model, options.block_size, stage))
+        return FloatGraph(*float_graph(model.hf_model, options.block_size, stage, optional))
     if work_dir is None:
         raise ValueError("a streamed model is exported into a work directory")
     path, pass_report = write_float_graph(
-        model.resolved.source, model.streamed, options.block_size, work_dir, in_flight_bytes, stage
+        model.resolved.source,
+        model.streamed,
+        options.block_size,
+        work_dir,
+        in_flight_bytes,
+        stage,
+        optional,
     )
     return FloatGraph(onnx.load(str(path), load_external_data=False), pass_report, work_dir)
 
 
 def float_graph(
-    hf_model: Any, block_size: int, stage: Stage = no_stage
+    hf_model: Any,
+    block_size: int,
+    stage: Stage = no_stage,
+    optional_passes: frozenset[str] = frozenset(),
 ) -> tuple[onnx.ModelProto, dict[str, int]]:
     """The unquantized engine graph of a loaded transformers model: export with plugin nodes,
     then the graph passes. Returns the graph and the pass report (rewrites per pass); also the
@@ -63,7 +75,7 @@ def float_graph(
     with stage("graph passes"):
         graph = ir.from_proto(proto)
         del proto
-        pass_report = run_passes(graph)
+        pass_report = run_passes(graph, optional_passes)
         proto = ir.to_proto(graph)
         del graph
     return proto, pass_report

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 
 from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.model_source import load_model
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.compiler.stages.export import FloatGraph
@@ -51,10 +53,14 @@ def quantize(
     texts: CalibrationTexts | None,
     stage: Stage = no_stage,
     bound_pairs: bool = False,
+    work_dir: Path | None = None,
+    sampler: Any = None,
 ) -> EngineGraph:
     """``graph`` with Q/DQ nodes as ``config`` says (``graph`` itself for ``--quant none``);
     ``texts`` from ``read_texts``. ``bound_pairs``: int8 weight pairs within 128 (cpu hosts
-    without VNNI, ``host.int8_bound_pairs``)."""
+    without VNNI, ``host.int8_bound_pairs``). A streamed ``graph`` is quantized into
+    ``work_dir``; ``sampler`` is the transformers model that samples calibration text
+    (``sampling_model``; default ``model.hf_model``)."""
     if not config.quantization.quantizes:
         return EngineGraph(graph.proto, graph.pass_report, weights_dir=graph.weights_dir)
     if texts is None:
@@ -63,11 +69,25 @@ def quantize(
     proto, report = qp.quantize(
         config,
         graph.proto,
-        model.hf_model,
+        model.hf_model if sampler is None else sampler,
         resolved.tokenizer,
         resolved.checkpoint_digest,
         texts.calibration,
         stage,
         bound_pairs=bound_pairs,
+        weights_dir=graph.weights_dir,
+        work_dir=work_dir,
     )
-    return EngineGraph(proto, graph.pass_report, report)
+    return EngineGraph(proto, graph.pass_report, report, work_dir if graph.weights_dir else None)
+
+
+def sampling_model(model: LoadedModel, texts: CalibrationTexts | None, stage: Stage = no_stage):
+    """The transformers model that samples text where a build has no file for it: the loaded
+    model, or for a streamed build (weights on the meta device) the checkpoint loaded whole,
+    now, and only when a text source samples. None when nothing is sampled."""
+    if texts is None or (texts.calibration.path and texts.heldout.path):
+        return None
+    if model.streamed is None:
+        return model.hf_model
+    with stage("load weights to sample calibration text"):
+        return load_model(model.resolved.source, "float32")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmc.calibration.accuracy import AccuracyReport
 from llmc.compiler.build_config import BuildConfig
@@ -40,6 +41,7 @@ def report_cpu(
     config: BuildConfig,
     texts: CalibrationTexts | None,
     stage: Stage = no_stage,
+    sampler: Any = None,
 ) -> EngineReport:
     """The accuracy report of a quantized ``engine`` against ``reference`` on ``texts``'
     held-out windows (skipped when ``texts`` is None), then the provider choice. Raises
@@ -51,10 +53,11 @@ def report_cpu(
                 config,
                 reference.proto,
                 engine.engine_dir,
-                model.hf_model,
+                model.hf_model if sampler is None else sampler,
                 model.tokenizer,
                 texts.heldout,
                 tick,
+                external_data_dir=reference.weights_dir,
             )
     with stage("choose execution provider"):
         selection = choose_provider(config, engine.engine_dir, model.vocab_size)

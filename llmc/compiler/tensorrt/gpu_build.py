@@ -87,7 +87,7 @@ def _prepare(config: BuildConfig, progress, final: bool) -> Path:
     texts = read_texts(config)  # bad files fail before work
     # GPU stages load the model whole: refuse at once what --max-build-memory cannot hold.
     limit = config.target.max_build_memory
-    plan_memory(resolved.source, config.quantization.quantizes, cpu=False, limit_gb=limit)
+    plan_memory(resolved.source, config.quantization.quant, cpu=False, limit_gb=limit)
     model = load(resolved, stage)  # calibration runs the float32 graph on the CPU
     graph = quantize(export(model, config.export, stage), model, config, texts, stage)
     lint_report = lower_tensorrt(graph, config, stage)

@@ -45,22 +45,7 @@ def flash_decoding_split_kernel(
     num_splits,  # i32, S
     partial_out_ptr,  # [B, S, H, D] float32, written
     partial_lse_ptr,  # [B, S, H] float32, written
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    SCALE: tl.constexpr,
-    SLIDING_WINDOW: tl.constexpr,
-    LOGIT_SOFTCAP: tl.constexpr,
-    CACHE_QUANT: tl.constexpr,
-    K_SCALE: tl.constexpr,
-    V_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    C: tl.constexpr,  # triton_tiles.KernelConstants, the main kernel's
 ):
     """One program: slice ``program_id(2)`` of the context of sequence ``program_id(0)``'s
     decode token, for the GROUP query heads of KV head ``program_id(1)``. The tile has
@@ -78,37 +63,37 @@ def flash_decoding_split_kernel(
 
     # This program's slice [s_lo, s_hi) of the visible keys [lo, hi).
     lo = 0
-    if SLIDING_WINDOW > 0:
-        lo = tl.maximum(pos - SLIDING_WINDOW + 1, 0)
+    if C.SLIDING_WINDOW > 0:
+        lo = tl.maximum(pos - C.SLIDING_WINDOW + 1, 0)
     hi = tl.where(is_decode, context_len, lo)
-    slice_len = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    slice_len = tl.cdiv(tl.cdiv(hi - lo, num_splits), C.BLOCK_N) * C.BLOCK_N
     s_lo = tl.minimum(lo + split * slice_len, hi)
     s_hi = tl.minimum(s_lo + slice_len, hi)
 
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    kv_col = kvh * HEAD_DIM + d
-    rows = tl.arange(0, BLOCK_M * GROUP_PAD)  # row r: query head kvh * GROUP + r
+    d = tl.arange(0, C.BLOCK_D)
+    d_ok = d < C.HEAD_DIM
+    kv_col = kvh * C.HEAD_DIM + d
+    rows = tl.arange(0, C.BLOCK_M * C.GROUP_PAD)  # row r: query head kvh * GROUP + r
     # Scalar conditions become bounds: the interpreter cannot mask with block & scalar bools.
-    row_ok = rows < tl.where(is_decode, GROUP, 0)
-    head = kvh * GROUP + rows
-    q_off = q_start.to(tl.int64) * (NUM_HEADS * HEAD_DIM) + head[:, None] * HEAD_DIM + d[None, :]
+    row_ok = rows < tl.where(is_decode, C.GROUP, 0)
+    head = kvh * C.GROUP + rows
+    q_off = (
+        q_start.to(tl.int64) * (C.NUM_HEADS * C.HEAD_DIM) + head[:, None] * C.HEAD_DIM + d[None, :]
+    )
     q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     table_row = block_tables_ptr + seq.to(tl.int64) * max_blocks
     m_i, l_i, acc = attend(
-        q, tl.full([BLOCK_M * GROUP_PAD], 0, tl.int32) + pos, row_ok, k_ptr, v_ptr,
-        key_cache_ptr, value_cache_ptr, table_row, q_start, pos, s_lo, s_hi, kv_col, d_ok,
-        NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, SCALE, SLIDING_WINDOW, LOGIT_SOFTCAP, CACHE_QUANT,
-        K_SCALE, V_SCALE, BLOCK_M * GROUP_PAD, BLOCK_N, BLOCK_D, UPCAST_DOT,
+        q, tl.full([C.BLOCK_M * C.GROUP_PAD], 0, tl.int32) + pos, row_ok, k_ptr, v_ptr,
+        key_cache_ptr, value_cache_ptr, table_row, q_start, pos, s_lo, s_hi, kv_col, d_ok, C,
     )  # fmt: skip
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-    slot = (seq * num_splits + split).to(tl.int64) * NUM_HEADS + head  # [ROWS]
+    slot = (seq * num_splits + split).to(tl.int64) * C.NUM_HEADS + head  # [ROWS]
     tl.store(partial_lse_ptr + slot, lse, mask=row_ok)
     tl.store(
-        partial_out_ptr + slot[:, None] * HEAD_DIM + d[None, :],
+        partial_out_ptr + slot[:, None] * C.HEAD_DIM + d[None, :],
         out,
         mask=row_ok[:, None] & d_ok[None, :],
     )

@@ -50,9 +50,11 @@ still writes their K/V into the cache, and leaves their attention to those kerne
 
 The cache: q's dtype, int8 or FP8 E4M3FN, the FP8 one passed as its uint8 view; its codes are
 made and read exactly as reference.py's (:mod:`~llmc.plugins.paged_attention.triton_cache_codes`).
-Layer constants (heads, scale, window, soft-cap, KV scales) are compile-time constants:
-TensorRT's AOT launch passes only int32 scalars, and a JIT run compiles one kernel per distinct
-set (a few per model).
+Layer constants (heads, scale, window, soft-cap, KV scales) and tile sizes are compile-time
+constants, one ``tl.constexpr`` argument ``C``
+(:class:`~llmc.plugins.paged_attention.triton_tiles.KernelConstants`, shared with the
+flash-decoding split kernel and :func:`attend`): TensorRT's AOT launch passes only int32
+scalars, and a JIT run compiles one kernel per distinct set (a few per model).
 
 Tile sizes are in :mod:`llmc.plugins.paged_attention.triton_tiles`, the torch launcher in
 :mod:`llmc.plugins.paged_attention.triton_launch`; the TensorRT plugin
@@ -83,7 +85,8 @@ from llmc.plugins.paged_attention.triton_cache_codes import (  # noqa: E402 (aft
 )
 
 #: Kernel parameters in order: input pointers, the int32 scalars, output pointers (the order
-#: TensorRT's AOT launch passes them), then the compile-time constants.
+#: TensorRT's AOT launch passes them), then the compile-time constants ``C`` and
+#: ``SPLIT_DECODE``.
 POINTER_INPUTS = tuple(f"{name}_ptr" for name in INPUTS)
 SCALAR_INPUTS = ("num_seqs", "max_blocks")
 POINTER_OUTPUTS = ("out_ptr", "key_cache_out_ptr", "value_cache_out_ptr")
@@ -135,40 +138,38 @@ def attend(
     kv_lo, kv_hi,  # the keys [kv_lo, kv_hi) to visit
     kv_col,  # [BLOCK_D] this KV head's columns in a [*, KVH*D] row
     d_ok,  # [BLOCK_D] bool, d < HEAD_DIM
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SCALE: tl.constexpr, SLIDING_WINDOW: tl.constexpr, LOGIT_SOFTCAP: tl.constexpr,
-    CACHE_QUANT: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    C: tl.constexpr,  # triton_tiles.KernelConstants
 ):  # fmt: skip
     """The online softmax of ``q`` over keys ``[kv_lo, kv_hi)`` of one sequence and KV head
     (FlashAttention-2, Dao 2023), masked causally (key j visible to a row at position p when
     ``j <= p``), by the window and by ``row_ok``. Returns ``(m, l, acc)``: per row the running
     max [ROWS], the sum of ``exp(score - m)`` [ROWS] and the unnormalized ``sum p * v``
-    [ROWS, BLOCK_D], all float32; a row that saw nothing has ``m = -inf, l = 0, acc = 0``."""
-    kv_row = NUM_KV_HEADS * HEAD_DIM
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for j0 in range(kv_lo, kv_hi, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
+    [ROWS, BLOCK_D], all float32, where ``ROWS = C.BLOCK_M * C.GROUP_PAD``; a row that saw
+    nothing has ``m = -inf, l = 0, acc = 0``."""
+    kv_row = C.NUM_KV_HEADS * C.HEAD_DIM
+    m_i = tl.full([C.BLOCK_M * C.GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([C.BLOCK_M * C.GROUP_PAD], tl.float32)
+    acc = tl.zeros([C.BLOCK_M * C.GROUP_PAD, C.BLOCK_D], tl.float32)
+    for j0 in range(kv_lo, kv_hi, C.BLOCK_N):
+        j = j0 + tl.arange(0, C.BLOCK_N)
         in_range = j < kv_hi
         old = in_range & (j < first_new)  # in the cache before this step
         new = in_range & (j >= first_new)  # this step's tokens: from k/v
-        block = tl.load(table_row + j // BLOCK_SIZE, mask=old, other=0).to(tl.int64)
-        cache_off = (block * BLOCK_SIZE + j % BLOCK_SIZE)[:, None] * kv_row + kv_col[None, :]
+        block = tl.load(table_row + j // C.BLOCK_SIZE, mask=old, other=0).to(tl.int64)
+        cache_off = (block * C.BLOCK_SIZE + j % C.BLOCK_SIZE)[:, None] * kv_row + kv_col[None, :]
         input_off = (q_start + j - first_new).to(tl.int64)[:, None] * kv_row + kv_col[None, :]
 
         keys = _load_operand(key_cache_ptr, k_ptr, cache_off, input_off, old, new, d_ok,
-                             K_SCALE, CACHE_QUANT, q.dtype)  # fmt: skip
-        scores = _dot(q, tl.trans(keys), UPCAST_DOT)  # [ROWS, BLOCK_N]
-        if CACHE_QUANT != 0:
-            scores = scores * K_SCALE
-        scores = scores * SCALE
-        if LOGIT_SOFTCAP > 0:
-            scores = LOGIT_SOFTCAP * _tanh(scores / LOGIT_SOFTCAP)
+                             C.K_SCALE, C.CACHE_QUANT, q.dtype)  # fmt: skip
+        scores = _dot(q, tl.trans(keys), C.UPCAST_DOT)  # [ROWS, BLOCK_N]
+        if C.CACHE_QUANT != 0:
+            scores = scores * C.K_SCALE
+        scores = scores * C.SCALE
+        if C.LOGIT_SOFTCAP > 0:
+            scores = C.LOGIT_SOFTCAP * _tanh(scores / C.LOGIT_SOFTCAP)
         visible = row_ok[:, None] & in_range[None, :] & (j[None, :] <= pos[:, None])
-        if SLIDING_WINDOW > 0:
-            visible = visible & (j[None, :] > pos[:, None] - SLIDING_WINDOW)
+        if C.SLIDING_WINDOW > 0:
+            visible = visible & (j[None, :] > pos[:, None] - C.SLIDING_WINDOW)
         scores = tl.where(visible, scores, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -179,11 +180,11 @@ def attend(
         l_i = l_i * alpha + tl.sum(p, 1)
 
         values = _load_operand(value_cache_ptr, v_ptr, cache_off, input_off, old, new, d_ok,
-                               V_SCALE, CACHE_QUANT, q.dtype)  # fmt: skip
-        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), values, UPCAST_DOT)
+                               C.V_SCALE, C.CACHE_QUANT, q.dtype)  # fmt: skip
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), values, C.UPCAST_DOT)
         m_i = m_new
-    if CACHE_QUANT != 0:
-        acc = acc * V_SCALE
+    if C.CACHE_QUANT != 0:
+        acc = acc * C.V_SCALE
     return m_i, l_i, acc
 
 
@@ -203,22 +204,7 @@ def paged_attention_kernel(
     out_ptr,  # [T, H*D]
     key_cache_out_ptr,  # the key cache again (aliased output): written
     value_cache_out_ptr,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    SCALE: tl.constexpr,
-    SLIDING_WINDOW: tl.constexpr,
-    LOGIT_SOFTCAP: tl.constexpr,
-    CACHE_QUANT: tl.constexpr,
-    K_SCALE: tl.constexpr,
-    V_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    C: tl.constexpr,  # triton_tiles.KernelConstants
     SPLIT_DECODE: tl.constexpr,
 ):
     """One program: BLOCK_M query tokens of one sequence x the GROUP query heads of KV head
@@ -236,7 +222,7 @@ def paged_attention_kernel(
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
-        if tl.load(query_start_loc_ptr + mid) // BLOCK_M + mid <= pid:
+        if tl.load(query_start_loc_ptr + mid) // C.BLOCK_M + mid <= pid:
             lo = mid + 1
         else:
             hi = mid
@@ -245,52 +231,50 @@ def paged_attention_kernel(
     num_new = tl.load(query_start_loc_ptr + seq + 1) - q_start
     context_len = tl.load(seq_lens_ptr + seq)
     first_new = context_len - num_new  # position of the sequence's first new token
-    tok0 = (pid - (q_start // BLOCK_M + seq)) * BLOCK_M  # first new token of this tile
+    tok0 = (pid - (q_start // C.BLOCK_M + seq)) * C.BLOCK_M  # first new token of this tile
 
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    kv_row = NUM_KV_HEADS * HEAD_DIM
-    kv_col = kvh * HEAD_DIM + d
+    d = tl.arange(0, C.BLOCK_D)
+    d_ok = d < C.HEAD_DIM
+    kv_row = C.NUM_KV_HEADS * C.HEAD_DIM
+    kv_col = kvh * C.HEAD_DIM + d
 
     # Cache write: this tile's tokens, this KV head.
-    wt = tok0 + tl.arange(0, BLOCK_M)
+    wt = tok0 + tl.arange(0, C.BLOCK_M)
     w_mask = (wt < num_new)[:, None] & d_ok[None, :]
     w_tok = (q_start + wt).to(tl.int64)
     slots = tl.load(slot_mapping_ptr + w_tok, mask=wt < num_new, other=0).to(tl.int64)
     src = w_tok[:, None] * kv_row + kv_col[None, :]
     dst = slots[:, None] * kv_row + kv_col[None, :]
-    new_k = quantize(tl.load(k_ptr + src, mask=w_mask).to(tl.float32), K_SCALE, CACHE_QUANT)
-    new_v = quantize(tl.load(v_ptr + src, mask=w_mask).to(tl.float32), V_SCALE, CACHE_QUANT)
-    store_codes(key_cache_out_ptr, dst, new_k, w_mask, CACHE_QUANT)
-    store_codes(value_cache_out_ptr, dst, new_v, w_mask, CACHE_QUANT)
+    new_k = quantize(tl.load(k_ptr + src, mask=w_mask).to(tl.float32), C.K_SCALE, C.CACHE_QUANT)
+    new_v = quantize(tl.load(v_ptr + src, mask=w_mask).to(tl.float32), C.V_SCALE, C.CACHE_QUANT)
+    store_codes(key_cache_out_ptr, dst, new_k, w_mask, C.CACHE_QUANT)
+    store_codes(value_cache_out_ptr, dst, new_v, w_mask, C.CACHE_QUANT)
 
     num_attend = num_new  # new tokens whose attention this kernel computes
     if SPLIT_DECODE:
         num_attend = tl.where(num_new == 1, 0, num_new)
     # Query rows: token tok0 + r // GROUP_PAD, query head kvh * GROUP + r % GROUP_PAD.
-    rows = tl.arange(0, BLOCK_M * GROUP_PAD)
-    tok = tok0 + rows // GROUP_PAD
-    g = rows % GROUP_PAD
-    row_ok = (tok < num_attend) & (g < GROUP)
+    rows = tl.arange(0, C.BLOCK_M * C.GROUP_PAD)
+    tok = tok0 + rows // C.GROUP_PAD
+    g = rows % C.GROUP_PAD
+    row_ok = (tok < num_attend) & (g < C.GROUP)
     pos = first_new + tok
-    head = kvh * GROUP + g
-    row_off = (q_start + tok).to(tl.int64) * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM
+    head = kvh * C.GROUP + g
+    row_off = (q_start + tok).to(tl.int64) * (C.NUM_HEADS * C.HEAD_DIM) + head * C.HEAD_DIM
     q_off = row_off[:, None] + d[None, :]
     q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     # Keys this tile can see: [kv_lo, kv_hi).
-    kv_hi = tl.minimum(first_new + tok0 + BLOCK_M, context_len)
+    kv_hi = tl.minimum(first_new + tok0 + C.BLOCK_M, context_len)
     kv_lo = 0
-    if SLIDING_WINDOW > 0:
-        kv_lo = tl.maximum(first_new + tok0 - SLIDING_WINDOW + 1, 0)
+    if C.SLIDING_WINDOW > 0:
+        kv_lo = tl.maximum(first_new + tok0 - C.SLIDING_WINDOW + 1, 0)
     kv_hi = tl.where(tok0 < num_attend, kv_hi, kv_lo)
 
     table_row = block_tables_ptr + seq.to(tl.int64) * max_blocks
     _, l_i, acc = attend(
         q, pos, row_ok, k_ptr, v_ptr, key_cache_ptr, value_cache_ptr, table_row, q_start,
-        first_new, kv_lo, kv_hi, kv_col, d_ok, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, SCALE,
-        SLIDING_WINDOW, LOGIT_SOFTCAP, CACHE_QUANT, K_SCALE, V_SCALE, BLOCK_M * GROUP_PAD,
-        BLOCK_N, BLOCK_D, UPCAST_DOT,
+        first_new, kv_lo, kv_hi, kv_col, d_ok, C,
     )  # fmt: skip
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(

@@ -16,6 +16,7 @@ import torch
 
 from llmc.engine.plugin import KernelArguments, PluginInputs, plugin_kernel
 from llmc.plugins.paged_attention.triton_tiles import (
+    KernelConstants,
     choose_num_splits,
     kernel_config,
     kernel_constants,
@@ -148,7 +149,6 @@ def paged_attention_triton(
         # Interpreted kernels are not JITFunctions (trt_aot.py tells them apart the same way).
         upcast_dot=q.dtype == torch.bfloat16
         and not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
-        split_decode=num_splits > 1,
     )
     launch = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     grid = config.grid(num_tokens, num_seqs, num_kv_heads)
@@ -157,7 +157,7 @@ def paged_attention_triton(
         inputs = inputs._replace(key_cache=key_cache, value_cache=value_cache)
     paged_attention_kernel[grid](
         *inputs, num_seqs, block_tables.shape[1], out, key_cache, value_cache,
-        **constants, **launch,
+        C=constants, SPLIT_DECODE=num_splits > 1, **launch,
     )  # fmt: skip
     if num_splits > 1:
         _flash_decoding(inputs, num_splits, out, constants, launch)
@@ -168,7 +168,7 @@ def _flash_decoding(
     inputs: PluginInputs,
     num_splits: int,
     out: torch.Tensor,
-    constants: dict[str, object],
+    constants: KernelConstants,
     launch: dict[str, int],
 ) -> None:
     """The decode tokens' attention in ``num_splits`` slices, then their reduction into ``out``
@@ -181,22 +181,21 @@ def _flash_decoding(
         flash_decoding_split_kernel,
     )
 
-    num_seqs, num_heads = inputs.seq_lens.shape[0], constants["NUM_HEADS"]
-    head_dim, num_kv_heads = constants["HEAD_DIM"], constants["NUM_KV_HEADS"]
+    num_seqs, num_heads = inputs.seq_lens.shape[0], constants.NUM_HEADS
+    head_dim, num_kv_heads = constants.HEAD_DIM, constants.NUM_KV_HEADS
     device = inputs.q.device
     partial_out = torch.empty(
         (num_seqs, num_splits, num_heads, head_dim), dtype=torch.float32, device=device
     )
     partial_lse = torch.empty((num_seqs, num_splits, num_heads), dtype=torch.float32, device=device)
-    split_constants = {name: c for name, c in constants.items() if name != "SPLIT_DECODE"}
     # The split kernel takes every input but slot_mapping: the main kernel wrote the cache.
     read = [tensor for name, tensor in inputs._asdict().items() if name != "slot_mapping"]
     flash_decoding_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         *read, inputs.block_tables.shape[1], num_splits, partial_out, partial_lse,
-        **split_constants, **launch,
+        C=constants, **launch,
     )  # fmt: skip
     flash_decoding_reduce_kernel[(num_seqs, num_heads)](
         partial_out, partial_lse, inputs.query_start_loc, num_splits, out,
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=constants["BLOCK_D"],
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=constants.BLOCK_D,
         SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=launch["num_warps"],
     )  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -164,6 +165,30 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, nu
     return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
 
 
+class KernelConstants(NamedTuple):
+    """The compile-time constants of the paged-attention kernel and the flash-decoding split
+    kernel: one ``tl.constexpr`` argument ``C`` of both (read as ``C.HEAD_DIM``), so a kernel
+    JIT-compiles once per distinct value and TensorRT's AOT launch passes none of them. Made by
+    :func:`kernel_constants`; the names are the kernels' (upper case, as constants)."""
+
+    NUM_HEADS: int  # H
+    NUM_KV_HEADS: int  # KVH
+    HEAD_DIM: int  # D
+    GROUP: int  # query heads per KV head (KernelConfig.group)
+    GROUP_PAD: int  # GROUP rounded up to a power of two
+    BLOCK_SIZE: int  # tokens per cache block
+    SCALE: float  # softmax scale applied to q.k
+    SLIDING_WINDOW: int  # window in tokens including self; 0 = none
+    LOGIT_SOFTCAP: float  # c in c*tanh(s/c); 0 = none
+    CACHE_QUANT: int  # the cache's codes, a value of CACHE_QUANT (0 = the activations' dtype)
+    K_SCALE: float  # key = code * K_SCALE (quantized cache)
+    V_SCALE: float  # value = code * V_SCALE (quantized cache)
+    BLOCK_M: int  # new tokens per program (KernelConfig.block_m)
+    BLOCK_N: int  # keys per softmax update
+    BLOCK_D: int  # D padded to a power of two
+    UPCAST_DOT: bool  # widen bfloat16 dot operands to float32 (the interpreter's defect)
+
+
 def kernel_constants(
     config: KernelConfig,
     *,
@@ -178,28 +203,26 @@ def kernel_constants(
     k_scale: float,
     v_scale: float,
     upcast_dot: bool = False,
-    split_decode: bool = False,
-) -> dict[str, object]:
-    """The main kernel's compile-time constants, by parameter name (also the AOT
-    ``constexprs``). ``upcast_dot``: widen bfloat16 dot operands to float32 (only under the
-    interpreter, see triton_kernel.py); ``split_decode``: leave decode tokens' attention to the
-    flash-decoding kernels (the AOT kernel keeps the default: TensorRT launches one kernel)."""
-    return {
-        "NUM_HEADS": num_heads,
-        "NUM_KV_HEADS": num_kv_heads,
-        "HEAD_DIM": head_dim,
-        "GROUP": config.group,
-        "GROUP_PAD": config.group_pad,
-        "BLOCK_SIZE": block_size,
-        "SCALE": float(scale),
-        "SLIDING_WINDOW": int(sliding_window or 0),
-        "LOGIT_SOFTCAP": float(logit_softcap or 0.0),
-        "CACHE_QUANT": CACHE_QUANT[cache_quant],
-        "K_SCALE": float(k_scale),
-        "V_SCALE": float(v_scale),
-        "BLOCK_M": config.block_m,
-        "BLOCK_N": config.block_n,
-        "BLOCK_D": config.block_d,
-        "UPCAST_DOT": upcast_dot,
-        "SPLIT_DECODE": split_decode,
-    }
+) -> KernelConstants:
+    """The kernels' :class:`KernelConstants` for one layer and ``config``'s tiles (the launcher
+    passes it as ``C``, the AOT compile in its ``constexprs``); None for ``sliding_window`` or
+    ``logit_softcap`` becomes 0. ``cache_quant``: a key of :data:`CACHE_QUANT`. ``upcast_dot``:
+    only under the interpreter, see triton_kernel.py."""
+    return KernelConstants(
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        GROUP=config.group,
+        GROUP_PAD=config.group_pad,
+        BLOCK_SIZE=block_size,
+        SCALE=float(scale),
+        SLIDING_WINDOW=int(sliding_window or 0),
+        LOGIT_SOFTCAP=float(logit_softcap or 0.0),
+        CACHE_QUANT=CACHE_QUANT[cache_quant],
+        K_SCALE=float(k_scale),
+        V_SCALE=float(v_scale),
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=config.block_d,
+        UPCAST_DOT=upcast_dot,
+    )

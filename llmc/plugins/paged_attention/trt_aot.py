@@ -213,10 +213,11 @@ def _compile(
         block_size=attributes.block_size,
         cache_quant={"auto": "none"}.get(attributes.kv_cache_dtype, attributes.kv_cache_dtype),
     )
+    constexprs = {"C": constants, "SPLIT_DECODE": False}  # TensorRT launches one kernel
     signature = kernel_signature(activation_dtype, attributes.kv_cache_dtype)
-    signature.update(dict.fromkeys(constants, "constexpr"))
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = ASTSource(
-        fn=triton_kernel.paged_attention_kernel, signature=signature, constexprs=constants
+        fn=triton_kernel.paged_attention_kernel, signature=signature, constexprs=constexprs
     )
     options = {
         "num_warps": config.num_warps,
