@@ -193,6 +193,30 @@ def _pieces(text: str, size: int = _PIECE_CHARS):
         start = end
 
 
+class TextSampler:
+    """What writes the text a build calibrates on when it has no file: ``sample(num_texts,
+    max_new_tokens, seed)`` returns ``num_texts`` decoded texts of ``max_new_tokens`` tokens,
+    sampled from BOS (the same seed gives the same texts). ``HfTextSampler`` runs a
+    transformers model; the compiler's ``EngineTextSampler`` runs the float graph in llmc's
+    runtime."""
+
+    def sample(self, num_texts: int, max_new_tokens: int, seed: int) -> list[str]:
+        """The sampled texts; see the class docstring."""
+        raise NotImplementedError
+
+
+class HfTextSampler(TextSampler):
+    """``sample_texts`` over a transformers model and its tokenizer."""
+
+    def __init__(self, hf_model, tokenizer) -> None:
+        self.hf_model = hf_model
+        self.tokenizer = tokenizer
+
+    def sample(self, num_texts: int, max_new_tokens: int, seed: int) -> list[str]:
+        """As ``sample_texts``."""
+        return sample_texts(self.hf_model, self.tokenizer, num_texts, max_new_tokens, seed)
+
+
 def sample_texts(hf_model, tokenizer, num_texts: int, max_new_tokens: int, seed: int) -> list[str]:
     """``num_texts`` texts of ``max_new_tokens`` tokens sampled from the model, from BOS.
 
@@ -249,7 +273,8 @@ def load_windows(
     """The token windows of one part ("calibration" or "heldout") and where they came from.
 
     With ``data`` (a .txt/.jsonl path) the windows come from that part of the file
-    (``split_texts``); without, from text the model samples with the part's seed
+    (``split_texts``); without, from text the model samples with the part's seed (``hf_model``
+    is a transformers model or a ``TextSampler``)
     (``CALIBRATION_SEED`` or ``HELDOUT_SEED``), a little more than the windows need.
     The second value is the label recorded in the accuracy report: the file's absolute path, or
     ``"sampled from the model (seed N)"``.
@@ -264,7 +289,9 @@ def load_windows(
             raise ValueError(f"part must be {CALIBRATION!r} or {HELDOUT!r}, got {part!r}")
         seed = CALIBRATION_SEED if part == CALIBRATION else HELDOUT_SEED
         # Decoding and re-tokenizing does not give back exactly the sampled tokens: keep slack.
-        texts = sample_texts(hf_model, tokenizer, num_windows, seq_len + seq_len // 8, seed)
+        sampler = hf_model if isinstance(hf_model, TextSampler) else None
+        sampler = sampler or HfTextSampler(hf_model, tokenizer)
+        texts = sampler.sample(num_windows, seq_len + seq_len // 8, seed)
         label = sampled_label(seed)
     return token_windows(texts, tokenizer, num_windows, seq_len), label
 

@@ -50,7 +50,7 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
         model = load(resolved, stage, memory)
         tied = not config.quantization.quantizes  # a quantized build quantizes the projection
         reference = export(model, config.export, stage, work, memory.in_flight_bytes, tied)
-        sampler = sampling_model(model, texts, stage)
+        sampler = sampling_model(model, reference, texts, config)
         graph = quantize(reference, model, config, texts, stage, plan.bound_pairs, work, sampler)
         with staged_dir(out) as tmp:
             engine = lower_cpu(graph, tmp, config, plan, stage)

@@ -112,6 +112,8 @@ def quantize(
     key = calibration_key(
         model=checkpoint_digest,
         data=calib_source.digest(),
+        # Sampled text depends on what samples it (transformers or llmc's runtime).
+        sampler=None if calib_source.path else type(hf_model).__name__,
         samples=calib.calib_samples,
         seq_len=calib.calib_seq_len,
         method=config.calib_method,

@@ -10,12 +10,12 @@ from typing import Any
 import onnx
 
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.model_source import load_model
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.compiler.stages.export import FloatGraph
 from llmc.compiler.stages.load import LoadedModel
 from llmc.compiler.stages.progress import Stage, no_stage
+from llmc.compiler.text_sampler import EngineTextSampler
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,23 @@ def quantize(
     return EngineGraph(proto, graph.pass_report, report, work_dir if graph.weights_dir else None)
 
 
-def sampling_model(model: LoadedModel, texts: CalibrationTexts | None, stage: Stage = no_stage):
-    """The transformers model that samples text where a build has no file for it: the loaded
-    model, or for a streamed build (weights on the meta device) the checkpoint loaded whole,
-    now, and only when a text source samples. None when nothing is sampled."""
+def sampling_model(
+    model: LoadedModel,
+    graph: FloatGraph,
+    texts: CalibrationTexts | None,
+    config: BuildConfig,
+):
+    """What samples text where a build has no file for it: the loaded transformers model, or
+    for a streamed build (weights on the meta device) the float graph run in llmc's runtime
+    (``EngineTextSampler``). None when nothing is sampled."""
     if texts is None or (texts.calibration.path and texts.heldout.path):
         return None
     if model.streamed is None:
         return model.hf_model
-    with stage("load weights to sample calibration text"):
-        return load_model(model.resolved.source, "float32")
+    return EngineTextSampler(
+        graph.proto,
+        graph.weights_dir,
+        model.tokenizer,
+        config.export.block_size,
+        config.target.threads,
+    )
