@@ -178,3 +178,36 @@ def test_streamed_quantized_engine_equals_in_memory_engine(quant, tmp_path):
     whole = in_memory_quantized_engine(BuildConfig.of(**options), tmp_path / "m")
     assert weight_digests(streamed.engine_dir) == weight_digests(whole)
     np.testing.assert_array_equal(prefill_logits(streamed.engine_dir, 4), prefill_logits(whole, 4))
+
+
+def test_quantized_embedding_lookup_reads_the_quantized_projection(tmp_path):
+    """int4 of a tied model: the vocabulary projection's 8-bit block-wise table (MatMulNBits)
+    also serves the embedding lookup (GatherBlockQuantized over the same bytes); the float
+    table is gone from the engine and the accuracy stays that of the quantized projection."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    from tests.tiny_models import SHAKESPEARE
+
+    ckpt = make_tiny_gemma3(tmp_path / "ckpt", sharp=True, hidden_size=128)  # one 128-block
+    options = dict(model=str(ckpt), quant="int4", calib_data=str(SHAKESPEARE), block_size=4)
+    options |= dict(calib_samples=8, eval_samples=4, cache_dir=str(tmp_path / "cache"))
+    result = build(BuildConfig.of(**options, output=str(tmp_path / "e")))
+    segments = sorted((result.engine_dir / "segments").glob("segment_*.onnx"))
+    first = onnx.load(str(segments[0]), load_external_data=False)
+    last = onnx.load(str(segments[-1]), load_external_data=False)
+    inits = {t.name: t for t in first.graph.initializer}
+    gbq = [n for n in first.graph.node if n.op_type == "GatherBlockQuantized"]
+    assert len(gbq) == 1
+    data = ExternalDataInfo(inits[gbq[0].input[0]])
+    projection = next(
+        t for t in last.graph.initializer if t.name.startswith("lm_head") and len(t.dims) == 3
+    )
+    assert (data.location, data.offset) == (
+        ExternalDataInfo(projection).location,
+        ExternalDataInfo(projection).offset,
+    )
+    floats = [
+        t for s in segments for t in onnx.load(str(s), load_external_data=False).graph.initializer
+    ]
+    assert not [t for t in floats if tuple(t.dims) == (512, 128) and t.data_type == 1]
+    assert result.accuracy_report.mean_kl < 0.01

@@ -82,15 +82,19 @@ def make_tiny_llama(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
     return _save(model, out_dir)
 
 
-def make_tiny_gemma3(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
+def make_tiny_gemma3(
+    out_dir: Path, seed: int = 0, sharp: bool = False, hidden_size: int | None = None
+) -> Path:
     """Write a 2-layer Gemma 3 text model: MQA, one sliding (window 8) and one global layer;
-    ``sharp`` as in ``make_tiny_llama``."""
+    ``sharp`` as in ``make_tiny_llama``; ``hidden_size`` other than 64 (e.g. 128: a whole
+    quantization block per row)."""
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
+    sizes = {} if hidden_size is None else dict(hidden_size=hidden_size)
     cfg = Gemma3TextConfig(
-        **_TINY_CONFIG,
+        **(_TINY_CONFIG | sizes),
         num_key_value_heads=1,
         head_dim=32,
         sliding_window=8,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import onnx
 
+from llmc.compiler.quantized_embedding import gather_from_projection
 from llmc.compiler.shared_weights import share_weights
 from llmc.compiler.single_graph import write_single_graph
 from llmc.engine.plan import ExecutionPlan, save_plan
@@ -123,7 +124,9 @@ def lower_to_cpu(
             )
         if progress is not None:
             progress(i + 1, len(segments))
-    share_weights([engine_dir / spec.file for spec in plan.segments])  # a tied table once
+    files = [engine_dir / spec.file for spec in plan.segments]
+    share_weights(files)  # a tied table once
+    gather_from_projection(files)  # a quantized engine's lookup reads the quantized table
     if choice.optimize_at_build:
         plan = replace(plan, graph=write_single_graph(engine_dir, plan))
     save_plan(plan, engine_dir)

@@ -28,8 +28,10 @@ def _external(t: onnx.TensorProto) -> ExternalDataInfo | None:
     return ExternalDataInfo(t)
 
 
-def _point(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+def point_external(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
     """Make ``t``'s external data ``length`` bytes at ``offset`` of ``location``."""
+    t.data_location = onnx.TensorProto.EXTERNAL
+    t.ClearField("raw_data")
     del t.external_data[:]
     for key, value in (("location", location), ("offset", offset), ("length", length)):
         entry = t.external_data.add()
@@ -72,7 +74,7 @@ def share_weights(segment_files: list[Path]) -> int:
                     continue
                 digest = digest or _digest(data, info.offset or 0, info.length)
                 if digest == known:
-                    _point(t, location, offset, length)
+                    point_external(t, location, offset, length)
                     moved.add(t.name)
                     saved += length
                     break
@@ -82,20 +84,22 @@ def share_weights(segment_files: list[Path]) -> int:
                     (info.location, info.offset or 0, info.length, digest)
                 )
         if moved:
-            _compact(path, model, moved)
+            compact(path, model)
     return saved
 
 
-def _compact(path: Path, model: onnx.ModelProto, moved: set[str]) -> None:
-    """Rewrite the data file of ``model`` (saved at ``path``) with only the tensors that still
-    point into it, and save ``model`` with their new offsets."""
-    own = [t for t in model.graph.initializer if t.name not in moved and _external(t) is not None]
-    locations = {ExternalDataInfo(t).location for t in own}
-    if len(locations) > 1:
-        raise ValueError(f"{path}: initializers in several data files {sorted(locations)}")
+def compact(path: Path, model: onnx.ModelProto) -> None:
+    """Rewrite the data file of ``model`` (saved at ``path``; its own file is
+    ``<path name>.data``) with only the tensors that still point into it, at new offsets, and
+    save ``model``. Tensors pointing into other files are left as they are."""
+    location = path.name + ".data"
+    data = path.parent / location
+    own = [
+        t
+        for t in model.graph.initializer
+        if _external(t) is not None and ExternalDataInfo(t).location == location
+    ]
     if own:
-        location = locations.pop()
-        data = path.parent / location
         tmp = data.with_name(data.name + ".tmp")
         with open(data, "rb") as src, open(tmp, "wb") as dst:
             for t in own:
@@ -108,9 +112,8 @@ def _compact(path: Path, model: onnx.ModelProto, moved: set[str]) -> None:
                     chunk = src.read(min(left, 64 << 20))
                     dst.write(chunk)
                     left -= len(chunk)
-                _point(t, location, offset, info.length)
+                point_external(t, location, offset, info.length)
         tmp.replace(data)
-    else:  # every tensor of this segment now lives in an earlier file
-        for f in path.parent.glob(path.name + ".data"):
-            f.unlink()
+    elif data.exists():  # every tensor of this segment lives in another file
+        data.unlink()
     onnx.save(model, str(path))
