@@ -27,36 +27,9 @@ from llmc.engine.targets.sm import SM_TABLE, SmTarget
 from llmc.errors import EngineCorruptError, EngineMismatchError, LlmcError
 from llmc.plugins.paged_attention import trt_aot
 from llmc.quant.protocol import sm_of
+from tests.manifests import make_manifest
 
 GPU_ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120")
-
-
-def make_manifest(target_name: str, backend: str, **changes) -> EngineManifest:
-    m = EngineManifest(
-        model_id="tiny",
-        source="/models/tiny",
-        checkpoint_digest="0" * 64,
-        tokenizer_digest="0" * 64,
-        target=target_name,
-        isa=[],
-        arch="x86_64",
-        dtype="float32",
-        quant="none",
-        kv_cache_dtype="float32",
-        max_seq_len=128,
-        max_num_tokens=64,
-        max_batch=4,
-        block_size=8,
-        num_layers=2,
-        num_kv_heads=1,
-        head_dim=32,
-        vocab_size=512,
-        backend=backend,
-        backend_version="1.0.0",
-        execution_provider="Dummy",
-        build_config_hash="0" * 64,
-    )
-    return replace(m, **changes)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from llmc.engine.gpu import GpuInfo, arch_capability
 from llmc.engine.host import check_gpu_host
 from llmc.engine.manifest import EngineManifest, read_manifest, write_manifest
 from llmc.errors import EngineMismatchError
+from tests.manifests import make_manifest
 
 H100 = GpuInfo(0, "NVIDIA H100", (9, 0))
 A100 = GpuInfo(0, "NVIDIA A100", (8, 0))
@@ -23,30 +24,15 @@ L40S = GpuInfo(1, "NVIDIA L40S", (8, 9))
 
 
 def _manifest(compat: str = "none", version: str = "11.2.1") -> EngineManifest:
-    return EngineManifest(
-        model_id="tiny",
-        source="/models/tiny",
-        checkpoint_digest="0" * 64,
-        tokenizer_digest="0" * 64,
-        target="sm90",
-        isa=[],
-        arch="x86_64",
+    return make_manifest(
+        "sm90",
+        "tensorrt",
         dtype="bfloat16",
         quant="int8",
         kv_cache_dtype="bfloat16",
-        max_seq_len=128,
-        max_num_tokens=64,
-        max_batch=4,
-        block_size=8,
-        num_layers=2,
-        num_kv_heads=1,
-        head_dim=32,
-        vocab_size=512,
-        backend="tensorrt",
         backend_version=version,
         execution_provider="TensorRT",
         execution_precision="bf16",
-        build_config_hash="0" * 64,
         tensorrt={"version": version, "plan": "engine.plan", "hardware_compatibility": compat},
     )
 
