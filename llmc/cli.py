@@ -15,6 +15,7 @@ def _add_build(sub) -> None:
 
     from llmc.compiler.build_config import GROUPS
     from llmc.compiler.config.source import SourceOptions
+    from llmc.option_flags import add_option_flags
 
     p = sub.add_parser(
         "build",
@@ -28,19 +29,7 @@ def _add_build(sub) -> None:
     )
     for title, group in GROUPS.items():
         about = " ".join(inspect.getdoc(group).split("\n\n")[0].split())
-        g = p.add_argument_group(title, about)
-        for f in fields(group):
-            if f.name == "model":
-                continue
-            flags = [f"--{f.name.replace('_', '-')}"] + (["-o"] if f.name == "output" else [])
-            g.add_argument(
-                *flags,
-                dest=f.name,
-                type={"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str),
-                choices=f.metadata.get("choices"),
-                default=argparse.SUPPRESS,
-                help=_help(group, f.name),
-            )
+        add_option_flags(p.add_argument_group(title, about), group, skip=("model",))
     p.add_argument("--config", help="YAML file setting any build option; flags win")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
     p.add_argument(

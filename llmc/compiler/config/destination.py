@@ -12,7 +12,9 @@ class DestinationOptions:
     """Where the engine goes: its directory, and the registry it is published into."""
 
     output: str | None = option(
-        None, "engine directory (default: engines/<model>-<arch>-<dtype>-<quant>)"
+        None,
+        "engine directory (default: engines/<model>-<arch>-<dtype>-<quant>)",
+        aliases=("-o",),
     )
     registry: str | None = option(
         None, "after the build, publish the engine into this registry root (e.g. engines)"

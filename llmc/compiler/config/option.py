@@ -10,10 +10,13 @@ from typing import Any
 from llmc.errors import BuildConfigError
 
 
-def option(default: Any, help: str, choices: Iterable | None = None) -> Any:
-    """A dataclass field of an option group: ``default``, the ``llmc build --help`` text and,
-    when given, the values ``validate`` accepts (any container, read at each check)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def option(
+    default: Any, help: str, choices: Iterable | None = None, aliases: tuple[str, ...] = ()
+) -> Any:
+    """A dataclass field of an option group: ``default``, the ``llmc build --help`` text,
+    when given the values ``validate`` accepts (any container, read at each check), and short
+    flags besides ``--name`` (``llmc.option_flags``)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases})
 
 
 def flag(name: str) -> str:

@@ -9,7 +9,6 @@ The command's flags, their help and their argument groups come from these fields
 
 from __future__ import annotations
 
-import types
 import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from llmc.config_file import read_config_file
 from llmc.errors import EngineConfigError
+from llmc.option_flags import alternatives
 from llmc.runtime.server.limits import RequestLimits
 
 #: uvicorn's log levels.
@@ -222,11 +222,6 @@ OPTION_GROUPS = [(f, typing.get_type_hints(ServeConfig)[f.name]) for f in fields
 #: Every option name over every group, in flag order (tests/test_serve_config.py checks that no
 #: two groups share one).
 OPTION_NAMES = [f.name for _, kind in OPTION_GROUPS for f in fields(kind)]
-
-
-def alternatives(hint: Any) -> tuple[Any, ...]:
-    """The types a field's type hint allows: ``int | None`` -> (int, NoneType)."""
-    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
 
 
 def _typed(name: str, value: Any, hint: Any) -> Any:

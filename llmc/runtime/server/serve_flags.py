@@ -5,16 +5,10 @@ dashes, its help and default), one argument group per concern, plus ``--config``
 from __future__ import annotations
 
 import argparse
-import typing
-from dataclasses import Field, fields
 from typing import Any
 
-from llmc.runtime.server.serve_config import (
-    OPTION_GROUPS,
-    OPTION_NAMES,
-    ServeConfig,
-    alternatives,
-)
+from llmc.option_flags import add_option_flags
+from llmc.runtime.server.serve_config import OPTION_GROUPS, OPTION_NAMES, ServeConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,28 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for group, kind in OPTION_GROUPS:
         args = parser.add_argument_group(group.metadata["title"], group.metadata["description"])
-        hints = typing.get_type_hints(kind)
-        for f in fields(kind):
-            _add_flag(args, f, hints[f.name])
-
-
-def _add_flag(group: Any, f: Field, hint: Any) -> None:
-    meta = f.metadata
-    flag = meta.get("flag") or "--" + f.name.replace("_", "-")
-    kind = next(k for k in alternatives(hint) if k is not type(None))
-    help = meta["help"]
-    options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
-    if kind is bool:
-        options["action"] = "store_false" if f.default else "store_true"
-        help += "; this flag turns it off" if f.default else ""
-    elif typing.get_origin(kind) is list:
-        options |= {"action": "append", "metavar": meta.get("metavar")}
-    else:
-        metavar = meta.get("metavar") or ("N" if kind is int else None)
-        options |= {"type": kind, "choices": meta.get("choices"), "metavar": metavar}
-        if f.default is not None:
-            help += f" (default: {f.default})"
-    group.add_argument(flag, help=help.replace("%", "%%"), **options)
+        add_option_flags(args, kind)
 
 
 def cli_values(args: argparse.Namespace) -> dict[str, Any]:
