@@ -158,6 +158,17 @@ def check_gguf(path: str | Path) -> GgufSummary:
         raise ModelSourceError(f"cannot read the GGUF file {path}: {error}") from error
 
 
+def _unique_string(r: _Reader, seen: set[str], what: str, kind: str) -> tuple[str, int]:
+    """Read a string (``what``, for errors) that must not be in ``seen``; returns it and where
+    it started. Raises ModelSourceError naming ``kind`` when it repeats."""
+    start = r.pos
+    value = r.string(what)
+    if value in seen:
+        raise r.fail(f"{kind} {value!r} appears twice", start)
+    seen.add(value)
+    return value, start
+
+
 def _check(r: _Reader) -> GgufSummary:
     from gguf.constants import GGML_QUANT_SIZES
 
@@ -175,11 +186,7 @@ def _check(r: _Reader) -> GgufSummary:
     alignment = DEFAULT_ALIGNMENT
     keys: set[str] = set()
     for i in range(num_metadata):
-        start = r.pos
-        key = r.string(f"the key of metadata entry {i}")
-        if key in keys:
-            raise r.fail(f"metadata key {key!r} appears twice", start)
-        keys.add(key)
+        key, start = _unique_string(r, keys, f"the key of metadata entry {i}", "metadata key")
         kind = r.scalar("I", f"the type of {key!r}")
         value = r.value(kind, f"the value of {key!r}")
         if key == "general.alignment":
@@ -191,11 +198,7 @@ def _check(r: _Reader) -> GgufSummary:
     tensors = []
     names: set[str] = set()
     for i in range(num_tensors):
-        start = r.pos
-        name = r.string(f"the name of tensor {i}")
-        if name in names:
-            raise r.fail(f"tensor name {name!r} appears twice", start)
-        names.add(name)
+        name, start = _unique_string(r, names, f"the name of tensor {i}", "tensor name")
         n_dims = r.scalar("I", f"the rank of {name!r}")
         if n_dims > MAX_DIMS:
             raise r.fail(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})", start)
