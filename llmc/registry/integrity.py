@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from llmc.engine.files import sha256_file
 from llmc.errors import BlobCorruptError, EngineCorruptError
 
 CHUNK_BYTES = 1 << 20
@@ -27,15 +28,6 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 def is_digest(text: str) -> bool:
     """Whether ``text`` is a full sha256 hex digest (64 lowercase hex characters)."""
     return _DIGEST.fullmatch(text) is not None
-
-
-def sha256_file(path: str | Path) -> str:
-    """sha256 hex digest of a file, read in 1 MiB chunks (memory stays flat for GB files)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_digest(expected: str, actual: str, what: str) -> None:
