@@ -253,6 +253,7 @@ class ScriptedEngine:
 
     tokenizer = None
     max_model_len = 32
+    vocab_size = 1000
 
     def __init__(self) -> None:
         self.requests: dict[str, tuple[list[int], int]] = {}
@@ -307,7 +308,7 @@ def test_async_engine_streams_until_finished() -> None:
     outputs = _collect(engine, "a", 5)
     assert outputs[-1].finished and outputs[-1].outputs[0].text == "xxxxx"
     assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
-    with pytest.raises(ValueError, match="max_model_len 32"):
+    with pytest.raises(ValueError, match="max_model_len of 32"):  # refused before it queues
         _collect(engine, "b", 40)
     assert engine.num_waiting == 0 and engine.num_running == 0
     engine.shutdown()
@@ -389,6 +390,10 @@ def test_full_queue_gets_503_with_retry_after_and_dead_engine_fails_health() -> 
     full = asyncio.run(post())
     assert full.status_code == 503 and full.headers["retry-after"] == "3"
     assert full.json()["error"]["code"] == "server_overloaded"
+    body["prompt"] = [1, 5000]  # outside the vocabulary: a 400 even when the queue is full
+    bad = asyncio.run(post())
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    body["prompt"] = [1, 2]
     assert asyncio.run(health()) == 200
     engine.shutdown()
     assert asyncio.run(health()) == 503

@@ -180,6 +180,11 @@ class LLMEngine:
             )
         )
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (columns of its logits); token ids are below it."""
+        return self.runner.vocab_size
+
     def add_request(
         self,
         request_id: str,
@@ -197,7 +202,7 @@ class LLMEngine:
                 ``max_model_len``; it carries ``limit`` and ``num_tokens``.
             ValueError: for the id of an unfinished request.
         """
-        check_request(prompt_token_ids, params, self.runner.vocab_size, self.max_model_len)
+        check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
         self.scheduler.add_request(seq)
         self.outputs.add_request(seq)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from llmc.errors import StepFailedError
 from llmc.runtime.outputs import RequestOutput
+from llmc.runtime.request_check import check_request
 from llmc.runtime.server.errors import EngineDeadError, QueueFullError
 from llmc.runtime.server.request_stream import (
     FINISH_OUTCOMES,
@@ -108,7 +109,7 @@ class AsyncLLMEngine:
     def vocab_size(self) -> int:
         """The model's vocabulary size (columns of its logits); token ids are below it. Read
         from the runner on demand: a constant, safe to read from any thread."""
-        return self._engine.runner.vocab_size
+        return self._engine.vocab_size
 
     @property
     def stats(self) -> EngineStats:
@@ -138,10 +139,14 @@ class AsyncLLMEngine:
         Raises (before any output is yielded, unless noted):
             QueueFullError: ``max_waiting`` requests are already waiting.
             EngineDeadError: the engine thread has stopped (also mid-stream).
-            ValueError: ``LLMEngine.add_request`` refused the request (message from the engine).
+            ValueError: ``check_request`` refused the request (``InvalidRequestError`` naming
+                the field, ``ContextLengthError``).
             StepFailedError: a step that held this request failed (also mid-stream); the
                 request is aborted and its blocks are free.
         """
+        # A request the engine would refuse is refused here too, before it queues: it gets its
+        # 400 even when the queue is full (the engine checks again; it is one function).
+        check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         stream = RequestStream(request_id, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             if self._dead is not None or self._stopping:
