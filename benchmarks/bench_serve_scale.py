@@ -5,8 +5,9 @@ Decode at batch 1 reads every weight once per token, so its ceiling on a CPU is 
 bandwidth over the weight bytes (weights per token / bandwidth). This script loads ENGINE with
 ``LLM`` (the runtime ``llmc serve`` uses), reports the process's RSS against the engine's
 weight bytes and the KV cache it allocated, decodes ``--new-tokens`` greedy tokens after a
-``--prompt-len`` prompt, and measures this host's read bandwidth with numpy (the sum of a
-``--bandwidth-gb`` float32 array, best of 5) in the same run.
+``--prompt-len`` prompt (decode time: the whole request minus a prefill-only request, prefix
+caching off), and measures this host's read bandwidth on all cores (torch's ``max`` of a
+``--bandwidth-gb`` float32 tensor, best of 5) in the same run.
 
     python benchmarks/bench_serve_scale.py /tmp/llmc_build_scale/tinyllama-1.1b-cpu-none
 """
@@ -21,17 +22,20 @@ from pathlib import Path
 
 
 def read_bandwidth(gb: float) -> float:
-    """Bytes per second numpy reads from memory: ``a.sum()`` over a ``gb``-GB float32 array,
-    best of 5 (a read-only stream, as decode's weight reads are)."""
-    import numpy as np
+    """Bytes per second this host reads from memory on all its cores: torch's ``max`` over a
+    ``gb``-GB float32 tensor, best of 5 (a read-only stream, as decode's weight reads are)."""
+    import os
 
-    a = np.ones(int(gb * 1e9) // 4, np.float32)
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    a = torch.ones(int(gb * 1e9) // 4)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
-        a.sum()
+        a.max()
         best = min(best, time.perf_counter() - start)
-    return a.nbytes / best
+    return a.numel() * 4 / best
 
 
 def weight_bytes(engine_dir: Path) -> int:
@@ -58,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     proc = psutil.Process()
     before = proc.memory_info().rss
     start = time.perf_counter()
-    llm = LLM(engine_dir, kv_cache_memory=int(args.kv_cache_gb * (1 << 30)))
+    # No prefix caching: every run computes its prompt, so TTFT can be subtracted.
+    kv_bytes = int(args.kv_cache_gb * (1 << 30))
+    llm = LLM(engine_dir, kv_cache_memory=kv_bytes, enable_prefix_caching=False)
     load_s = time.perf_counter() - start
     loaded = proc.memory_info().rss
     prompt = {"prompt_token_ids": [(7 * i) % 1000 + 3 for i in range(args.prompt_len)]}
