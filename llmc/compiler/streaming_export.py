@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
@@ -28,8 +30,8 @@ FLOAT_GRAPH = "float.onnx"
 class MetaModel:
     """A transformers causal LM on the meta device and what binding its weights needs."""
 
-    model: object  # transformers PreTrainedModel, parameters and buffers on "meta"
-    buffers: dict  # state-dict name -> numpy array of each buffer, computed on CPU
+    model: Any  # transformers PreTrainedModel, parameters and buffers on "meta"
+    buffers: dict[str, np.ndarray]  # state-dict name -> each buffer's values, computed on CPU
     aliases: dict[str, str]  # tied weight -> the checkpoint tensor it shares
 
 
