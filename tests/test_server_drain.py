@@ -58,6 +58,20 @@ def _stream(url: str, body: dict, first: threading.Event, results: list) -> None
         results.append(exc)
 
 
+def _requests_seen(url: str) -> float:
+    """Requests the server's engine holds or has finished: running + waiting + succeeded
+    (its Prometheus metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    seen = 0.0
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            seen += sum(s.value for s in family.samples)
+        elif family.name == "vllm:request_success":
+            seen += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return seen
+
+
 def _check_serve_flags(url: str) -> None:
     """The `llmc serve` flags reach the server: API key, body cap, CORS, no prefix caching."""
     post = url + "/v1/completions"
@@ -104,9 +118,12 @@ def test_sigterm_drains_llmc_serve(tiny_llama_engine: Path) -> None:
             threading.Thread(target=_stream, args=(url, body, first, results))
             for _ in range(NUM_STREAMS)
         ]
+        base = _requests_seen(url)
         for t in threads:
             t.start()
-        assert first.wait(60)
+        # Every stream accepted (queued, running or done) before the signal: a stream still
+        # connecting when it comes is refused, as it should be, which is not this test.
+        _wait_until(lambda: _requests_seen(url) - base >= NUM_STREAMS, "all streams in", 60)
         proc.send_signal(signal.SIGTERM)
         in_flight = sum(t.is_alive() for t in threads)
         time.sleep(0.3)  # the signal handler runs on the server's event loop
