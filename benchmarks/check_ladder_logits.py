@@ -24,21 +24,11 @@ def engine_logits(engine_dir: Path, ids: list[int]) -> np.ndarray:
     """[len(ids), V] float32 logits of one prefill of ``ids`` through the engine."""
     from llmc.engine.manifest import read_manifest
     from llmc.runtime.ort_runner import OrtRunner
-    from llmc.runtime.step_inputs import StepInputs
+    from llmc.runtime.step_inputs import single_prefill
 
     block = read_manifest(engine_dir).block_size
-    n = len(ids)
-    blocks = -(-n // block)
-    step = StepInputs(
-        input_ids=np.array(ids, np.int64),
-        positions=np.arange(n, dtype=np.int64),
-        logits_indices=np.arange(n, dtype=np.int64),
-        seq_lens=np.array([n], np.int32),
-        query_start_loc=np.array([0, n], np.int32),
-        block_tables=np.arange(blocks, dtype=np.int32)[None, :],
-        slot_mapping=np.arange(n, dtype=np.int64),
-    )
-    return OrtRunner(engine_dir, blocks + 1).execute(step)
+    blocks = -(-len(ids) // block)
+    return OrtRunner(engine_dir, blocks + 1).execute(single_prefill(np.array(ids), block))
 
 
 def torch_logits(checkpoint: Path, ids: list[int]) -> np.ndarray:

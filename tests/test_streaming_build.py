@@ -22,7 +22,7 @@ from llmc.compiler.stages.export import export
 from llmc.compiler.stages.load import load, resolve
 from llmc.errors import BuildConfigError
 from llmc.runtime.ort_runner import OrtRunner
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
 
 
@@ -53,18 +53,8 @@ def in_memory_engine(ckpt: Path, out: Path, block_size: int) -> Path:
 def prefill_logits(engine_dir: Path, block_size: int) -> np.ndarray:
     """Logits of every position of one 11-token prefill (crosses blocks and the window)."""
     ids = np.array([5, 17, 3, 99, 42, 7, 256, 1, 300, 12, 64], np.int64)
-    n = len(ids)
-    blocks = -(-n // block_size)
-    step = StepInputs(
-        input_ids=ids,
-        positions=np.arange(n, dtype=np.int64),
-        logits_indices=np.arange(n, dtype=np.int64),
-        seq_lens=np.array([n], np.int32),
-        query_start_loc=np.array([0, n], np.int32),
-        block_tables=np.arange(blocks, dtype=np.int32)[None, :],
-        slot_mapping=np.arange(n, dtype=np.int64),
-    )
-    return OrtRunner(engine_dir, blocks + 1).execute(step)
+    blocks = -(-len(ids) // block_size)
+    return OrtRunner(engine_dir, blocks + 1).execute(single_prefill(ids, block_size))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
