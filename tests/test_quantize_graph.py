@@ -9,7 +9,8 @@ import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
-from llmc.calibration.collect import collect_stats, load_stats, save_stats
+from llmc.calibration.collect import collect_stats
+from llmc.calibration.stats_cache import load_stats, save_stats
 from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.model_source import load_model, resolve_model
 from llmc.compiler.quantize import pipeline

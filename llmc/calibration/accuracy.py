@@ -11,7 +11,7 @@ each predicts the text itself. These are the measures llama.cpp's ``llama-perple
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -100,31 +100,56 @@ def evaluate_accuracy(
     ``OrtRunner``) whose ``execute(step)`` returns logits [S, V] float32; each needs
     ``ceil(max window length / block_size)`` KV blocks. Each window ([T] token ids, T >= 2) runs
     as one prefill step asking for all T positions' logits; positions 0..T-2 are scored against
-    the token that follows. Log-softmax is taken in float64, ``_ROWS_PER_CHUNK`` rows at a time.
-    ``data`` is recorded in the report as the text's origin. ``progress(done, total)`` is called
-    after each window.
+    the token that follows (``score_logits``). ``progress(done, total)`` is called after each
+    window.
 
     Raises ValueError for no windows, a window shorter than 2 tokens, a runner with too few KV
     blocks, or runners whose vocabularies differ.
     """
+    check_windows(windows)
+    blocks = -(-max(int(w.shape[0]) for w in windows) // block_size)
+    for runner in (reference, candidate):
+        if runner.num_blocks < blocks:
+            raise ValueError(
+                f"a window of {max(int(w.shape[0]) for w in windows)} tokens needs {blocks} KV "
+                f"blocks of {block_size}; the runner has {runner.num_blocks}"
+            )
+
+    def pairs():
+        for window in windows:
+            step = single_prefill(window, block_size, all_logits=True)
+            yield reference.execute(step), candidate.execute(step)
+
+    return score_logits(pairs(), windows, data, progress)
+
+
+def check_windows(windows: list[np.ndarray]) -> None:
+    """Raise ValueError for no windows or a window shorter than 2 tokens."""
     if not windows:
         raise ValueError("no windows to score")
+    for i, window in enumerate(windows):
+        if int(window.shape[0]) < 2:
+            raise ValueError(
+                f"window {i} has {int(window.shape[0])} tokens; scoring needs at least 2"
+            )
+
+
+def score_logits(
+    logits: Iterable[tuple[np.ndarray, np.ndarray]],
+    windows: list[np.ndarray],
+    data: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> AccuracyReport:
+    """The report from (reference, candidate) logits [T, V] float32 of each window in order
+    (all T positions of window i's prefill); positions 0..T-2 are scored against the token
+    that follows. Log-softmax is taken in float64, ``_ROWS_PER_CHUNK`` rows at a time. ``data``
+    is recorded as the text's origin. Raises ValueError as ``check_windows``, or when the two
+    logits of a window differ in shape."""
+    check_windows(windows)
     totals = np.zeros(4)  # reference NLL, candidate NLL, KL, top-1 agreements (sums over rows)
     num_tokens = 0
-    for i, window in enumerate(windows):
+    for i, (window, (ref, cand)) in enumerate(zip(windows, logits, strict=True)):
         t = int(window.shape[0])
-        if t < 2:
-            raise ValueError(f"window {i} has {t} tokens; scoring needs at least 2")
-        blocks = -(-t // block_size)
-        for runner in (reference, candidate):
-            if runner.num_blocks < blocks:
-                raise ValueError(
-                    f"a window of {t} tokens needs {blocks} KV blocks of {block_size}; the runner "
-                    f"has {runner.num_blocks}"
-                )
-        step = single_prefill(window, block_size, all_logits=True)
-        ref = reference.execute(step)  # [T, V] float32
-        cand = candidate.execute(step)
         if ref.shape != cand.shape:
             raise ValueError(f"logits shapes differ: reference {ref.shape}, engine {cand.shape}")
         targets = np.asarray(window[1:], dtype=np.int64)  # [T-1]

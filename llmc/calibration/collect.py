@@ -1,24 +1,31 @@
 """Calibration: run the unquantized engine graph over calibration windows and keep statistics
-of the tensors quantization needs, cached on disk by a hash of (model, data, method).
+of the tensors quantization needs (cached on disk by ``stats_cache``).
 
 The graph runs exactly as a CPU engine does (ORT segments + the paged-attention kernel), so the
-statistics are of the very tensors the Q/DQ nodes will quantize, after every fusion pass.
+statistics are of the very tensors the Q/DQ nodes will quantize, after every fusion pass. A
+build collects them one segment at a time (``collect_by_segment`` over a ``LayerwiseRunner``):
+the statistics of a segment's tensors, GPTQ's Gram matrices included, are complete when that
+segment has run over every window, and are quantized and dropped before the next segment runs.
+``collect_stats`` runs one window through the whole graph at a time; both give the same
+statistics (each tensor's reservoir sample draws from its own random stream, so the order in
+which windows and tensors are visited does not matter).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from pathlib import Path
+import zlib
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from llmc.calibration.observers import TensorStats
+from llmc.runtime.layerwise_runner import LayerwiseRunner
 from llmc.runtime.step_inputs import single_prefill
 
 SAMPLE_ROWS = 512
-CACHE_FORMAT = 2  # 2: optional Gram matrices
+CACHE_FORMAT = 3  # 2: optional Gram matrices; 3: one reservoir stream per tensor, per segment
 
 
 def calibration_key(**parts) -> str:
@@ -43,50 +50,53 @@ def collect_stats(
     at least ``ceil(max T / block_size)`` blocks. Raises KeyError if the runner does not output
     a tensor. The keys in ``gram_keys`` also accumulate X^T X (``TensorStats.gram``).
     """
-    rng = np.random.default_rng(seed)
-    stats: dict[str, TensorStats] = {}
+    stats = _Accumulator(sample_rows, seed, gram_keys)
     for i, window in enumerate(windows):
         env = runner.run_step(single_prefill(window, runner.block_size, all_logits=True))
         for key, name in tensors.items():
-            x = env[name]
-            if key not in stats:
-                stats[key] = TensorStats.empty(x.shape[-1], sample_rows, key in gram_keys)
-            stats[key].update(x, rng, sample_rows)
+            stats.update(key, env[name])
         if progress is not None:
             progress(i + 1, len(windows))
-    return stats
+    return stats.done
 
 
-def save_stats(stats: dict[str, TensorStats], path: Path) -> None:
-    """Write ``stats`` to ``path`` (.npz) atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays: dict[str, np.ndarray] = {"names": np.array(json.dumps(list(stats)))}
-    for i, s in enumerate(stats.values()):
-        arrays[f"{i}.absmax"] = s.channel_absmax
-        arrays[f"{i}.abssum"] = s.channel_abssum
-        arrays[f"{i}.rows"] = np.array(s.rows)
-        arrays[f"{i}.sample"] = s.sample
-        if s.gram is not None:  # float32 on disk: half the size (1 GB -> 0.5 GB for Gemma 3
-            arrays[f"{i}.gram"] = s.gram.astype(np.float32)  # 270M), ample for damped GPTQ
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+def collect_by_segment(
+    runner: LayerwiseRunner,
+    tensors: dict[str, str],
+    windows: list[np.ndarray],
+    progress: Callable[[int, int], None] | None = None,
+    sample_rows: int = SAMPLE_ROWS,
+    seed: int = 0,
+    gram_keys: frozenset[str] = frozenset(),
+) -> Iterator[tuple[int, dict[str, TensorStats]]]:
+    """Yield (segment index, statistics of the keys whose tensors that segment outputs) as each
+    segment finishes running over every window; segments with no such tensor are skipped.
+    Arguments as ``collect_stats``; ``runner`` is built with ``extra_outputs`` = the tensor
+    names. Statistics equal ``collect_stats``'s. ``progress(done, total)`` counts segments."""
+    keys_of: dict[str, list[str]] = {}
+    for key, name in tensors.items():
+        keys_of.setdefault(name, []).append(key)
+    stats = _Accumulator(sample_rows, seed, gram_keys)
+    for out in runner.run(windows, progress):
+        for name, x in out.tensors.items():
+            for key in keys_of.get(name, ()):
+                stats.update(key, x)
+        if out.last and stats.done:
+            finished, stats.done = stats.done, {}
+            yield out.segment, finished
 
 
-def load_stats(path: Path) -> dict[str, TensorStats] | None:
-    """Statistics saved by ``save_stats``, or None if ``path`` is missing or unreadable."""
-    try:
-        with np.load(path) as z:
-            names = json.loads(str(z["names"]))
-            return {
-                n: TensorStats(
-                    z[f"{i}.absmax"],
-                    z[f"{i}.abssum"],
-                    int(z[f"{i}.rows"]),
-                    z[f"{i}.sample"],
-                    z[f"{i}.gram"] if f"{i}.gram" in z else None,
-                )
-                for i, n in enumerate(names)
-            }
-    except (OSError, KeyError, ValueError):
-        return None
+class _Accumulator:
+    """``TensorStats`` by key, each key's reservoir sample drawn from its own random stream
+    (seeded by ``seed`` and the key), so visiting order does not change the sample."""
+
+    def __init__(self, sample_rows: int, seed: int, gram_keys: frozenset[str]):
+        self.sample_rows, self.seed, self.gram_keys = sample_rows, seed, gram_keys
+        self.done: dict[str, TensorStats] = {}
+        self._rngs: dict[str, np.random.Generator] = {}
+
+    def update(self, key: str, x: np.ndarray) -> None:
+        if key not in self.done:
+            self.done[key] = TensorStats.empty(x.shape[-1], self.sample_rows, key in self.gram_keys)
+            self._rngs[key] = np.random.default_rng([self.seed, zlib.crc32(key.encode())])
+        self.done[key].update(x, self._rngs[key], self.sample_rows)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from llmc.engine.kv_cache import NUMPY_DTYPES, kv_cache_numpy_dtype
-from llmc.engine.plan import ExecutionPlan, load_plan
+from llmc.engine.plan import ExecutionPlan, PluginCall, load_plan
 from llmc.engine.provider import ProviderChoice, provider_for_dtype
 from llmc.engine.split import split_at_plugins
 from llmc.plugins.paged_attention import ort_op
@@ -98,13 +98,7 @@ class OrtRunner:
         import onnxruntime as ort
 
         segments, plan = split_at_plugins(model, extra_outputs=extra_outputs)
-        opts = session_options(threads or 2)
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        opts.log_severity_level = 3
-        if external_data_dir is not None:
-            opts.add_session_config_entry(
-                "session.model_external_initializers_file_folder_path", str(external_data_dir)
-            )
+        opts = graph_session_options(threads, external_data_dir)
         sessions = [
             ort.InferenceSession(seg.SerializeToString(), opts, providers=["CPUExecutionProvider"])
             for seg in segments
@@ -142,7 +136,6 @@ class OrtRunner:
         )
         logits_info = self._sessions[-1].get_outputs()[0]
         self.vocab_size = int(logits_info.shape[-1])
-        self._attention = paged_attention_cpu
 
     def execute(self, step: StepInputs) -> np.ndarray:
         """Run one step; returns logits [len(step.logits_indices), vocab] float32."""
@@ -157,7 +150,7 @@ class OrtRunner:
             ValueError: the step's attention metadata is inconsistent (a slot or block id
                 outside the cache, ...); nothing was written to the cache.
         """
-        env = self._step_feed(step)
+        env = step_feed(step)
         if self.single_graph:
             return self._run_graph(env)
         return self._run_segments(step, env)
@@ -176,18 +169,6 @@ class OrtRunner:
             ) from e
         return {self.plan.logits: logits}
 
-    @staticmethod
-    def _step_feed(step: StepInputs) -> dict[str, np.ndarray]:
-        return {
-            "input_ids": step.input_ids,
-            "positions": step.positions,
-            "logits_indices": step.logits_indices,
-            "seq_lens": step.seq_lens,
-            "query_start_loc": step.query_start_loc,
-            "block_tables": step.block_tables,
-            "slot_mapping": step.slot_mapping,
-        }
-
     def _run_segments(self, step: StepInputs, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         plugins = self.plan.plugins
         for i, (spec, sess) in enumerate(zip(self.plan.segments, self._sessions, strict=True)):
@@ -195,20 +176,62 @@ class OrtRunner:
             env.update(zip(spec.outputs, outs, strict=True))
             if i < len(plugins):
                 p = plugins[i]
-                q, k, v = (env[n] for n in p.inputs[:3])
-                env[p.output] = self._attention(
-                    q,
-                    k,
-                    v,
-                    self.kv_caches[p.inputs[3]],
-                    self.kv_caches[p.inputs[4]],
-                    step.seq_lens,
-                    step.query_start_loc,
-                    step.block_tables,
-                    step.slot_mapping,
-                    **p.kernel_arguments(),
-                )
+                caches = (self.kv_caches[p.inputs[3]], self.kv_caches[p.inputs[4]])
+                env[p.output] = run_plugin(p, env, caches, step)
         return env
+
+
+def step_feed(step: StepInputs) -> dict[str, np.ndarray]:
+    """The engine graph's inputs of ``step``, by input name."""
+    return {
+        "input_ids": step.input_ids,
+        "positions": step.positions,
+        "logits_indices": step.logits_indices,
+        "seq_lens": step.seq_lens,
+        "query_start_loc": step.query_start_loc,
+        "block_tables": step.block_tables,
+        "slot_mapping": step.slot_mapping,
+    }
+
+
+def graph_session_options(threads: int | None, external_data_dir: Path | None = None):
+    """Session options of an in-memory graph's segments (``OrtRunner.from_model``,
+    ``LayerwiseRunner``): optimized at load (ORT_ENABLE_BASIC), weights of external-data
+    references read from ``external_data_dir``."""
+    import onnxruntime as ort
+
+    opts = session_options(threads or 2)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.log_severity_level = 3
+    if external_data_dir is not None:
+        opts.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(external_data_dir)
+        )
+    return opts
+
+
+def run_plugin(
+    p: PluginCall,
+    env: dict[str, np.ndarray],
+    caches: tuple[np.ndarray, np.ndarray],
+    step: StepInputs,
+) -> np.ndarray:
+    """Plugin call ``p`` on ``env``'s q, k, v ([T, H*D], [T, KVH*D] float32) with the layer's
+    (key, value) ``caches``, as the CPU kernel (``paged_attention_cpu``): writes the step's
+    keys and values into the caches, returns the attention output [T, H*D]. Raises ValueError
+    on inconsistent attention metadata."""
+    q, k, v = (env[n] for n in p.inputs[:3])
+    return paged_attention_cpu(
+        q,
+        k,
+        v,
+        *caches,
+        step.seq_lens,
+        step.query_start_loc,
+        step.block_tables,
+        step.slot_mapping,
+        **p.kernel_arguments(),
+    )
 
 
 def _ort_value(cache: np.ndarray):

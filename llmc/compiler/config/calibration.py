@@ -41,8 +41,9 @@ class CalibrationOptions:
         return self.calib_method or format_defaults(quant).calib_method
 
     def stats_path(self, key: str) -> Path:
-        """The cached calibration statistics of cache key ``key`` (``calibration_key``)."""
-        return Path(self.cache_dir).expanduser() / "calibration" / f"{key}.npz"
+        """The directory of the cached calibration statistics of cache key ``key``
+        (``calibration_key``; ``llmc.calibration.stats_cache.StatsCache``)."""
+        return Path(self.cache_dir).expanduser() / "calibration" / key
 
     def validate(self) -> None:
         """Raise BuildConfigError for an unknown observer, a count below 1 or windows shorter

@@ -88,20 +88,31 @@ def quantize(
     weights_dir: Path | None = None,
     work_dir: Path | None = None,
 ) -> tuple[onnx.ModelProto, QuantReport]:
-    """Calibrate (or load cached statistics) and return the Q/DQ graph and its report.
-    ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without VNNI, see ``formats``).
+    """Calibrate (or read cached statistics) and quantize one segment at a time; return the Q/DQ
+    graph and its report. ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without
+    VNNI, see ``formats``).
 
-    A streamed float graph (``float_model`` holding external-data references to
-    ``weights_dir / FLOAT_GRAPH.data``) is calibrated by ONNX Runtime reading the weights from
-    disk, quantized with each weight read when its layer is quantized, and written to
-    ``work_dir`` with its weights as external data; the returned proto then references them.
-    ``hf_model`` is only read to sample calibration text (no ``--calib-data``)."""
+    Calibration runs the float graph one segment at a time over every window
+    (``LayerwiseRunner``); when a segment is done, its modules are quantized and their
+    statistics (GPTQ's Gram matrices included) written to the cache and dropped, so memory
+    holds one segment's float weights and statistics, the activations of the windows, and the
+    quantized weights written so far. A streamed float graph (``float_model`` holding
+    external-data references to ``weights_dir / FLOAT_GRAPH.data``) is read from disk and the
+    quantized graph written to ``work_dir`` with its weights as external data; the returned
+    proto then references them. ``hf_model`` is only read to sample calibration text (no
+    ``--calib-data``)."""
     import onnx_ir as ir
 
-    from llmc.calibration.collect import calibration_key, collect_stats, load_stats, save_stats
-    from llmc.compiler.quantize.qdq import calibration_tensors, gptq_keys, quantize_graph
+    from llmc.calibration.collect import calibration_key
+    from llmc.calibration.stats_cache import StatsCache
+    from llmc.compiler.quantize.qdq import (
+        GraphQuantizer,
+        calibration_tensors,
+        gptq_keys,
+        is_kv_key,
+    )
     from llmc.compiler.streaming_export import FLOAT_GRAPH
-    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.version import __version__
 
     spec = config.quant_spec(bound_pairs)
@@ -121,27 +132,38 @@ def quantize(
         gram=sorted(gram_keys),
         llmc=__version__,
     )
-    cache = calib.stats_path(key)
-    stats = load_stats(cache)
-    if stats is None or not set(tensors) <= set(stats):
+    cache = StatsCache(calib.stats_path(key))
+    quantizer = GraphQuantizer(graph, spec)
+    kv_stats: dict = {}
+    cached = bool(tensors) and cache.is_complete()
+    windows: list = []
+    if tensors and not cached:
         with stage("calibration data"):
             windows = windows_of(
                 calib_source, hf_model, tokenizer, calib.calib_samples, calib.calib_seq_len
             )
-        with stage(f"calibrate ({len(windows)} x {calib.calib_seq_len} tokens)") as tick:
-            blocks = -(-calib.calib_seq_len // config.export.block_size)
-            runner = OrtRunner.from_model(
+    if cached or not tensors:
+        title = f"quantize ({spec.quant}, {'cached statistics' if cached else 'no calibration'})"
+    else:
+        title = (
+            f"calibrate and quantize ({spec.quant}, {len(windows)} x {calib.calib_seq_len} tokens)"
+        )
+    with stage(title) as tick:
+        parts = ()
+        if cached:
+            parts = cache.segments()
+        elif tensors:
+            runner = LayerwiseRunner(
                 float_model,
-                blocks,
                 threads=config.target.threads,
                 extra_outputs=tuple(dict.fromkeys(tensors.values())),
                 external_data_dir=weights_dir,
             )
-            stats = collect_stats(runner, tensors, windows, progress=tick, gram_keys=gram_keys)
-            del runner
-            save_stats(stats, cache)
-    with stage(f"quantize ({spec.quant})"):
-        report = quantize_graph(graph, stats, spec)
+            parts = _calibrate(runner, tensors, windows, gram_keys, cache, tick)
+        for _, stats in parts:
+            quantizer.quantize(stats, modules=set(stats))
+            kv_stats.update({k: s for k, s in stats.items() if is_kv_key(k)})
+        report = quantizer.finish(kv_stats)
         report.spec["calibration"] = {
             "data": calib_source.describe(),
             "samples": calib.calib_samples,
@@ -156,6 +178,18 @@ def quantize(
         path = work_dir / QUANTIZED_GRAPH
         ir.save(graph, path, external_data=QUANTIZED_GRAPH + ".data", max_in_flight_bytes=256 << 20)
         return onnx.load(str(path), load_external_data=False), report
+
+
+def _calibrate(runner, tensors, windows, gram_keys, cache, progress):
+    """(segment, statistics) of each calibrated segment of ``runner`` (a ``LayerwiseRunner``),
+    saved to ``cache`` as they come; the cache is marked complete after the last."""
+    from llmc.calibration.collect import collect_by_segment
+
+    parts = collect_by_segment(runner, tensors, windows, progress, gram_keys=gram_keys)
+    for segment, stats in parts:
+        cache.save(segment, stats)
+        yield segment, stats
+    cache.mark_complete()
 
 
 def session_config(quant: str) -> dict[str, str]:
@@ -207,18 +241,28 @@ def accuracy_report(
     external_data_dir: Path | None = None,
 ):
     """The engine in ``engine_dir`` against the unquantized graph on held-out windows
-    (``llmc.calibration.accuracy.AccuracyReport``); ``external_data_dir`` as in
-    ``OrtRunner.from_model``."""
-    from llmc.calibration.accuracy import evaluate_accuracy
+    (``llmc.calibration.accuracy.AccuracyReport``). The reference runs one segment at a time
+    over every window (``LayerwiseRunner``, its weights read from ``external_data_dir`` for a
+    streamed graph), so only the engine is loaded whole; its last segment's logits are scored
+    window by window against the engine's."""
+    from llmc.calibration.accuracy import check_windows, score_logits
+    from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.step_inputs import single_prefill
 
     calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
     windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
-    blocks = -(-calib.calib_seq_len // block_size)
-    ref = OrtRunner.from_model(
-        reference, blocks, threads=threads, external_data_dir=external_data_dir
-    )
-    engine = OrtRunner(engine_dir, blocks, threads=threads)
-    return evaluate_accuracy(
-        ref, engine, windows, block_size, data=source.describe(), progress=progress
-    )
+    check_windows(windows)
+    ref = LayerwiseRunner(reference, threads=threads, external_data_dir=external_data_dir)
+
+    def pairs():
+        engine = None  # loaded when the reference reaches its last segment
+        for out in ref.run(windows, progress):
+            if out.segment == ref.num_segments - 1:
+                if engine is None:
+                    blocks = -(-calib.calib_seq_len // block_size)
+                    engine = OrtRunner(engine_dir, blocks, threads=threads)
+                step = single_prefill(windows[out.window], block_size, all_logits=True)
+                yield out.tensors[ref.logits], engine.execute(step)
+
+    return score_logits(pairs(), windows, source.describe())

@@ -55,6 +55,11 @@ def kv_key(layer_idx: int, which: str) -> str:
     return f"kv_cache.{layer_idx}.{which}"
 
 
+def is_kv_key(key: str) -> bool:
+    """``key`` is a KV-cache statistics key (``kv_key``), not a module's."""
+    return key.startswith("kv_cache.")
+
+
 def calibration_tensors(model: ir.Model, spec: QuantSpec) -> dict[str, str]:
     """The statistics ``quantize_graph`` needs for ``spec``: {key: tensor name}. Keys are stable
     across exports (checkpoint module names, ``kv_cache.<layer>.k|v``); tensor names are not
@@ -97,29 +102,62 @@ def quantize_graph(model: ir.Model, stats: dict[str, TensorStats], spec: QuantSp
     """Rewrite ``model`` in place; ``stats`` are the calibration statistics of
     ``calibration_tensors(model, spec)``, by key. Raises ValueError on an unknown format or a tensor
     without statistics."""
-    if spec.quant not in FORMATS or not FORMATS[spec.quant].quantizes:
-        raise ValueError(f"cannot quantize to {spec.quant!r}")
-    report = QuantReport(spec=spec.__dict__ | {"exclude": list(spec.exclude)})
-    counts: Counter = Counter()
-    names = _Names(model.graph)
-    for target in find_targets(model):
-        if is_excluded(target.module, spec.exclude):
-            report.excluded.append(target.module)
-            continue
-        fmt = _format(target, spec)
-        if fmt.needs_stats and target.module not in stats:
-            raise ValueError(f"no calibration statistics for {target.module!r}")
-        ql = fmt.quantize(target.weight, stats.get(target.module), spec)
-        _write_linear(model.graph, target, ql, names)
-        entry = {"shape": list(target.weight.shape), **ql.record}
-        entry.setdefault("format", fmt.label)
-        report.modules[target.module] = entry
-        counts[fmt.label] += 1
-    if spec.kv_cache_dtype in ("fp8", "int8"):
-        report.kv_cache = _set_kv_scales(model.graph, stats, spec)
-    _drop_dead(model.graph)
-    report.counts = dict(sorted(counts.items()))
-    return report
+    quantizer = GraphQuantizer(model, spec)
+    quantizer.quantize(stats)
+    return quantizer.finish(stats)
+
+
+class GraphQuantizer:
+    """Quantize a graph's targets in parts, as their statistics become available (a build that
+    calibrates one segment at a time quantizes that segment's modules and drops their
+    statistics before calibrating the next), then finish with the KV-cache scales.
+
+    Each target's float weight is read when it is quantized and released after
+    (``QuantTarget.release``), so a streamed graph's float weights are never all in memory.
+    Raises ValueError on an unknown format."""
+
+    def __init__(self, model: ir.Model, spec: QuantSpec):
+        if spec.quant not in FORMATS or not FORMATS[spec.quant].quantizes:
+            raise ValueError(f"cannot quantize to {spec.quant!r}")
+        self.model, self.spec = model, spec
+        self.report = QuantReport(spec=spec.__dict__ | {"exclude": list(spec.exclude)})
+        self._counts: Counter = Counter()
+        self._names = _Names(model.graph)
+        self._pending = {t.module: t for t in find_targets(model)}
+
+    def quantize(self, stats: dict[str, TensorStats], modules: set[str] | None = None) -> None:
+        """Quantize the pending targets among ``modules`` (None: all pending) with ``stats``
+        (by module). Raises ValueError for a target whose format needs statistics not in
+        ``stats``."""
+        spec = self.spec
+        for module, target in list(self._pending.items()):
+            if modules is not None and module not in modules:
+                continue
+            del self._pending[module]
+            if is_excluded(module, spec.exclude):
+                self.report.excluded.append(module)
+                continue
+            fmt = _format(target, spec)
+            if fmt.needs_stats and module not in stats:
+                raise ValueError(f"no calibration statistics for {module!r}")
+            ql = fmt.quantize(target.weight(), stats.get(module), spec)
+            target.release()
+            _write_linear(self.model.graph, target, ql, self._names)
+            entry = {"shape": list(target.shape), **ql.record}
+            entry.setdefault("format", fmt.label)
+            self.report.modules[module] = entry
+            self._counts[fmt.label] += 1
+
+    def finish(self, kv_stats: dict[str, TensorStats]) -> QuantReport:
+        """Quantize what is still pending (formats that need no statistics), set the KV-cache
+        scales from ``kv_stats`` (the ``kv_key`` statistics, when ``kv_cache_dtype`` is fp8 or
+        int8), drop the float weights no node reads, and return the report."""
+        self.quantize(kv_stats)
+        if self.spec.kv_cache_dtype in ("fp8", "int8"):
+            self.report.kv_cache = _set_kv_scales(self.model.graph, kv_stats, self.spec)
+        _drop_dead(self.model.graph)
+        self.report.counts = dict(sorted(self._counts.items()))
+        return self.report
 
 
 def _write_linear(graph: ir.Graph, t: QuantTarget, ql: QuantizedLinear, names: _Names) -> None:

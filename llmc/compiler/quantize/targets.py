@@ -29,23 +29,48 @@ class QuantTarget:
         node: the MatMul node (of the ``ir.Model`` it was found in).
         module: checkpoint module name (or the node name if the exporter recorded none).
         activation: name of the MatMul's A input, [..., K] float32.
-        weight: the float32 weight [K, N] as a numpy array (materialized if transposed).
+        source: the constant holding the weight's values: [K, N], or [N, K] when ``transposed``.
+        transposed: the MatMul reads ``source`` through a Transpose (a tied projection).
         is_lm_head: the vocabulary projection.
     """
 
     node: ir.Node
     module: str
     activation: str
-    weight: np.ndarray
+    source: ir.TensorProtocol
+    transposed: bool
     is_lm_head: bool
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(K, N) of the weight, read from the constant's header (no data is read)."""
+        rows, cols = (int(d) for d in self.source.shape)
+        return (cols, rows) if self.transposed else (rows, cols)
 
-def _constant_weight(value: ir.Value | None) -> np.ndarray | None:
+    def weight(self) -> np.ndarray:
+        """The float32 weight [K, N], read now (a streamed graph's constant is read from its
+        file; a transposed one is materialized)."""
+        w = self.source.numpy()
+        return np.ascontiguousarray(w.T) if self.transposed else w
+
+    def release(self) -> None:
+        """Drop the constant's memory map or cached bytes (an external tensor's pages stay out
+        of the process once its quantized copy is written)."""
+        release = getattr(self.source, "release", None)
+        if release is not None:
+            release()
+
+
+def _float_matrix(tensor: ir.TensorProtocol | None) -> bool:
+    return tensor is not None and len(tensor.shape) == 2 and tensor.dtype == ir.DataType.FLOAT
+
+
+def _constant_weight(value: ir.Value | None) -> tuple[ir.TensorProtocol, bool] | None:
+    """The constant a MatMul's B reads and whether through a Transpose; None if not constant."""
     if value is None:
         return None
     if value.const_value is not None:
-        w = value.const_value.numpy()
-        return w if w.ndim == 2 and w.dtype == np.float32 else None
+        return (value.const_value, False) if _float_matrix(value.const_value) else None
     producer = value.producer()
     if (
         producer is not None
@@ -54,17 +79,16 @@ def _constant_weight(value: ir.Value | None) -> np.ndarray | None:
     ):
         src = producer.inputs[0]
         perm = producer.attributes.get("perm")
-        if src is not None and src.const_value is not None and src.const_value.numpy().ndim == 2:
+        if src is not None and _float_matrix(src.const_value):
             if perm is None or list(perm.as_ints()) == [1, 0]:
-                w = src.const_value.numpy()
-                return np.ascontiguousarray(w.T) if w.dtype == np.float32 else None
+                return src.const_value, True
     return None
 
 
 def find_targets(model: ir.Model) -> list[QuantTarget]:
-    """Every MatMul with a constant 2-D float32 weight, in graph order. The vocabulary projection
-    is the one named ``lm_head``, or else the last target in the graph."""
-    found: list[tuple[ir.Node, np.ndarray]] = []
+    """Every MatMul with a constant 2-D float32 weight, in graph order; no weight is read. The
+    vocabulary projection is the one named ``lm_head``, or else the last target in the graph."""
+    found: list[tuple[ir.Node, tuple[ir.TensorProtocol, bool]]] = []
     for node in model.graph:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             continue
@@ -77,7 +101,7 @@ def find_targets(model: ir.Model) -> list[QuantTarget]:
     ]
     head = names.index(LM_HEAD) if LM_HEAD in names else len(found) - 1
     return [
-        QuantTarget(n, name, n.inputs[0].name, w, i == head)
+        QuantTarget(n, name, n.inputs[0].name, *w, i == head)
         for i, ((n, w), name) in enumerate(zip(found, names, strict=True))
     ]
 

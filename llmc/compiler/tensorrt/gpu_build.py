@@ -17,7 +17,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from llmc.calibration.collect import load_stats, save_stats
+from llmc.calibration.stats_cache import StatsCache, save_stats
 from llmc.compiler.build_config import BuildConfig, flatten_options
 from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.config.destination import DestinationOptions
@@ -135,14 +135,13 @@ def _copy_calibration_stats(
     returns their path in it, or None (unquantized, or no longer cached)."""
     if report is None:
         return None
-    cached = load_stats(calibration.stats_path(report.spec["calibration"]["cache_key"]))
-    if cached is None:
-        return None
+    cache = StatsCache(calibration.stats_path(report.spec["calibration"]["cache_key"]))
     # Without the Gram matrices (~0.5 GB for Gemma 3 270M): GPTQ used them, and its rounded
     # weights are in the graph already.
-    save_stats(
-        {k: replace(s, gram=None) for k, s in cached.items()}, stage_dir / st.CALIBRATION_FILE
-    )
+    cached = cache.load_all(gram=False)
+    if cached is None:
+        return None
+    save_stats(cached, stage_dir / st.CALIBRATION_FILE)
     return st.CALIBRATION_FILE
 
 

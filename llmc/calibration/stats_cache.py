@@ -1,0 +1,101 @@
+"""Calibration statistics on disk: one ``.npz`` of ``TensorStats`` per file, and the cache of a
+build's statistics as one file per calibrated segment.
+
+The cache directory of a calibration key (``calibration_key``: model, data, method, tensors,
+llmc version) holds ``segment_NNN.npz`` for each segment that outputs calibrated tensors and a
+``complete`` marker written after the last, so an interrupted calibration is redone, and a
+build that finds it complete reads one segment's statistics at a time (GPTQ's Gram matrices
+of a 1B-class model are gigabytes in all, tens of megabytes per segment).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from llmc.calibration.observers import TensorStats
+
+_COMPLETE = "complete"
+
+
+class StatsCache:
+    """The statistics of one calibration key, under directory ``root``."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def _segment_path(self, segment: int) -> Path:
+        return self.root / f"segment_{segment:03d}.npz"
+
+    def is_complete(self) -> bool:
+        """Every segment's statistics were written (``mark_complete``)."""
+        return (self.root / _COMPLETE).is_file()
+
+    def save(self, segment: int, stats: dict[str, TensorStats]) -> None:
+        """Write one segment's statistics (atomically)."""
+        save_stats(stats, self._segment_path(segment))
+
+    def mark_complete(self) -> None:
+        """Record that every segment was saved."""
+        (self.root / _COMPLETE).write_text("")
+
+    def segments(self) -> Iterator[tuple[int, dict[str, TensorStats]]]:
+        """(segment, statistics) of a complete cache, read one file at a time. Raises
+        ValueError if a file cannot be read (the cache is damaged: delete ``root``)."""
+        for path in sorted(self.root.glob("segment_*.npz")):
+            stats = load_stats(path)
+            if stats is None:
+                raise ValueError(f"damaged calibration cache file {path}; delete {self.root}")
+            yield int(path.stem.split("_")[1]), stats
+
+    def load_all(self, gram: bool = False) -> dict[str, TensorStats] | None:
+        """Every key's statistics (without Gram matrices unless ``gram``), or None when the
+        cache is not complete or damaged."""
+        if not self.is_complete():
+            return None
+        out: dict[str, TensorStats] = {}
+        try:
+            for _, stats in self.segments():
+                out.update(stats if gram else {k: replace(s, gram=None) for k, s in stats.items()})
+        except ValueError:
+            return None
+        return out
+
+
+def save_stats(stats: dict[str, TensorStats], path: Path) -> None:
+    """Write ``stats`` to ``path`` (.npz) atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {"names": np.array(json.dumps(list(stats)))}
+    for i, s in enumerate(stats.values()):
+        arrays[f"{i}.absmax"] = s.channel_absmax
+        arrays[f"{i}.abssum"] = s.channel_abssum
+        arrays[f"{i}.rows"] = np.array(s.rows)
+        arrays[f"{i}.sample"] = s.sample
+        if s.gram is not None:  # float32 on disk: half the size (1 GB -> 0.5 GB for Gemma 3
+            arrays[f"{i}.gram"] = s.gram.astype(np.float32)  # 270M), ample for damped GPTQ
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def load_stats(path: Path) -> dict[str, TensorStats] | None:
+    """Statistics saved by ``save_stats``, or None if ``path`` is missing or unreadable."""
+    try:
+        with np.load(path) as z:
+            names = json.loads(str(z["names"]))
+            return {
+                n: TensorStats(
+                    z[f"{i}.absmax"],
+                    z[f"{i}.abssum"],
+                    int(z[f"{i}.rows"]),
+                    z[f"{i}.sample"],
+                    z[f"{i}.gram"] if f"{i}.gram" in z else None,
+                )
+                for i, n in enumerate(names)
+            }
+    except (OSError, KeyError, ValueError):
+        return None

@@ -1,0 +1,139 @@
+"""Run an engine graph over many token windows one segment at a time, so that only one
+segment's weights are ever loaded (calibration and the accuracy report of a build).
+
+``OrtRunner.from_model`` loads every segment and runs one window through all of them; a build
+that calibrates on 64 windows then holds the whole float model in ONNX Runtime. This runner
+turns the loops around: segment 0 runs over every window, then plugin 0 over every window,
+then segment 1, ... Between segments it keeps, per window, only the tensors a later segment or
+plugin reads (the residual stream and the step's inputs: [T, hidden] float32 each), so memory
+is one segment's weights plus ``windows x T x hidden`` activations, not the model. The
+numbers are the same as ``OrtRunner.from_model``'s: the same segments (``split_at_plugins``),
+session options and attention kernel, fed the same tensors; each window is one prefill step
+(``single_prefill``) with its own KV cache of one layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from llmc.engine.kv_cache import kv_cache_numpy_dtype
+from llmc.engine.split import split_at_plugins
+from llmc.runtime.ort_runner import graph_session_options, run_plugin, step_feed
+from llmc.runtime.step_inputs import StepInputs, single_prefill
+
+
+@dataclass(frozen=True)
+class SegmentOutputs:
+    """What one segment produced for one window.
+
+    Attributes:
+        segment: index of the segment (0 .. ``LayerwiseRunner.num_segments - 1``).
+        window: index of the window.
+        tensors: the ``extra_outputs`` this segment computes, and the logits [T, V] float32
+            under ``LayerwiseRunner.logits`` for the last segment; by tensor name.
+        last: this is the segment's last window (its statistics are complete).
+    """
+
+    segment: int
+    window: int
+    tensors: dict[str, np.ndarray]
+    last: bool
+
+
+class LayerwiseRunner:
+    """Runs ``model`` (an ``onnx.ModelProto`` engine graph with plugin nodes, its weights in it
+    or as external data in ``external_data_dir``) segment by segment over windows.
+
+    Args:
+        model: the engine graph.
+        threads: ORT intra-op threads.
+        extra_outputs: node outputs to return besides the logits (calibration's activations).
+        external_data_dir: where external-data references are resolved.
+
+    Raises ValueError as ``split_at_plugins`` does (no plugin node, an unknown extra output).
+    """
+
+    def __init__(
+        self,
+        model,
+        threads: int | None = None,
+        extra_outputs: tuple[str, ...] = (),
+        external_data_dir: Path | None = None,
+    ):
+        self._segments, self.plan = split_at_plugins(model, extra_outputs=extra_outputs)
+        self._extra = frozenset(extra_outputs)
+        self._threads, self._external_data_dir = threads, external_data_dir
+        self.logits = self.plan.logits
+        self.block_size = self.plan.plugins[0].block_size
+        self._last_use = self._last_uses()
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.plan.segments)
+
+    def segment_of(self, name: str) -> int:
+        """The index of the segment that outputs tensor ``name``. Raises KeyError if none
+        does (not an ``extra_outputs`` or boundary tensor)."""
+        for i, spec in enumerate(self.plan.segments):
+            if name in spec.outputs:
+                return i
+        raise KeyError(name)
+
+    def _last_uses(self) -> dict[str, int]:
+        """Tensor name -> the last segment index after which it is read (a plugin after segment
+        i counts as i)."""
+        last: dict[str, int] = {}
+        for i, spec in enumerate(self.plan.segments):
+            for name in spec.inputs:
+                last[name] = i
+        for i, p in enumerate(self.plan.plugins):
+            for name in p.inputs[:3]:
+                last[name] = max(last.get(name, -1), i)
+        return last
+
+    def run(
+        self,
+        windows: list[np.ndarray],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Iterator[SegmentOutputs]:
+        """Yield each segment's outputs for each window, segment-major: (0, w0), (0, w1), ...,
+        (1, w0), ... ``windows``: [T] int64 token ids each (T >= 1). ``progress(done, total)``
+        counts segments. Raises ValueError for no windows."""
+        import onnxruntime as ort
+
+        if not windows:
+            raise ValueError("no windows to run")
+        steps: list[StepInputs] = [single_prefill(w, self.block_size) for w in windows]
+        envs = [step_feed(step) for step in steps]
+        max_blocks = max(int(s.block_tables.shape[1]) for s in steps)
+        opts = graph_session_options(self._threads, self._external_data_dir)
+        plugins = self.plan.plugins
+        for i, (spec, segment) in enumerate(zip(self.plan.segments, self._segments, strict=True)):
+            session = ort.InferenceSession(
+                segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
+            caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None
+            for w, (step, env) in enumerate(zip(steps, envs, strict=True)):
+                outs = session.run(spec.outputs, {n: env[n] for n in spec.inputs})
+                env.update(zip(spec.outputs, outs, strict=True))
+                if caches is not None:
+                    env[plugins[i].output] = run_plugin(plugins[i], env, caches, step)
+                tensors = {n: env[n] for n in spec.outputs if n in self._extra or n == self.logits}
+                yield SegmentOutputs(i, w, tensors, last=w == len(steps) - 1)
+                for name in [n for n in env if self._last_use.get(n, -1) <= i]:
+                    del env[name]
+            del session, caches
+            if progress is not None:
+                progress(i + 1, self.num_segments)
+
+
+def _layer_caches(plugin, num_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's (key, value) caches [num_blocks, block_size, KVH, D], reused by every
+    window: a window's prefill writes its slots before its attention reads them."""
+    shape = (num_blocks, plugin.block_size, plugin.num_kv_heads, plugin.head_dim)
+    dtype = kv_cache_numpy_dtype(plugin.kv_cache_dtype)
+    return np.zeros(shape, dtype), np.zeros(shape, dtype)
