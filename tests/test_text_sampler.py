@@ -23,7 +23,7 @@ def sampler(tiny_llama_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("work")
     graph = export(model, config.export, work_dir=work, in_flight_bytes=memory.in_flight_bytes)
     assert graph.weights_dir == work and isinstance(graph.proto, onnx.ModelProto)
-    return EngineTextSampler(graph.proto, graph.weights_dir, model.tokenizer, 4, 2)
+    return EngineTextSampler(graph.proto, graph.weights_dir, model.tokenizer, 4, 2, work)
 
 
 def test_a_seed_gives_the_same_texts_at_any_batch_size(sampler):

@@ -63,7 +63,10 @@ def test_build_writes_stage_and_exits_2_naming_what_is_missing(int8_stage, capsy
     # calibration statistics travel with the stage: the cached ones, without the Gram matrices
     cached = [d for d in (root / "cache" / "calibration").iterdir() if d.is_dir()]
     assert len(cached) == 1 and m.calibration_stats == st.CALIBRATION_FILE
-    full, staged = StatsCache(cached[0]).load_all(gram=True), load_stats(stage / st.CALIBRATION_FILE)
+    full, staged = (
+        StatsCache(cached[0]).load_all(gram=True),
+        load_stats(stage / st.CALIBRATION_FILE),
+    )
     assert any(s.gram is not None for s in full.values())  # GPTQ's, in the cache
     assert staged.keys() == full.keys()
     for key, s in staged.items():

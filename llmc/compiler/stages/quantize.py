@@ -100,4 +100,5 @@ def sampling_model(
         model.tokenizer,
         config.export.block_size,
         config.target.threads,
+        work_dir=graph.weights_dir,
     )
