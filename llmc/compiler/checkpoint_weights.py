@@ -5,6 +5,7 @@ byte range of its tensor in the checkpoint's ``.safetensors`` files, and read wh
 written (``onnx_ir.save`` writes one tensor at a time). A tensor already in the engine's dtype
 is an ``onnx_ir.ExternalTensor`` over the file (memory-mapped, no copy); one in another dtype
 (a bfloat16 checkpoint for a float32 engine) is an ``onnx_ir.LazyTensor`` that converts on read.
+A GGUF file binds the same way through its own index (``gguf_weights``: dequantized on read).
 
 File layout (huggingface/safetensors, "Format"): an 8-byte little-endian header length N, N
 bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": ...}``,
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
@@ -32,6 +35,25 @@ _DTYPES = {
     "I64": ir.DataType.INT64,
     "I32": ir.DataType.INT32,
 }
+
+
+class CheckpointTensor(Protocol):
+    """One checkpoint tensor, read when asked: ``TensorLocation`` (safetensors bytes) or
+    ``gguf_weights.GgufTensor`` (dequantized on read)."""
+
+    @property
+    def dtype(self) -> ir.DataType:
+        """The element type ``read`` returns."""
+        ...
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape ``read`` returns."""
+        ...
+
+    def read(self) -> np.ndarray:
+        """The tensor's values, ``dtype`` and ``shape``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -88,10 +110,11 @@ def index_safetensors(files: list[Path] | tuple[Path, ...]) -> dict[str, TensorL
     return index
 
 
-def lazy_tensor(loc: TensorLocation, name: str, dtype: ir.DataType) -> ir.TensorProtocol:
-    """An ONNX IR tensor named ``name`` with ``loc``'s values in ``dtype``: the file's bytes
-    as they are when the dtypes agree, else converted when read (float types only)."""
-    if loc.dtype == dtype:
+def lazy_tensor(loc: CheckpointTensor, name: str, dtype: ir.DataType) -> ir.TensorProtocol:
+    """An ONNX IR tensor named ``name`` with ``loc``'s values in ``dtype``: a safetensors
+    file's bytes as they are when the dtypes agree, else read (and converted: float types
+    only) when the tensor is written."""
+    if isinstance(loc, TensorLocation) and loc.dtype == dtype:
         return ir.ExternalTensor(
             loc.file.name,
             loc.offset,
@@ -103,14 +126,14 @@ def lazy_tensor(loc: TensorLocation, name: str, dtype: ir.DataType) -> ir.Tensor
         )
 
     def convert() -> ir.TensorProtocol:
-        return ir.tensor(loc.read().astype(dtype.numpy()), name=name)
+        return ir.tensor(loc.read().astype(dtype.numpy(), copy=False), name=name)
 
     return ir.LazyTensor(convert, dtype=dtype, shape=ir.Shape(loc.shape), name=name)
 
 
 def bind_initializers(
     graph: ir.Graph,
-    index: dict[str, TensorLocation],
+    index: Mapping[str, CheckpointTensor],
     buffers: dict[str, np.ndarray],
     dtype: ir.DataType,
     aliases: dict[str, str] | None = None,
@@ -119,6 +142,7 @@ def bind_initializers(
     """Give every initializer of ``graph`` (exported from a model on the meta device, so
     without values) its checkpoint tensor, lazily.
 
+    ``index``: state-dict name -> checkpoint tensor (``index_safetensors``, ``index_gguf``).
     An initializer is named after the module's state-dict key with ``prefix`` (the export's
     wrapper) in front. Float tensors take ``dtype``; ``buffers`` holds the values of tensors a
     model computes at construction instead of loading them (rotary ``inv_freq``, embedding

@@ -36,6 +36,25 @@ _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # empty name, n_dims 0, type, offset
 
 
 @dataclass(frozen=True)
+class GgufTensorInfo:
+    """One tensor info of the header.
+
+    Attributes:
+        name: the GGUF tensor name (``blk.0.attn_q.weight``).
+        dims: the shape in ggml order, fastest-moving dimension first (numpy's reversed).
+        ggml_type: the ``gguf.GGMLQuantizationType`` value it is stored in.
+        offset: byte offset of its data from the start of the file.
+        num_bytes: bytes its data takes.
+    """
+
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+    offset: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
 class GgufSummary:
     """What ``check_gguf`` found in a well-formed file.
 
@@ -45,6 +64,9 @@ class GgufSummary:
         num_metadata: metadata key/value pairs.
         alignment: bytes the tensor data is aligned to.
         data_offset: byte offset of the tensor data section.
+        architecture: ``general.architecture`` (a string value), or None without one.
+        little_endian: whether the file was written little-endian (as almost all are).
+        tensors: the tensor infos, in header order.
     """
 
     version: int
@@ -52,6 +74,9 @@ class GgufSummary:
     num_metadata: int
     alignment: int
     data_offset: int
+    architecture: str | None = None
+    little_endian: bool = True
+    tensors: tuple[GgufTensorInfo, ...] = ()
 
 
 class _Reader:
@@ -184,6 +209,7 @@ def _check(r: _Reader) -> GgufSummary:
     num_tensors = r.scalar("Q", "the tensor count")
     num_metadata = r.count("the metadata count", _MIN_KV_BYTES)
     alignment = DEFAULT_ALIGNMENT
+    architecture = None
     keys: set[str] = set()
     for i in range(num_metadata):
         key, start = _unique_string(r, keys, f"the key of metadata entry {i}", "metadata key")
@@ -193,6 +219,8 @@ def _check(r: _Reader) -> GgufSummary:
             if kind != _UINT32 or value == 0 or value & (value - 1):
                 raise r.fail(f"general.alignment must be a u32 power of two, got {value!r}", start)
             alignment = value
+        if key == "general.architecture" and kind == _STRING:
+            architecture = value
     if num_tensors * _MIN_TENSOR_INFO_BYTES > r.size - r.pos:
         raise r.fail(f"the tensor count is {num_tensors}, more than the file can hold", 8)
     tensors = []
@@ -207,6 +235,7 @@ def _check(r: _Reader) -> GgufSummary:
         offset = r.scalar("Q", f"the data offset of {name!r}")
         tensors.append((start, name, dims, ggml_type, offset))
     data_offset = -(-r.pos // alignment) * alignment
+    infos = []
     for start, name, dims, ggml_type, offset in tensors:
         sizes = GGML_QUANT_SIZES.get(ggml_type)  # keyed by an IntEnum: an int finds it
         if sizes is None:
@@ -223,11 +252,22 @@ def _check(r: _Reader) -> GgufSummary:
         num_elements = 1
         for d in dims:
             num_elements *= d
-        end = data_offset + offset + num_elements * type_size // block_size
+        num_bytes = num_elements * type_size // block_size
+        end = data_offset + offset + num_bytes
         if end > r.size:
             raise r.fail(
                 f"tensor {name!r}'s data (bytes {data_offset + offset} to {end}) runs past the "
                 "end of the file",
                 start,
             )
-    return GgufSummary(version, num_tensors, num_metadata, alignment, data_offset)
+        infos.append(GgufTensorInfo(name, tuple(dims), ggml_type, data_offset + offset, num_bytes))
+    return GgufSummary(
+        version,
+        num_tensors,
+        num_metadata,
+        alignment,
+        data_offset,
+        architecture,
+        r.order == "<",
+        tuple(infos),
+    )

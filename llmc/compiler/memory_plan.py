@@ -2,7 +2,7 @@
 
 Two paths (``streaming_export``):
 
-- **streamed** (a safetensors checkpoint, cpu target): the float graph is written without
+- **streamed** (safetensors or streamable GGUF, cpu target): the float graph is written without
   loading the model, its weights read from the checkpoint one tensor at a time. For ``--quant
   none``, peak = the process's fixed cost (Python, torch, transformers, ONNX Runtime:
   ``BASE_BYTES``) + the larger of (a) the tensors in flight while the float graph is written
@@ -11,7 +11,7 @@ Two paths (``streaming_export``):
   the server will. Quantized builds then calibrate with ONNX Runtime reading the float graph's
   weights from disk: about the float32 bytes and the quantizer's statistics
   (``STREAMED_QUANT_FACTOR``).
-- **in memory** (GGUF files, GPU targets, FP8 emulation on cpu): the float32 model, its exported
+- **in memory** (other GGUF, GPU targets, FP8 emulation on cpu): the float32 model, its exported
   graph and the quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
   float build, 12-14 GB for 1.07 GB of Gemma 3 270M quantized; ``benchmarks/RESULTS.md``).
@@ -22,11 +22,14 @@ cannot fit is refused before any weight is read, with the figure it needs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from llmc.compiler.checkpoint_weights import index_safetensors
+from llmc.compiler.gguf_file import check_gguf
 from llmc.compiler.model_source import ModelSource
 from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.streaming_export import can_stream
 from llmc.errors import BuildConfigError
 from llmc.quant.protocol import QuantFormat
 
@@ -62,13 +65,13 @@ class MemoryPlan:
 
 
 def _float32_sizes(src: ModelSource) -> tuple[int, int]:
-    """(total, largest) float32 bytes of the checkpoint's tensors; GGUF files count as their
-    file size dequantized (about 7 float32 bytes per stored byte of a 4-bit file)."""
+    """(total, largest) float32 bytes of the checkpoint's tensors, from the headers' shapes (a
+    GGUF tensor dequantized: 4 bytes an element, whatever it is stored in)."""
     if src.gguf_file is not None:
-        size = sum(f.stat().st_size for f in src.weight_files)
-        return 7 * size, 7 * size // 8
-    index = index_safetensors(src.weight_files)
-    sizes = [4 * int(loc.length / loc.dtype.itemsize) for loc in index.values()]
+        sizes = [4 * math.prod(t.dims) for f in src.weight_files for t in check_gguf(f).tensors]
+    else:
+        index = index_safetensors(src.weight_files)
+        sizes = [4 * int(loc.length / loc.dtype.itemsize) for loc in index.values()]
     return sum(sizes), max(sizes, default=0)
 
 
@@ -83,7 +86,7 @@ def plan_memory(src: ModelSource, quant: str, cpu: bool, limit_gb: float | None)
     total, largest = _float32_sizes(src)
     # A format whose CPU lowering rewrites weights in memory (FP8 emulation) takes that path.
     rewrites = type(fmt).rewrite_for_cpu is not QuantFormat.rewrite_for_cpu
-    streamed = cpu and src.gguf_file is None and not rewrites
+    streamed = cpu and can_stream(src) and not rewrites
     limit = None if limit_gb is None else int(limit_gb * GB)
     if not streamed:
         need = BASE_BYTES + int(IN_MEMORY_FACTOR[fmt.quantizes] * total)

@@ -1,14 +1,15 @@
-"""The float engine graph of a safetensors checkpoint, written without loading the checkpoint.
+"""The float engine graph of a checkpoint, written without loading the checkpoint.
 
-Method: the model is built on the meta device (shapes, no values), exported with plugin nodes
-as usual (``export.export_ir``), and each graph initializer is then bound to its tensor's bytes
-in the checkpoint (``checkpoint_weights``); the graph passes rewrite structure and leave weights
-unread (``passes/weight_transpose.py``, the lazy concatenation of ``parallel_matmul``), and
-``onnx_ir.save`` writes the graph with its weights as external data, a bounded number of
-tensors in flight. Peak memory is the largest tensors in flight plus the graph, not the model
-(measured on a Qwen2.5-0.5B-shaped checkpoint in ``benchmarks/RESULTS.md``). Buffers a model
-computes at construction (rotary ``inv_freq``, embedding scales) come from a CPU instance whose
-parameters stay on the meta device.
+Method: the model is built on the meta device (shapes, no values), exported with plugin nodes as
+usual (``export.export_ir``), and each graph initializer is then bound to its tensor in the
+checkpoint (``checkpoint_weights``: a safetensors file's bytes; ``gguf_weights``: a GGUF tensor
+dequantized when read, as transformers converts it); the graph passes rewrite structure and leave
+weights unread (``passes/weight_transpose.py``, the lazy concatenation of ``parallel_matmul``), and
+``onnx_ir.save`` writes the graph with its weights as external data, a bounded number of tensors in
+flight. Peak memory is the largest tensors in flight plus the graph, not the model (measured on a
+Qwen2.5-0.5B-shaped checkpoint in ``benchmarks/RESULTS.md``). Buffers a model computes at
+construction (rotary ``inv_freq``, embedding scales) come from a CPU instance whose parameters stay
+on the meta device.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
+from llmc.compiler.gguf_weights import can_stream_gguf, index_gguf
 from llmc.compiler.model_source import ModelSource
 
 FLOAT_GRAPH = "float.onnx"
@@ -36,28 +38,34 @@ class MetaModel:
 
 
 def can_stream(src: ModelSource) -> bool:
-    """Whether ``src`` is a safetensors checkpoint (GGUF files are dequantized by
-    transformers as a whole and take the in-memory path)."""
-    return src.gguf_file is None and bool(src.weight_files)
+    """Whether ``src``'s weights can be read one tensor at a time: a safetensors checkpoint,
+    or a GGUF file of an architecture ``gguf_weights`` converts tensor by tensor (others are
+    dequantized by transformers as a whole and take the in-memory path). Reads headers only."""
+    if src.gguf_file is not None:
+        return can_stream_gguf(src.directory / src.gguf_file)
+    return bool(src.weight_files)
 
 
 def meta_model(src: ModelSource) -> MetaModel:
     """Build ``src``'s model with parameters on the meta device and llmc's attention routing;
-    buffers are computed on CPU first and returned beside it."""
+    buffers are computed on CPU first and returned beside it. The config is the one
+    ``from_pretrained`` reads (a GGUF file's metadata for a GGUF file)."""
     import torch
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from llmc.compiler.attention import register_attention
 
-    config = AutoConfig.from_pretrained(str(src.directory))
+    gguf = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    config = AutoConfig.from_pretrained(str(src.directory), **gguf)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(
             config, dtype=torch.float32, attn_implementation=register_attention()
         )
     model.eval()
     model.tie_weights()
-    if (src.directory / "generation_config.json").is_file():  # as from_pretrained reads it
+    # As from_pretrained reads it: never beside a GGUF file, whose directory is not a checkpoint's.
+    if not gguf and (src.directory / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(src.directory))
     buffers = {k: v.float().numpy() for k, v in model.named_buffers()}
     aliases = dict(getattr(model, "all_tied_weights_keys", None) or {})
@@ -78,13 +86,16 @@ def write_float_graph(
     graph passes, and write ``work_dir / FLOAT_GRAPH`` (+ ``.data``) with at most
     ``in_flight_bytes`` of weights read and not yet written. Returns the path and the pass
     report. ``optional_passes``: as ``passes.run_passes``. Raises ModelSourceError when a graph
-    weight is not in the checkpoint."""
+    weight is not in the checkpoint (or a GGUF tensor's shape is not its weight's)."""
     from llmc.compiler.export import export_ir
     from llmc.compiler.passes import run_passes
 
     with stage("export to ONNX"):
         model = export_ir(meta.model, block_size=block_size)
-        index = index_safetensors(src.weight_files)
+        if src.gguf_file is not None:
+            index = index_gguf(src.directory / src.gguf_file, meta.model)
+        else:
+            index = index_safetensors(src.weight_files)
         bind_initializers(model.graph, index, meta.buffers, ir.DataType.FLOAT, meta.aliases)
     with stage("graph passes"):
         pass_report = run_passes(model, optional_passes)
