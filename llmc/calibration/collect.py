@@ -81,7 +81,7 @@ def collect_by_segment(
         for name, x in out.tensors.items():
             for key in keys_of.get(name, ()):
                 stats.update(key, x)
-        if out.last and stats.done:
+        if out.window is None and stats.done:  # the segment ran every window, and is released
             finished, stats.done = stats.done, {}
             yield out.segment, finished
 

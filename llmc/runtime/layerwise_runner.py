@@ -32,16 +32,17 @@ class SegmentOutputs:
 
     Attributes:
         segment: index of the segment (0 .. ``LayerwiseRunner.num_segments - 1``).
-        window: index of the window.
+        window: index of the window; None for the record that closes the segment (it has run
+            over every window and its weights are released: statistics of its tensors are
+            complete, and memory is free for quantizing them).
         tensors: the ``extra_outputs`` this segment computes, and the logits [T, V] float32
-            under ``LayerwiseRunner.logits`` for the last segment; by tensor name.
-        last: this is the segment's last window (its statistics are complete).
+            under ``LayerwiseRunner.logits`` for the last segment; by tensor name (empty in
+            the closing record).
     """
 
     segment: int
-    window: int
+    window: int | None
     tensors: dict[str, np.ndarray]
-    last: bool
 
 
 class LayerwiseRunner:
@@ -100,9 +101,10 @@ class LayerwiseRunner:
         windows: list[np.ndarray],
         progress: Callable[[int, int], None] | None = None,
     ) -> Iterator[SegmentOutputs]:
-        """Yield each segment's outputs for each window, segment-major: (0, w0), (0, w1), ...,
-        (1, w0), ... ``windows``: [T] int64 token ids each (T >= 1). ``progress(done, total)``
-        counts segments. Raises ValueError for no windows."""
+        """Yield each segment's outputs for each window, segment-major, each segment closed by a
+        record with window None: (0, w0), (0, w1), ..., (0, None), (1, w0), ... ``windows``:
+        [T] int64 token ids each (T >= 1). ``progress(done, total)`` counts segments. Raises
+        ValueError for no windows."""
         import onnxruntime as ort
 
         if not windows:
@@ -111,6 +113,11 @@ class LayerwiseRunner:
         envs = [step_feed(step) for step in steps]
         max_blocks = max(int(s.block_tables.shape[1]) for s in steps)
         opts = graph_session_options(self._threads, self._external_data_dir)
+        # No packed copies of the weights: ONNX Runtime's MatMul would keep a packed copy of
+        # each constant B beside the memory-mapped original (twice a segment's weights; 0.5 GB
+        # more for a 151,936-word vocabulary projection). Packing per run costs little at
+        # prefill sizes, and the numbers are the same.
+        opts.add_session_config_entry("session.disable_prepacking", "1")
         plugins = self.plan.plugins
         for i, (spec, segment) in enumerate(zip(self.plan.segments, self._segments, strict=True)):
             session = ort.InferenceSession(
@@ -123,12 +130,14 @@ class LayerwiseRunner:
                 if caches is not None:
                     env[plugins[i].output] = run_plugin(plugins[i], env, caches, step)
                 tensors = {n: env[n] for n in spec.outputs if n in self._extra or n == self.logits}
-                yield SegmentOutputs(i, w, tensors, last=w == len(steps) - 1)
+                yield SegmentOutputs(i, w, tensors)
+                del tensors
                 for name in [n for n in env if self._last_use.get(n, -1) <= i]:
                     del env[name]
             del session, caches
             if progress is not None:
                 progress(i + 1, self.num_segments)
+            yield SegmentOutputs(i, None, {})
 
 
 def _layer_caches(plugin, num_blocks: int) -> tuple[np.ndarray, np.ndarray]:

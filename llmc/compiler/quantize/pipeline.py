@@ -258,7 +258,7 @@ def accuracy_report(
     def pairs():
         engine = None  # loaded when the reference reaches its last segment
         for out in ref.run(windows, progress):
-            if out.segment == ref.num_segments - 1:
+            if out.segment == ref.num_segments - 1 and out.window is not None:
                 if engine is None:
                     blocks = -(-calib.calib_seq_len // block_size)
                     engine = OrtRunner(engine_dir, blocks, threads=threads)

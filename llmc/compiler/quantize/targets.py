@@ -48,10 +48,10 @@ class QuantTarget:
         return (cols, rows) if self.transposed else (rows, cols)
 
     def weight(self) -> np.ndarray:
-        """The float32 weight [K, N], read now (a streamed graph's constant is read from its
-        file; a transposed one is materialized)."""
+        """The float32 weight [K, N] (a streamed graph's constant memory-mapped from its file;
+        a transposed one as a transposed view, not copied)."""
         w = self.source.numpy()
-        return np.ascontiguousarray(w.T) if self.transposed else w
+        return w.T if self.transposed else w
 
     def release(self) -> None:
         """Drop the constant's memory map or cached bytes (an external tensor's pages stay out
