@@ -68,14 +68,16 @@ def _sharpen_attention(model, factor: float = 12.0) -> None:
                 p.mul_(factor)
 
 
-def make_tiny_llama(out_dir: Path, seed: int = 0, sharp: bool = False) -> Path:
+def make_tiny_llama(out_dir: Path, seed: int = 0, sharp: bool = False, **sizes) -> Path:
     """Write a 2-layer Llama (hidden 64, 4 heads, 2 KV heads: GQA) checkpoint to ``out_dir``;
-    ``sharp`` scales q/k up so attention is far from uniform."""
+    ``sharp`` scales q/k up so attention is far from uniform; ``sizes`` override the config's
+    (``vocab_size=32000``: a checkpoint of tens of MB)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(**_TINY_CONFIG, num_key_value_heads=2, tie_word_embeddings=False)
+    config = _TINY_CONFIG | sizes
+    cfg = LlamaConfig(**config, num_key_value_heads=2, tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).eval()
     if sharp:
         _sharpen_attention(model)

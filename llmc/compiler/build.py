@@ -44,7 +44,16 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
     texts = read_texts(config)
     plan = plan_cpu(config)
     quant, limit = config.quantization.quant, config.target.max_build_memory
-    memory = plan_memory(resolved.source, quant, cpu=True, limit_gb=limit)
+    calib = config.calibration
+    memory = plan_memory(
+        resolved.source,
+        quant,
+        cpu=True,
+        limit_gb=limit,
+        spec=config.quant_spec(plan.bound_pairs) if config.quantization.quantizes else None,
+        calib_tokens=calib.calib_samples * calib.calib_seq_len,
+        samples_text=texts is not None and not texts.calibration.path,
+    )
     out = config.output_dir(resolved.model_id)
     with scratch_dir(out) as work:
         model = load(resolved, stage, memory)

@@ -3,14 +3,9 @@
 Two paths (``streaming_export``):
 
 - **streamed** (safetensors or streamable GGUF, cpu target): the float graph is written without
-  loading the model, its weights read from the checkpoint one tensor at a time. For ``--quant
-  none``, peak = the process's fixed cost (Python, torch, transformers, ONNX Runtime:
-  ``BASE_BYTES``) + the larger of (a) the tensors in flight while the float graph is written
-  and two copies of the largest float32 tensor while ONNX Runtime optimizes the segment
-  holding it, and (b) the engine's weights, which the execution-provider measurement loads as
-  the server will. Quantized builds then calibrate with ONNX Runtime reading the float graph's
-  weights from disk: about the float32 bytes and the quantizer's statistics
-  (``STREAMED_QUANT_FACTOR``).
+  loading the model, its weights read from the checkpoint one tensor at a time; a quantized
+  build then calibrates and quantizes one segment at a time and holds the engine's weights, not
+  the model's (``plan_memory`` gives the formula, ``engine_size`` the engine's bytes).
 - **in memory** (other GGUF, GPU targets, FP8 emulation on cpu): the float32 model, its exported
   graph and the quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
@@ -22,16 +17,14 @@ cannot fit is refused before any weight is read, with the figure it needs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from llmc.compiler.checkpoint_weights import index_safetensors
-from llmc.compiler.gguf_file import check_gguf
+from llmc.compiler.engine_size import CheckpointShapes, engine_weight_bytes
 from llmc.compiler.model_source import ModelSource
-from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.streaming_export import can_stream
 from llmc.errors import BuildConfigError
-from llmc.quant.protocol import QuantFormat
+from llmc.quant.protocol import QuantFormat, QuantSpec
 
 GB = 1e9
 BASE_BYTES = int(0.8 * GB)
@@ -39,20 +32,30 @@ MAX_IN_FLIGHT_BYTES = 512 << 20
 MIN_IN_FLIGHT_BYTES = 64 << 20
 #: Peak RSS over float32 weight bytes on the in-memory path: float builds, quantized builds.
 IN_MEMORY_FACTOR = {False: 8.0, True: 13.0}
-#: Peak RSS over float32 weight bytes of a streamed quantized build, the worst measured: 12.7 GB
-#: for the 1.98 GB Qwen2.5-0.5B-shaped int4 build (AWQ's activation statistics, GPTQ's Gram
-#: matrices of every layer, the weights read and their quantized copies; int8: 7.4 GB).
-STREAMED_QUANT_FACTOR = 6.5
+#: Tensors of [calibration tokens, hidden] float32 a layer-wise calibration keeps per token: the
+#: residual stream between segments, and a layer's input and normalized input.
+ACTIVATION_COPIES = 3
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """The path a build takes and the peak host memory it expects (bytes)."""
+    """The path a build takes and the peak host memory it expects (bytes).
+
+    Attributes:
+        streamed: weights are read one tensor at a time (else the model is loaded whole).
+        need_bytes: the expected peak RSS.
+        in_flight_bytes: weights read and not yet written while the float graph is written.
+        float32_weight_bytes: the checkpoint's weights in float32.
+        engine_weight_bytes: the engine's weights, estimated (``engine_size``).
+        peak_stage: what sets ``need_bytes``.
+    """
 
     streamed: bool
     need_bytes: int
     in_flight_bytes: int
     float32_weight_bytes: int
+    engine_weight_bytes: int = 0
+    peak_stage: str = ""
 
     def to_dict(self) -> dict:
         """The plan as the manifest's ``build_stats.memory_plan`` records it."""
@@ -61,29 +64,36 @@ class MemoryPlan:
             "need_bytes": self.need_bytes,
             "in_flight_bytes": self.in_flight_bytes,
             "float32_weight_bytes": self.float32_weight_bytes,
+            "engine_weight_bytes": self.engine_weight_bytes,
+            "peak_stage": self.peak_stage,
         }
 
 
-def _float32_sizes(src: ModelSource) -> tuple[int, int]:
-    """(total, largest) float32 bytes of the checkpoint's tensors, from the headers' shapes (a
-    GGUF tensor dequantized: 4 bytes an element, whatever it is stored in)."""
-    if src.gguf_file is not None:
-        sizes = [4 * math.prod(t.dims) for f in src.weight_files for t in check_gguf(f).tensors]
-    else:
-        index = index_safetensors(src.weight_files)
-        sizes = [4 * int(loc.length / loc.dtype.itemsize) for loc in index.values()]
-    return sum(sizes), max(sizes, default=0)
-
-
-def plan_memory(src: ModelSource, quant: str, cpu: bool, limit_gb: float | None) -> MemoryPlan:
+def plan_memory(
+    src: ModelSource,
+    quant: str,
+    cpu: bool,
+    limit_gb: float | None,
+    spec: QuantSpec | None = None,
+    calib_tokens: int = 0,
+    samples_text: bool = False,
+) -> MemoryPlan:
     """Choose the path for ``src`` built with ``--quant quant`` and check it fits ``limit_gb``
-    (None: no limit).
+    (None: no limit). A quantized streamed build's plan reads ``spec`` (the build's
+    ``QuantSpec``; default: ``quant`` with no exclusions), ``calib_tokens`` (windows x tokens
+    per window) and ``samples_text`` (no ``--calib-data``: calibration text is sampled).
 
-    Raises BuildConfigError, before any weight is read, when the plan needs more than the limit:
-    the message gives the figure needed and what would fit.
+    Peak of a streamed build: the process (``BASE_BYTES``) plus the largest of: writing the
+    float graph (twice the largest tensor in float32, and the tensors in flight); sampling text
+    (the 8-bit sampler engine); calibrating and quantizing one segment at a time (the quantized
+    weights so far, up to the engine's, + one layer's float32 weights or the largest tensor +
+    GPTQ's Gram matrices of one layer + the calibration activations); the accuracy report and
+    the provider measurement (the engine). Raises BuildConfigError, before any weight is read,
+    when the plan needs more than the limit: the message names the figure and the stage.
     """
     fmt = FORMATS[quant]
-    total, largest = _float32_sizes(src)
+    shapes = CheckpointShapes.of(src)
+    total, largest = shapes.float32_bytes()
     # A format whose CPU lowering rewrites weights in memory (FP8 emulation) takes that path.
     rewrites = type(fmt).rewrite_for_cpu is not QuantFormat.rewrite_for_cpu
     streamed = cpu and can_stream(src) and not rewrites
@@ -91,42 +101,38 @@ def plan_memory(src: ModelSource, quant: str, cpu: bool, limit_gb: float | None)
     if not streamed:
         need = BASE_BYTES + int(IN_MEMORY_FACTOR[fmt.quantizes] * total)
         if limit is not None and need > limit:
-            why = (
-                "quantized builds of GGUF files or for GPU targets hold the model in memory"
-                if fmt.quantizes
-                else "GGUF files and GPU targets are loaded whole"
-            )
             raise BuildConfigError(
-                f"this build needs about {need / GB:.1f} GB of host memory ({why}: "
-                f"{IN_MEMORY_FACTOR[fmt.quantizes]:.0f}x the {total / GB:.2f} GB of float32 "
-                f"weights), over --max-build-memory {limit_gb:g}; a safetensors checkpoint for "
-                "--arch cpu streams its weights, or give the build more memory"
+                f"this build needs about {need / GB:.1f} GB of host memory (GPU targets, FP8 "
+                "emulation on cpu and GGUF architectures converted as a whole hold the model in "
+                f"memory: {IN_MEMORY_FACTOR[fmt.quantizes]:.0f}x the {total / GB:.2f} GB of "
+                f"float32 weights), over --max-build-memory {limit_gb:g}; give the build more "
+                "memory"
             )
-        return MemoryPlan(False, need, 0, total)
-    if fmt.quantizes:
-        # Calibration runs the float graph (its weights in ONNX Runtime), with the quantizer's
-        # statistics and the quantized weights beside it.
-        need = BASE_BYTES + int(STREAMED_QUANT_FACTOR * total)
-        if limit is not None and need > limit:
-            raise BuildConfigError(
-                f"this build needs about {need / GB:.1f} GB of host memory (calibration runs "
-                f"the {total / GB:.2f} GB float32 graph: {STREAMED_QUANT_FACTOR:g}x with the "
-                f"statistics and quantized weights), over --max-build-memory {limit_gb:g}; "
-                "--quant none streams in less, or give the build more memory"
-            )
-        return MemoryPlan(True, need, MAX_IN_FLIGHT_BYTES, total)
-    fixed = BASE_BYTES + 2 * largest
-    serving = BASE_BYTES + total  # the provider measurement loads the engine
+        return MemoryPlan(False, need, 0, total, 0, "the model loaded whole")
+    spec = (spec or QuantSpec(quant=quant)) if fmt.quantizes else None
+    engine = engine_weight_bytes(shapes, spec)
     in_flight = MAX_IN_FLIGHT_BYTES
+    write = 2 * largest
     if limit is not None:
-        in_flight = min(in_flight, limit - fixed)
-        need = max(fixed + MIN_IN_FLIGHT_BYTES, serving)
-        if in_flight < MIN_IN_FLIGHT_BYTES or serving > limit:
-            raise BuildConfigError(
-                f"this build needs at least {need / GB:.1f} GB of host memory (the process's "
-                f"{BASE_BYTES / GB:.1f} GB, and the larger of: twice its largest tensor of "
-                f"{largest / GB:.2f} GB in float32 with {MIN_IN_FLIGHT_BYTES >> 20} MiB of "
-                f"tensors in flight; the engine's {total / GB:.2f} GB of weights, loaded to "
-                f"measure it as the server will), over --max-build-memory {limit_gb:g}"
-            )
-    return MemoryPlan(True, max(fixed + in_flight, serving), in_flight, total)
+        in_flight = max(min(in_flight, limit - BASE_BYTES - write), MIN_IN_FLIGHT_BYTES)
+    stages = {
+        "write the float graph (twice the largest tensor, tensors in flight)": write + in_flight,
+        "load the engine to measure it": engine,
+    }
+    if spec is not None:
+        gram = shapes.largest_gram_bytes() if spec.weight_rounding == "gptq" else 0
+        acts = ACTIVATION_COPIES * 4 * shapes.hidden_size() * calib_tokens
+        working = max(largest, shapes.layer_bytes() + gram) + acts
+        stages["calibrate and quantize one segment at a time"] = engine + working
+        if samples_text:
+            sampler = engine_weight_bytes(shapes, QuantSpec(quant=WEIGHT_ONLY8))
+            stages["sample calibration text (8-bit sampler engine)"] = sampler
+    peak_stage = max(stages, key=stages.__getitem__)
+    need = BASE_BYTES + stages[peak_stage]
+    if limit is not None and need > limit:
+        raise BuildConfigError(
+            f"this build needs at least {need / GB:.1f} GB of host memory (the process's "
+            f"{BASE_BYTES / GB:.1f} GB and {stages[peak_stage] / GB:.2f} GB to {peak_stage}; "
+            f"engine weights {engine / GB:.2f} GB), over --max-build-memory {limit_gb:g}"
+        )
+    return MemoryPlan(True, need, in_flight, total, engine, peak_stage)

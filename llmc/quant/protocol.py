@@ -115,6 +115,7 @@ class QuantFormat(Protocol):
     needs_stats: bool = True  # activation statistics of every module it quantizes
     defaults: FormatDefaults = FormatDefaults()
     cpu_kernel: str | None = None  # ONNX Runtime op each quantized MatMul fuses into (CPU)
+    weight_bytes: float = 4.0  # engine bytes per weight of a module in this format, scales in
     ort_session_config: Mapping[str, str] = {}  # session entries its CPU engines need
     min_sm: int = 80  # oldest GPU arch (compute capability x 10) TensorRT runs it on
 

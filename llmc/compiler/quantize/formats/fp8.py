@@ -38,6 +38,7 @@ class Fp8(QuantFormat):
     summary = "W8A8 E4M3"
     defaults = FormatDefaults("max", weight_only8="lm_head")
     cpu_kernel = "QuantizeLinear"  # emulation: the activation Q/DQ pairs remain
+    weight_bytes = 1.0
     min_sm = 89
 
     def quantize(

@@ -40,6 +40,7 @@ class Int4(QuantFormat):
     summary = "weight-only, block-wise, AWQ"
     defaults = FormatDefaults("max", weight_only8="lm_head,*.down_proj")
     cpu_kernel = "MatMulNBits"
+    weight_bytes = 0.5 + 4 / 128  # 4 bits, a float32 scale per 128
     ort_session_config = {"session.qdq_matmulnbits_accuracy_level": str(MATMULNBITS_ACCURACY_LEVEL)}
 
     def quantize(

@@ -47,6 +47,7 @@ class Int8(QuantFormat):
     summary = "W8A8, SmoothQuant"
     defaults = FormatDefaults("percentile", weight_only8="lm_head", exclude="*.down_proj")
     cpu_kernel = "MatMulIntegerToFloat"
+    weight_bytes = 1.0
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec
