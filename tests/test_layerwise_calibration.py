@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_by_segment, collect_stats
 from llmc.calibration.stats_cache import StatsCache
-from llmc.compiler.model_source import load_model, resolve_model
+from llmc.compiler.model_source import load_model, load_tokenizer, resolve_model
 from llmc.compiler.quantize.qdq import (
     GraphQuantizer,
     QuantSpec,
@@ -124,3 +124,48 @@ def test_quantized_by_segment_equals_all_at_once(tiny, tmp_path):
         again.quantize(stats, modules=set(stats))
         kv.update({k: s for k, s in stats.items() if is_kv_key(k)})
     assert again.finish(kv).modules == want_report.modules
+
+
+def test_accuracy_report_equals_whole_graph_scoring(tmp_path):
+    """The build's accuracy report (reference run one segment at a time, its logits spilled to
+    disk, the engine loaded after) equals scoring the whole float graph and the engine side by
+    side (``evaluate_accuracy``) on the same windows."""
+    from llmc.calibration.accuracy import evaluate_accuracy
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.quantize import pipeline
+    from tests.tiny_models import SHAKESPEARE
+
+    ckpt = make_tiny_gemma3(tmp_path / "ckpt", seed=2, sharp=True)
+    data = tmp_path / "calib.txt"
+    data.write_text(SHAKESPEARE.read_text()[:40_000])
+    config = BuildConfig.of(
+        model=str(ckpt),
+        quant="int8",
+        block_size=BLOCK,
+        calib_data=str(data),
+        calib_samples=3,
+        calib_seq_len=SEQ,
+        eval_samples=3,
+        cache_dir=str(tmp_path / "cache"),
+        output=str(tmp_path / "e"),
+    )
+    engine_dir = build(config).engine_dir
+    src = resolve_model(str(ckpt))
+    model, tokenizer = load_model(src, "float32"), load_tokenizer(src)
+    proto, _ = float_graph(model, BLOCK)
+    _, heldout = pipeline.text_sources(config.calibration)
+    got = pipeline.accuracy_report(
+        config, proto, engine_dir, model, tokenizer, heldout, None, tmp_path
+    )
+    windows = pipeline.windows_of(heldout, model, tokenizer, 3, SEQ)
+    blocks = -(-SEQ // BLOCK)
+    want = evaluate_accuracy(
+        OrtRunner.from_model(proto, blocks),
+        OrtRunner(engine_dir, blocks),
+        windows,
+        BLOCK,
+        heldout.describe(),
+    )
+    assert got == want
+    assert got.num_windows == 3 and 0 < got.top1_agreement <= 1

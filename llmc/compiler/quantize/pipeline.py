@@ -243,8 +243,11 @@ def accuracy_report(
     """The engine in ``engine_dir`` against the unquantized graph on held-out windows
     (``llmc.calibration.accuracy.AccuracyReport``). The reference runs one segment at a time
     over every window (``LayerwiseRunner``, its weights read from ``external_data_dir`` for a
-    streamed graph), so only the engine is loaded whole; its last segment's logits are scored
-    window by window against the engine's."""
+    streamed graph) and its logits go to a temporary file there; the engine is loaded after
+    the reference is released and scored window by window against them, so the build holds
+    one model at a time."""
+    import tempfile
+
     from llmc.calibration.accuracy import check_windows, score_logits
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.runtime.ort_runner import OrtRunner
@@ -254,15 +257,20 @@ def accuracy_report(
     windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
     check_windows(windows)
     ref = LayerwiseRunner(reference, threads=threads, external_data_dir=external_data_dir)
-
-    def pairs():
-        engine = None  # loaded when the reference reaches its last segment
+    with tempfile.TemporaryFile(dir=external_data_dir) as spill:
+        shapes = []  # [T, V] of each window's reference logits, in file order
         for out in ref.run(windows, progress):
             if out.segment == ref.num_segments - 1 and out.window is not None:
-                if engine is None:
-                    blocks = -(-calib.calib_seq_len // block_size)
-                    engine = OrtRunner(engine_dir, blocks, threads=threads)
-                step = single_prefill(windows[out.window], block_size, all_logits=True)
-                yield out.tensors[ref.logits], engine.execute(step)
+                logits = np.ascontiguousarray(out.tensors[ref.logits], np.float32)
+                spill.write(logits.tobytes())
+                shapes.append(logits.shape)
+        del ref
+        engine = OrtRunner(engine_dir, -(-calib.calib_seq_len // block_size), threads=threads)
 
-    return score_logits(pairs(), windows, source.describe())
+        def pairs():
+            spill.seek(0)
+            for window, shape in zip(windows, shapes, strict=True):
+                want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
+                yield want, engine.execute(single_prefill(window, block_size, all_logits=True))
+
+        return score_logits(pairs(), windows, source.describe())
