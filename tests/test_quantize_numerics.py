@@ -239,3 +239,25 @@ def test_bound_pairs_keeps_every_adjacent_pair_within_128(k):
     assert np.abs(bounded.data).max() <= 127
     err = np.abs(bounded.data * bounded.scale - w).max(axis=0)
     assert np.all(err <= bounded.scale / 2 + 1e-7)  # still round-to-nearest on its own grid
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "gptq"])
+def test_weight_only8_in_column_chunks_equals_one_pass(monkeypatch, rounding):
+    """A wide weight is quantized COLUMNS output channels at a time: same codes and scales as
+    one pass over the whole weight (GPTQ's updates and the blocks run along K only)."""
+    from llmc.compiler.quantize.formats import int8_weight_only as fmt
+    from llmc.quant.protocol import QuantSpec
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 40)).astype(np.float32)
+    x = rng.standard_normal((300, 64)).astype(np.float32)
+    stats = _stats(x)
+    stats.gram = (x.T @ x).astype(np.float64)
+    spec = QuantSpec(quant="int4", int4_block_size=32, weight_rounding=rounding)
+    whole = fmt.FORMAT.quantize(w.T.copy().T, stats, spec)  # a non-contiguous view, as a tied
+    monkeypatch.setattr(fmt, "COLUMNS", 16)  # projection's transposed table is passed
+    chunked = fmt.FORMAT.quantize(w, stats, spec)
+    assert chunked.record["rounding"] == rounding
+    assert whole.weight.data.shape == (64, 40) and whole.weight.scale.shape == (2, 40)
+    np.testing.assert_array_equal(chunked.weight.data, whole.weight.data)
+    np.testing.assert_array_equal(chunked.weight.scale, whole.weight.scale)

@@ -2,11 +2,11 @@
 
 Two paths (``streaming_export``):
 
-- **streamed** (safetensors or streamable GGUF, cpu target): the float graph is written without
+- **streamed** (safetensors or streamable GGUF; any target): the float graph is written without
   loading the model, its weights read from the checkpoint one tensor at a time; a quantized
   build then calibrates and quantizes one segment at a time and holds the engine's weights, not
   the model's (``plan_memory`` gives the formula, ``engine_size`` the engine's bytes).
-- **in memory** (other GGUF, GPU targets, FP8 emulation on cpu): the float32 model, its exported
+- **in memory** (other GGUF architectures, FP8 emulation on cpu): the float32 model, its exported
   graph and the quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
   float build, 12-14 GB for 1.07 GB of Gemma 3 270M quantized; ``benchmarks/RESULTS.md``).
@@ -96,14 +96,15 @@ def plan_memory(
     total, largest = shapes.float32_bytes()
     # A format whose CPU lowering rewrites weights in memory (FP8 emulation) takes that path.
     rewrites = type(fmt).rewrite_for_cpu is not QuantFormat.rewrite_for_cpu
-    streamed = cpu and can_stream(src) and not rewrites
+    # FP8 emulation rewrites weights in memory on cpu only; GPU stages keep them and stream.
+    streamed = can_stream(src) and not (cpu and rewrites)
     limit = None if limit_gb is None else int(limit_gb * GB)
     if not streamed:
         need = BASE_BYTES + int(IN_MEMORY_FACTOR[fmt.quantizes] * total)
         if limit is not None and need > limit:
             raise BuildConfigError(
-                f"this build needs about {need / GB:.1f} GB of host memory (GPU targets, FP8 "
-                "emulation on cpu and GGUF architectures converted as a whole hold the model in "
+                f"this build needs about {need / GB:.1f} GB of host memory (FP8 emulation on "
+                "cpu and GGUF architectures converted as a whole hold the model in "
                 f"memory: {IN_MEMORY_FACTOR[fmt.quantizes]:.0f}x the {total / GB:.2f} GB of "
                 f"float32 weights), over --max-build-memory {limit_gb:g}; give the build more "
                 "memory"
@@ -116,9 +117,10 @@ def plan_memory(
     if limit is not None:
         in_flight = max(min(in_flight, limit - BASE_BYTES - write), MIN_IN_FLIGHT_BYTES)
     stages = {
-        "write the float graph (twice the largest tensor, tensors in flight)": write + in_flight,
-        "load the engine to measure it": engine,
+        "write the float graph (twice the largest tensor, tensors in flight)": write + in_flight
     }
+    if cpu:  # a GPU stage is measured where it is finished, on the GPU builder
+        stages["load the engine to measure it"] = engine
     if spec is not None:
         gram = shapes.largest_gram_bytes() if spec.weight_rounding == "gptq" else 0
         acts = ACTIVATION_COPIES * 4 * shapes.hidden_size() * calib_tokens

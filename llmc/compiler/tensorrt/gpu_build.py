@@ -1,7 +1,8 @@
 """``llmc build --arch sm*``: checkpoint -> portable stage -> TensorRT engine directory.
 
 Two halves (DESIGN §6). ``build_gpu`` runs everywhere: export, passes, calibration and Q/DQ (the
-same code as the CPU path), ``lower_for_tensorrt``, the TensorRT lint, then the portable stage.
+same code as the CPU path), the TensorRT lowering and lint, then the portable stage
+(``portable_stage.prepare_stage``).
 ``finish_stage`` needs TensorRT and a GPU of the target's compute capability: it re-lints the
 stage, builds the plan (``builder.build_plan``) and writes the engine directory (plan, manifest,
 tokenizer). Without them, the build stops after the stage with ``TensorRTUnavailableError``
@@ -17,25 +18,14 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from llmc.calibration.stats_cache import StatsCache, save_stats
 from llmc.compiler.build_config import BuildConfig, flatten_options
-from llmc.compiler.config.calibration import CalibrationOptions
-from llmc.compiler.config.destination import DestinationOptions
-from llmc.compiler.memory_plan import plan_memory
-from llmc.compiler.quantize.qdq import QuantReport
-from llmc.compiler.staged_dir import staged_dir
-from llmc.compiler.stages.export import export
-from llmc.compiler.stages.load import load, resolve
-from llmc.compiler.stages.manifest import core_facts
-from llmc.compiler.stages.progress import Stage, stage_of
+from llmc.compiler.stages.progress import stage_of
 from llmc.compiler.stages.publish import publish_result
-from llmc.compiler.stages.quantize import EngineGraph, quantize, read_texts
 from llmc.compiler.stages.result import BuildResult
-from llmc.compiler.stages.tokenizer import write_tokenizer_files
 from llmc.compiler.tensorrt import lint
 from llmc.compiler.tensorrt.builder import check_hardware_compat
 from llmc.compiler.tensorrt.engine_dir import write_engine
-from llmc.compiler.tensorrt.lower import lower_for_tensorrt
+from llmc.compiler.tensorrt.portable_stage import prepare_stage
 from llmc.engine import stage as st
 from llmc.engine.gpu import missing_for_build
 from llmc.errors import BuildConfigError, LlmcError
@@ -71,78 +61,11 @@ def build_gpu(config: BuildConfig, progress=None) -> BuildResult:
     config.validate()
     check_hardware_compat(config.target.hardware_compat)  # before the slow part, not after it
     missing = missing_for_build(config.target.arch)
-    stage_dir = _prepare(config, progress, final=not missing)
+    stage_dir = prepare_stage(config, progress, final=not missing)
     if missing:
         raise _unavailable(stage_dir, config.target.arch, missing)
     requested = {"output": config.destination.output, "registry": config.destination.registry}
     return finish_stage(stage_dir, requested, progress, remove_stage=True)
-
-
-def _prepare(config: BuildConfig, progress, final: bool) -> Path:
-    """Everything up to the stage; returns the stage directory: ``-o`` (else the default engine
-    directory + ``-stage``) when the build stops there, else beside the engine (``.stage``)."""
-
-    stage = stage_of(progress)
-    resolved = resolve(config.source, stage)
-    texts = read_texts(config)  # bad files fail before work
-    # GPU stages load the model whole: refuse at once what --max-build-memory cannot hold.
-    limit = config.target.max_build_memory
-    plan_memory(resolved.source, config.quantization.quant, cpu=False, limit_gb=limit)
-    model = load(resolved, stage)  # calibration runs the float32 graph on the CPU
-    graph = quantize(export(model, config.export, stage), model, config, texts, stage)
-    lint_report = lower_tensorrt(graph, config, stage)
-    out = config.output_dir(resolved.model_id)
-    if final or config.destination.output is None:
-        out = out.with_name(out.name + (".stage" if final else "-stage"))
-    with staged_dir(out) as tmp:
-        with stage("portable stage"):
-            tokenizer_digest = write_tokenizer_files(model.tokenizer, model.generation, tmp)
-            report = graph.quant_report
-            manifest = st.StageManifest(
-                # The engine's destination is chosen when the stage is finished.
-                **core_facts(
-                    replace(config, destination=DestinationOptions()),
-                    model,
-                    graph,
-                    tokenizer_digest,
-                    report.to_dict() if report is not None else None,
-                ),
-                calibration_stats=_copy_calibration_stats(report, config.calibration, tmp),
-                lint=lint_report.to_dict(),
-            )
-            del model
-            st.write_stage(graph.proto, manifest, tmp)
-    return out
-
-
-def lower_tensorrt(graph: EngineGraph, config: BuildConfig, stage: Stage) -> lint.LintReport:
-    """Lower ``graph`` in place to what TensorRT's parser takes in ``config``'s dtype and KV
-    cache dtype (``lower_for_tensorrt``) and lint it for the target. Returns the lint report;
-    raises TensorRTLintError when it finds errors."""
-    dtype = config.source.dtype
-    with stage(f"lower to TensorRT ({dtype})"):
-        lower_for_tensorrt(graph.proto, dtype, config.quantization.kv_cache_dtype)
-    with stage("TensorRT lint"):
-        report = lint.lint_model(graph.proto, config.target.arch)
-        lint.raise_on_errors(report, "the lowered engine graph")
-    return report
-
-
-def _copy_calibration_stats(
-    report: QuantReport | None, calibration: CalibrationOptions, stage_dir: Path
-) -> str | None:
-    """Copy the cached calibration statistics a quantized graph was built with into the stage;
-    returns their path in it, or None (unquantized, or no longer cached)."""
-    if report is None:
-        return None
-    cache = StatsCache(calibration.stats_path(report.spec["calibration"]["cache_key"]))
-    # Without the Gram matrices (~0.5 GB for Gemma 3 270M): GPTQ used them, and its rounded
-    # weights are in the graph already.
-    cached = cache.load_all(gram=False)
-    if cached is None:
-        return None
-    save_stats(cached, stage_dir / st.CALIBRATION_FILE)
-    return st.CALIBRATION_FILE
 
 
 def _unavailable(

@@ -24,6 +24,9 @@ mode is always enabled"). So the lowering writes precision into the graph:
 - Each quantization format rewrites its Q/DQ nodes for TensorRT (``rewrite_for_tensorrt``):
   block-wise INT8 weights (8-bit weight-only layers) become per-channel INT8, as TensorRT's
   block dequantization takes FP4, FP8 and INT4 only (``int8_weights.py``).
+- A streamed build's graph (weights external, in the build's work directory) is lowered by
+  ``lower_streamed`` without reading them: the same structure rewrites, and the weights that
+  change are computed one at a time when the stage is written (``lazy_weights.py``).
 - Each PagedAttention node gets what the TensorRT plugin declares: every attribute, ``aot=1``,
   and the two aliased cache outputs as graph outputs (``plugin_io.py``). The CPU engine's graph
   is built before this and keeps its one-output nodes.
@@ -34,12 +37,16 @@ TensorRT's documented ONNX support table.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.tensorrt.lazy_weights import EAGER, Weights, detach
 from llmc.compiler.tensorrt.plugin_io import rewrite_plugin_nodes
 from llmc.engine.graph import LOGITS
 from llmc.engine.kv_cache import onnx_cache_type
@@ -66,11 +73,43 @@ def kv_cache_elem_type(kv_cache_dtype: str, dtype: str) -> int:
 def lower_for_tensorrt(
     model: onnx.ModelProto, dtype: str, kv_cache_dtype: str = "auto"
 ) -> onnx.ModelProto:
-    """Rewrite ``model`` (in place, also returned) into the TensorRT graph for ``dtype``
-    ("float16", "bfloat16" or "float32") and ``kv_cache_dtype`` ("auto", "fp8", "int8").
+    """Rewrite ``model`` (in place, also returned; it holds its weights) into the TensorRT graph
+    for ``dtype`` ("float16", "bfloat16" or "float32") and ``kv_cache_dtype`` ("auto", "fp8",
+    "int8").
 
     Raises ValueError for an unknown dtype or a graph without a ``logits`` output.
     """
+    _check(model, dtype)
+    for fmt in FORMATS.values():  # before the float conversion: scales are still float32
+        fmt.rewrite_for_tensorrt(model)
+    _lower_graph(model, dtype, kv_cache_dtype, EAGER)
+    return model
+
+
+def lower_streamed(
+    model: onnx.ModelProto, weights_dir: Path, dtype: str, kv_cache_dtype: str = "auto"
+) -> ir.Model:
+    """``lower_for_tensorrt`` of a graph whose weights are external data in ``weights_dir``
+    (a streamed build), reading none of them: the graph's structure is rewritten as there, and
+    each weight that changes (casts to ``dtype``, the formats' weight rewrites) becomes an
+    ``onnx_ir.LazyTensor`` over its source, computed when the returned model is saved
+    (``onnx_ir.save`` with external data: one tensor at a time). ``model`` is modified.
+
+    Raises ValueError as ``lower_for_tensorrt``.
+    """
+    _check(model, dtype)
+    lazy = ir.from_proto(model)  # external tensors: nothing read
+    ir.external_data.set_base_dir(lazy.graph, weights_dir)
+    for fmt in FORMATS.values():  # on the onnx_ir model: weights rewritten when written
+        fmt.rewrite_for_tensorrt(lazy)
+    proto, weights = detach(lazy)
+    _lower_graph(proto, dtype, kv_cache_dtype, weights)
+    return weights.attach(proto)
+
+
+def _check(model: onnx.ModelProto, dtype: str) -> None:
+    """Refuse an unknown ``dtype`` or a graph without logits; name unnamed nodes (the float
+    conversion tells nodes apart by name)."""
     if dtype not in COMPUTE_TYPES:
         raise ValueError(
             f"TensorRT compute dtype must be one of {list(COMPUTE_TYPES)}, not {dtype}"
@@ -80,11 +119,15 @@ def lower_for_tensorrt(
         raise ValueError("the engine graph has no 'logits' output")
     for i, n in enumerate(g.node):
         n.name = n.name or f"{n.op_type}_{i}.unnamed"
-    for fmt in FORMATS.values():  # before the float conversion: scales are still float32
-        fmt.rewrite_for_tensorrt(model)
+
+
+def _lower_graph(model: onnx.ModelProto, dtype: str, kv_cache_dtype: str, weights: Weights) -> None:
+    """What follows the formats' rewrites: the float conversion (values through
+    ``weights``), the KV-cache input types and the plugin nodes."""
+    g = model.graph
     if dtype != "float32":
         keep = _rotary_angle_region(g)
-        _convert_floats(g, dtype, keep)
+        _convert_floats(g, dtype, keep, weights)
         _keep_logits_float32(g, COMPUTE_TYPES[dtype])
     cache_type = kv_cache_elem_type(kv_cache_dtype, dtype)
     caches = {n for p in plugin_nodes(model) for n in p.input[3:5]}
@@ -92,7 +135,6 @@ def lower_for_tensorrt(
         if vi.name in caches:
             vi.type.tensor_type.elem_type = cache_type
     rewrite_plugin_nodes(model)
-    return model
 
 
 def _rotary_angle_region(g: onnx.GraphProto) -> set[str]:
@@ -130,7 +172,7 @@ def _rotary_angle_region(g: onnx.GraphProto) -> set[str]:
     return region
 
 
-def _convert_floats(g: onnx.GraphProto, dtype: str, keep: set[str]) -> None:
+def _convert_floats(g: onnx.GraphProto, dtype: str, keep: set[str], weights: Weights) -> None:
     target = COMPUTE_TYPES[dtype]
     kept = [n for n in g.node if n.name in keep]
     kept_values = {o for n in kept for o in n.output}
@@ -141,15 +183,14 @@ def _convert_floats(g: onnx.GraphProto, dtype: str, keep: set[str]) -> None:
     for t in inits:
         if t.data_type != TensorProto.FLOAT:
             continue
-        array = numpy_helper.to_array(t)
         if t.name in kept_inputs and t.name in other_inputs:
-            copy = numpy_helper.from_array(array, t.name + ".float32")
+            copy = weights.copy(t, t.name + ".float32")
             g.initializer.append(copy)
             for n in kept:
                 _rename_input(n, t.name, copy.name)
         if t.name in kept_inputs and t.name not in other_inputs:
             continue
-        t.CopyFrom(numpy_helper.from_array(array.astype(_NUMPY[dtype]), t.name))
+        weights.cast(t, target, _NUMPY[dtype])
     for n in g.node:
         if n.name in keep:
             continue
