@@ -10,6 +10,7 @@ for.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from contextlib import contextmanager
@@ -42,6 +43,10 @@ class BuildStats:
         """Time ``name`` and sample its peak RSS; yields the display's ``tick(done, total)``."""
         import psutil
 
+        # The ONNX IR graphs earlier stages dropped are reference cycles, freed only by the
+        # cyclic collector: a quantized graph holds the engine's weights (0.5 GB measured for a
+        # 0.5B model's 8-bit copy). Collected here, a stage's peak does not stack on them.
+        gc.collect()
         proc = psutil.Process()
         peak = proc.memory_info().rss
         stop = threading.Event()

@@ -13,6 +13,7 @@ compares the engine with the float graph.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import onnx
@@ -41,6 +42,7 @@ def write_sampler_engine(
     path = work_dir / SAMPLER_GRAPH
     ir.save(model, path, external_data=SAMPLER_GRAPH + ".data", max_in_flight_bytes=256 << 20)
     del model
+    gc.collect()  # the graph is a reference cycle holding the 8-bit weights
     engine_dir = work_dir / SAMPLER_ENGINE
     lower_to_cpu(
         onnx.load(str(path), load_external_data=False),
