@@ -101,14 +101,12 @@ def test_quantized_by_segment_equals_all_at_once(tiny, tmp_path):
     runner = LayerwiseRunner(proto, extra_outputs=tuple(dict.fromkeys(tensors.values())))
     parts = ir.from_proto(proto)
     quantizer = GraphQuantizer(parts, spec)
-    kv = {}
     for segment, stats in collect_by_segment(runner, tensors, windows, gram_keys=grams):
         cache.save(segment, stats)
-        quantizer.quantize(stats, modules=set(stats))
-        kv.update({k: s for k, s in stats.items() if is_kv_key(k)})
+        quantizer.quantize(stats)
     assert not cache.is_complete()  # not marked: a later build would calibrate again
     cache.mark_complete()
-    report = quantizer.finish(kv)
+    report = quantizer.finish()
     got = {t.name: numpy_helper.to_array(t) for t in ir.to_proto(parts).graph.initializer}
 
     assert report.modules == want_report.modules  # formats, amax, scales per module
@@ -119,11 +117,9 @@ def test_quantized_by_segment_equals_all_at_once(tiny, tmp_path):
 
     # A complete cache gives the same statistics back, one segment file at a time.
     again = GraphQuantizer(ir.from_proto(proto), spec)
-    kv = {}
     for _, stats in cache.segments():
-        again.quantize(stats, modules=set(stats))
-        kv.update({k: s for k, s in stats.items() if is_kv_key(k)})
-    assert again.finish(kv).modules == want_report.modules
+        again.quantize(stats)
+    assert again.finish().modules == want_report.modules
 
 
 def test_accuracy_report_equals_whole_graph_scoring(tmp_path):

@@ -37,7 +37,7 @@ def write_sampler_engine(
     SAMPLER_ENGINE`` and return that directory (an engine directory ``OrtRunner`` loads).
     Weights are read one at a time and written as external data."""
     model = ir.load(weights_dir / FLOAT_GRAPH) if weights_dir else ir.from_proto(graph)
-    GraphQuantizer(model, QuantSpec(quant=WEIGHT_ONLY8)).finish({})
+    GraphQuantizer(model, QuantSpec(quant=WEIGHT_ONLY8)).finish()
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / SAMPLER_GRAPH
     ir.save(model, path, external_data=SAMPLER_GRAPH + ".data", max_in_flight_bytes=256 << 20)

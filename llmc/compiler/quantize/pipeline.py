@@ -105,12 +105,7 @@ def quantize(
 
     from llmc.calibration.collect import calibration_key
     from llmc.calibration.stats_cache import StatsCache
-    from llmc.compiler.quantize.qdq import (
-        GraphQuantizer,
-        calibration_tensors,
-        gptq_keys,
-        is_kv_key,
-    )
+    from llmc.compiler.quantize.qdq import GraphQuantizer, calibration_tensors, gptq_keys
     from llmc.compiler.streaming_export import FLOAT_GRAPH
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.version import __version__
@@ -134,7 +129,6 @@ def quantize(
     )
     cache = StatsCache(calib.stats_path(key))
     quantizer = GraphQuantizer(graph, spec)
-    kv_stats: dict = {}
     cached = bool(tensors) and cache.is_complete()
     windows: list = []
     if tensors and not cached:
@@ -161,9 +155,8 @@ def quantize(
             )
             parts = _calibrate(runner, tensors, windows, gram_keys, cache, tick)
         for _, stats in parts:
-            quantizer.quantize(stats, modules=set(stats))
-            kv_stats.update({k: s for k, s in stats.items() if is_kv_key(k)})
-        report = quantizer.finish(kv_stats)
+            quantizer.quantize(stats)
+        report = quantizer.finish()
         report.spec["calibration"] = {
             "data": calib_source.describe(),
             "samples": calib.calib_samples,

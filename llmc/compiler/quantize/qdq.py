@@ -104,7 +104,7 @@ def quantize_graph(model: ir.Model, stats: dict[str, TensorStats], spec: QuantSp
     without statistics."""
     quantizer = GraphQuantizer(model, spec)
     quantizer.quantize(stats)
-    return quantizer.finish(stats)
+    return quantizer.finish()
 
 
 class GraphQuantizer:
@@ -124,11 +124,17 @@ class GraphQuantizer:
         self._counts: Counter = Counter()
         self._names = _Names(model.graph)
         self._pending = {t.module: t for t in find_targets(model)}
+        self._kv_stats: dict[str, TensorStats] = {}
 
-    def quantize(self, stats: dict[str, TensorStats], modules: set[str] | None = None) -> None:
-        """Quantize the pending targets among ``modules`` (None: all pending) with ``stats``
-        (by module). Raises ValueError for a target whose format needs statistics not in
-        ``stats``."""
+    def quantize(self, stats: dict[str, TensorStats]) -> None:
+        """Quantize the pending targets ``stats`` has statistics for (by module key), and keep
+        its KV-cache statistics (``kv_key``) for ``finish``."""
+        self._kv_stats.update({k: s for k, s in stats.items() if is_kv_key(k)})
+        self._quantize(stats, set(stats))
+
+    def _quantize(self, stats: dict[str, TensorStats], modules: set[str] | None) -> None:
+        """Quantize the pending targets among ``modules`` (None: all pending). Raises
+        ValueError for a target whose format needs statistics not in ``stats``."""
         spec = self.spec
         for module, target in list(self._pending.items()):
             if modules is not None and module not in modules:
@@ -148,13 +154,13 @@ class GraphQuantizer:
             self.report.modules[module] = entry
             self._counts[fmt.label] += 1
 
-    def finish(self, kv_stats: dict[str, TensorStats]) -> QuantReport:
-        """Quantize what is still pending (formats that need no statistics), set the KV-cache
-        scales from ``kv_stats`` (the ``kv_key`` statistics, when ``kv_cache_dtype`` is fp8 or
+    def finish(self) -> QuantReport:
+        """Quantize what is still pending (formats that need no statistics; ValueError for one
+        that does), set the KV-cache scales from the kept statistics (``kv_cache_dtype`` fp8 or
         int8), drop the float weights no node reads, and return the report."""
-        self.quantize(kv_stats)
+        self._quantize({}, None)
         if self.spec.kv_cache_dtype in ("fp8", "int8"):
-            self.report.kv_cache = _set_kv_scales(self.model.graph, kv_stats, self.spec)
+            self.report.kv_cache = _set_kv_scales(self.model.graph, self._kv_stats, self.spec)
         _drop_dead(self.model.graph)
         self.report.counts = dict(sorted(self._counts.items()))
         return self.report
