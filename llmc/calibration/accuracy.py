@@ -155,6 +155,7 @@ def score_logits(
         targets = np.asarray(window[1:], dtype=np.int64)  # [T-1]
         totals += _window_sums(ref[: t - 1], cand[: t - 1], targets)
         num_tokens += t - 1
+        del ref, cand  # [T, V] each: freed before the next window's pair is made
         if progress is not None:
             progress(i + 1, len(windows))
     nll_ref, nll, kl, agree = totals / num_tokens

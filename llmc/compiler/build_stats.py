@@ -10,11 +10,12 @@ for.
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from llmc.heap import release_freed_memory
 
 
 @dataclass
@@ -43,10 +44,9 @@ class BuildStats:
         """Time ``name`` and sample its peak RSS; yields the display's ``tick(done, total)``."""
         import psutil
 
-        # The ONNX IR graphs earlier stages dropped are reference cycles, freed only by the
-        # cyclic collector: a quantized graph holds the engine's weights (0.5 GB measured for a
-        # 0.5B model's 8-bit copy). Collected here, a stage's peak does not stack on them.
-        gc.collect()
+        # What earlier stages dropped (ONNX IR graphs are reference cycles; the C heap keeps
+        # freed pages) is released here, so a stage's peak does not stack on it.
+        release_freed_memory()
         proc = psutil.Process()
         peak = proc.memory_info().rss
         stop = threading.Event()

@@ -242,6 +242,7 @@ def accuracy_report(
     import tempfile
 
     from llmc.calibration.accuracy import check_windows, score_logits
+    from llmc.heap import release_freed_memory
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.runtime.ort_runner import OrtRunner
     from llmc.runtime.step_inputs import single_prefill
@@ -251,13 +252,9 @@ def accuracy_report(
     check_windows(windows)
     ref = LayerwiseRunner(reference, threads=threads, external_data_dir=external_data_dir)
     with tempfile.TemporaryFile(dir=external_data_dir) as spill:
-        shapes = []  # [T, V] of each window's reference logits, in file order
-        for out in ref.run(windows, progress):
-            if out.segment == ref.num_segments - 1 and out.window is not None:
-                logits = np.ascontiguousarray(out.tensors[ref.logits], np.float32)
-                spill.write(logits.tobytes())
-                shapes.append(logits.shape)
+        shapes = _spill_logits(ref, windows, spill, progress)
         del ref
+        release_freed_memory()  # the reference's last segment (vocabulary projection, logits)
         engine = OrtRunner(engine_dir, -(-calib.calib_seq_len // block_size), threads=threads)
 
         def pairs():
@@ -267,3 +264,17 @@ def accuracy_report(
                 yield want, engine.execute(single_prefill(window, block_size, all_logits=True))
 
         return score_logits(pairs(), windows, source.describe())
+
+
+def _spill_logits(runner, windows: list[np.ndarray], spill, progress) -> list[tuple[int, int]]:
+    """Write the logits [T, V] float32 of each window, run by ``runner`` (a
+    ``LayerwiseRunner``), to the binary file ``spill`` in window order; return their shapes.
+    No window's logits outlive this call."""
+    shapes = []
+    last = runner.num_segments - 1
+    for out in runner.run(windows, progress):
+        if out.segment == last and out.window is not None:
+            logits = np.ascontiguousarray(out.tensors[runner.logits], np.float32)
+            spill.write(memoryview(logits).cast("B"))
+            shapes.append(logits.shape)
+    return shapes
