@@ -100,3 +100,18 @@ def test_mismatched_hessian_is_refused():
     w = np.zeros((K, N), np.float32)
     with pytest.raises(ValueError, match="Hessian"):
         gptq.gptq_round(w, np.eye(K + 1), lambda v, rows, idx: v)
+
+
+@pytest.mark.parametrize("k", [1, 7, 300])
+def test_inverse_cholesky_factor_is_the_factor_of_the_inverse(k):
+    import torch
+
+    rng = np.random.default_rng(k)
+    x = torch.from_numpy(rng.standard_normal((2 * k + 3, k)))
+    h = x.T @ x + 0.01 * torch.eye(k, dtype=torch.float64)
+    u = gptq._inverse_cholesky_upper(h)
+    assert torch.equal(u, torch.triu(u))
+    assert torch.allclose(u.T @ u, torch.linalg.inv(h), rtol=1e-9, atol=1e-9)
+    # the factor the GPTQ paper's code takes: factor h, invert, factor the inverse (upper)
+    paper = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    assert torch.allclose(u, paper, rtol=1e-9, atol=1e-12)

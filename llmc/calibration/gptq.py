@@ -45,8 +45,7 @@ def gptq_round(weight: np.ndarray, hessian: np.ndarray, rounder: Rounder) -> np.
     order = torch.argsort(torch.diagonal(h), descending=True)
     h = h[order][:, order]
     h += DAMPING * torch.diagonal(h).mean() * torch.eye(k, dtype=h.dtype)
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    u = u.float()
+    u = _inverse_cholesky_upper(h).float()
     w_all = torch.from_numpy(np.array(weight, np.float32))  # a copy: ONNX arrays are read-only
     out = np.empty((k, n), np.float32)
     for r1 in range(0, n, ROWS):
@@ -55,6 +54,20 @@ def gptq_round(weight: np.ndarray, hessian: np.ndarray, rounder: Rounder) -> np.
         q = _round_rows(w, u, order, rows, rounder)
         out[order.numpy(), rows] = q.T.numpy()
     return out
+
+
+def _inverse_cholesky_upper(h: torch.Tensor) -> torch.Tensor:
+    """The upper Cholesky factor U of ``h``^-1 (``h`` [K, K] symmetric positive definite):
+    U^T U = h^-1, U upper triangular, same dtype.
+
+    With J the order-reversing permutation and J h J = M M^T (M lower), h^-1 = (M^-1 J)^T
+    (M^-1 J), and U = J M^-1 J is upper triangular with U^T U = J M^-T M^-1 J = h^-1. One
+    Cholesky and one triangular solve, where factoring h, inverting it and factoring the inverse
+    (the paper's reference code) took 1.8x the time for K = 4,864 (float64, 2 cores).
+    """
+    m = torch.linalg.cholesky(h.flip(0, 1))
+    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    return torch.linalg.solve_triangular(m, eye, upper=False).flip(0, 1)
 
 
 def _round_rows(w: torch.Tensor, u: torch.Tensor, order: torch.Tensor, rows: slice, rounder):
