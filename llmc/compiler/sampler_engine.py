@@ -13,7 +13,6 @@ compares the engine with the float graph.
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 import onnx
@@ -23,6 +22,7 @@ from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.quantize.qdq import GraphQuantizer
 from llmc.compiler.streaming_export import FLOAT_GRAPH
+from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantSpec
 
 SAMPLER_GRAPH = "sampler.onnx"
@@ -42,7 +42,7 @@ def write_sampler_engine(
     path = work_dir / SAMPLER_GRAPH
     ir.save(model, path, external_data=SAMPLER_GRAPH + ".data", max_in_flight_bytes=256 << 20)
     del model
-    gc.collect()  # the graph is a reference cycle holding the 8-bit weights
+    release_freed_memory()  # the graph is a reference cycle holding the 8-bit weights
     engine_dir = work_dir / SAMPLER_ENGINE
     lower_to_cpu(
         onnx.load(str(path), load_external_data=False),
