@@ -76,8 +76,9 @@ class TensorStats:
         np.maximum(self.channel_absmax, a.max(axis=0), out=self.channel_absmax)
         self.channel_abssum += a.sum(axis=0, dtype=np.float64)
         if self.gram is not None:
-            # float32 GEMM per batch of rows (a window), summed in float64 across batches.
-            self.gram += (x.T @ x).astype(np.float64)
+            # float32 GEMM per batch of rows (a window), summed in float64 across batches; the
+            # ufunc casts as it adds (a float64 copy first took twice the GEMM's time).
+            np.add(self.gram, x.T @ x, out=self.gram)
         # Algorithm R, vectorized: row t (0-based, global) replaces slot j ~ U[0, t] if j < R.
         t = self.rows + np.arange(x.shape[0])
         fill = t < sample_rows
