@@ -21,7 +21,7 @@ from llmc.compiler.quantize.qdq import (
     quantize_graph,
 )
 from llmc.compiler.stages.export import float_graph
-from llmc.runtime.layerwise_runner import LayerwiseRunner
+from llmc.runtime.layerwise_runner import LayerwiseRunner, _pruned
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3
@@ -82,6 +82,45 @@ def test_statistics_by_segment_equal_all_at_once(tiny, quant):
         assert (g.gram is None) == (w.gram is None) == (key not in grams)
         if g.gram is not None:
             np.testing.assert_array_equal(g.gram, w.gram)
+
+
+def test_calibration_without_logits_skips_the_projection_and_keeps_the_statistics(tiny):
+    proto, windows = tiny
+    spec = QuantSpec(quant="int8", weight_rounding="gptq", kv_cache_dtype="fp8")
+    graph = ir.from_proto(proto)
+    tensors = calibration_tensors(graph, spec)
+    grams = gptq_keys(graph, spec)
+    names = tuple(dict.fromkeys(tensors.values()))
+    full = LayerwiseRunner(proto, extra_outputs=names)
+    lean = LayerwiseRunner(proto, extra_outputs=names, logits=False)
+    vocab = OrtRunner.from_model(proto, -(-SEQ // BLOCK)).vocab_size
+
+    def vocab_weights(runner):  # initializers of the runner's last segment, as run
+        seen = []
+        for out in runner.run(windows[:1]):
+            if out.segment == runner.num_segments - 1 and out.window is not None:
+                assert (runner.logits in out.tensors) == (runner is full)
+        segment = runner._segments[-1]
+        if runner is lean:
+            segment = _pruned(segment, [n for n in runner.plan.segments[-1].outputs if n in names])
+        for t in segment.graph.initializer:
+            if vocab in t.dims:
+                seen.append(t.name)
+        return seen
+
+    assert vocab_weights(full) and not vocab_weights(lean)
+
+    def stats(runner):
+        parts = collect_by_segment(runner, tensors, windows, sample_rows=40, gram_keys=grams)
+        return {k: s for _, part in parts for k, s in part.items()}
+
+    want, got = stats(full), stats(lean)
+    assert sorted(got) == sorted(want)
+    for key, w in want.items():
+        np.testing.assert_array_equal(got[key].channel_absmax, w.channel_absmax)
+        np.testing.assert_array_equal(got[key].sample, w.sample)
+        if w.gram is not None:
+            np.testing.assert_array_equal(got[key].gram, w.gram)
 
 
 def test_quantized_by_segment_equals_all_at_once(tiny, tmp_path):

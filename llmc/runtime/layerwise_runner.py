@@ -36,8 +36,8 @@ class SegmentOutputs:
             over every window and its weights are released: statistics of its tensors are
             complete, and memory is free for quantizing them).
         tensors: the ``extra_outputs`` this segment computes, and the logits [T, V] float32
-            under ``LayerwiseRunner.logits`` for the last segment; by tensor name (empty in
-            the closing record).
+            under ``LayerwiseRunner.logits`` for the last segment (unless the runner computes
+            none); by tensor name (empty in the closing record).
     """
 
     segment: int
@@ -54,6 +54,10 @@ class LayerwiseRunner:
         threads: ORT intra-op threads.
         extra_outputs: node outputs to return besides the logits (calibration's activations).
         external_data_dir: where external-data references are resolved.
+        logits: compute the logits. Calibration reads none: without them each segment runs
+            only the nodes its ``extra_outputs`` need, and the vocabulary projection (the
+            largest weight of most models: 0.54 GB of float32 for Qwen2.5-0.5B) is never
+            loaded.
 
     Raises ValueError as ``split_at_plugins`` does (no plugin node, an unknown extra output).
     """
@@ -64,9 +68,11 @@ class LayerwiseRunner:
         threads: int | None = None,
         extra_outputs: tuple[str, ...] = (),
         external_data_dir: Path | None = None,
+        logits: bool = True,
     ):
         self._segments, self.plan = split_at_plugins(model, extra_outputs=extra_outputs)
         self._extra = frozenset(extra_outputs)
+        self._with_logits = logits
         self._threads, self._external_data_dir = threads, external_data_dir
         self.logits = self.plan.logits
         self.block_size = self.plan.plugins[0].block_size
@@ -120,16 +126,27 @@ class LayerwiseRunner:
         opts.add_session_config_entry("session.disable_prepacking", "1")
         plugins = self.plan.plugins
         for i, (spec, segment) in enumerate(zip(self.plan.segments, self._segments, strict=True)):
-            session = ort.InferenceSession(
-                segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            outputs, inputs = spec.outputs, spec.inputs
+            if not self._with_logits and self.logits in outputs:
+                outputs = [n for n in outputs if n != self.logits]
+                segment = _pruned(segment, outputs)
+                read = {v.name for v in segment.graph.input}
+                inputs = [n for n in inputs if n in read]
+            session = (
+                ort.InferenceSession(
+                    segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+                )
+                if outputs
+                else None
             )
             caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None
             for w, (step, env) in enumerate(zip(steps, envs, strict=True)):
-                outs = session.run(spec.outputs, {n: env[n] for n in spec.inputs})
-                env.update(zip(spec.outputs, outs, strict=True))
+                if session is not None:
+                    outs = session.run(outputs, {n: env[n] for n in inputs})
+                    env.update(zip(outputs, outs, strict=True))
                 if caches is not None:
                     env[plugins[i].output] = run_plugin(plugins[i], env, caches, step)
-                tensors = {n: env[n] for n in spec.outputs if n in self._extra or n == self.logits}
+                tensors = {n: env[n] for n in outputs if n in self._extra or n == self.logits}
                 yield SegmentOutputs(i, w, tensors)
                 del tensors
                 for name in [n for n in env if self._last_use.get(n, -1) <= i]:
@@ -146,3 +163,46 @@ def _layer_caches(plugin, num_blocks: int) -> tuple[np.ndarray, np.ndarray]:
     shape = (num_blocks, plugin.block_size, plugin.num_kv_heads, plugin.head_dim)
     dtype = kv_cache_numpy_dtype(plugin.kv_cache_dtype)
     return np.zeros(shape, dtype), np.zeros(shape, dtype)
+
+
+def _pruned(segment, outputs: list[str]):
+    """A copy of ``segment`` (an ``onnx.ModelProto``) that computes only ``outputs``: the nodes
+    none of them depends on, and the graph inputs and initializers only those nodes read, are
+    dropped. Nodes are in topological order, so one backward pass finds the ones needed."""
+    import onnx
+
+    graph = segment.graph
+    needed, keep = set(outputs), []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(n for n in node.input if n)
+            needed.update(_subgraph_reads(node))
+    pruned = onnx.ModelProto()
+    pruned.CopyFrom(segment)
+    g = pruned.graph
+    for field, items in (
+        ("node", list(reversed(keep))),
+        ("initializer", [t for t in graph.initializer if t.name in needed]),
+        ("input", [v for v in graph.input if v.name in needed]),
+        ("output", [v for v in graph.output if v.name in outputs]),
+        ("value_info", [v for v in graph.value_info if v.name in needed]),
+    ):
+        del getattr(g, field)[:]
+        getattr(g, field).extend(items)
+    return pruned
+
+
+def _subgraph_reads(node) -> set[str]:
+    """Names the subgraphs of ``node`` (If, Loop, Scan bodies) read, outer-scope ones
+    included."""
+    import onnx
+
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            for inner in sub.node:
+                names.update(n for n in inner.input if n)
+                names.update(_subgraph_reads(inner))
+    return names

@@ -152,6 +152,7 @@ def quantize(
                 threads=config.target.threads,
                 extra_outputs=tuple(dict.fromkeys(tensors.values())),
                 external_data_dir=weights_dir,
+                logits=False,
             )
             parts = _calibrate(runner, tensors, windows, gram_keys, cache, tick)
         for _, stats in parts:
