@@ -23,7 +23,6 @@ from llmc.compiler.stages.quantize import quantize, read_texts, sampling_model
 from llmc.compiler.stages.report import report_cpu
 from llmc.compiler.stages.result import BuildResult
 from llmc.compiler.tensorrt.gpu_build import build_gpu
-from llmc.heap import map_large_blocks
 
 
 def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildResult:
@@ -35,7 +34,6 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
     export/ORT raise for a model they cannot handle.
     """
     config.validate()
-    map_large_blocks()  # freed temporaries leave the resident set (llmc.heap)
     if not config.target.is_cpu:
         return build_gpu(config, progress)  # TensorRT: portable stage, then the plan
     stats = BuildStats(progress.stage if progress is not None else None)

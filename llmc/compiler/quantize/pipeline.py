@@ -20,6 +20,7 @@ from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.errors import LlmcError
+from llmc.heap import release_freed_memory
 
 #: The quantized graph of a streamed build, written in its work directory.
 QUANTIZED_GRAPH = "quantized.onnx"
@@ -157,6 +158,8 @@ def quantize(
             parts = _calibrate(runner, tensors, windows, gram_keys, cache, tick)
         for _, stats in parts:
             quantizer.quantize(stats)
+            del stats
+            release_freed_memory()  # the segment's statistics and quantization temporaries
         report = quantizer.finish()
         report.spec["calibration"] = {
             "data": calib_source.describe(),
@@ -243,7 +246,6 @@ def accuracy_report(
     import tempfile
 
     from llmc.calibration.accuracy import check_windows, score_logits
-    from llmc.heap import release_freed_memory
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.runtime.ort_runner import OrtRunner
     from llmc.runtime.step_inputs import single_prefill
