@@ -103,15 +103,26 @@ def test_mismatched_hessian_is_refused():
 
 
 @pytest.mark.parametrize("k", [1, 7, 300])
-def test_inverse_cholesky_factor_is_the_factor_of_the_inverse(k):
+def test_act_order_factor_is_the_factor_of_the_damped_inverse(k):
     import torch
 
     rng = np.random.default_rng(k)
-    x = torch.from_numpy(rng.standard_normal((2 * k + 3, k)))
-    h = x.T @ x + 0.01 * torch.eye(k, dtype=torch.float64)
-    u = gptq._inverse_cholesky_upper(h)
-    assert torch.equal(u, torch.triu(u))
-    assert torch.allclose(u.T @ u, torch.linalg.inv(h), rtol=1e-9, atol=1e-9)
-    # the factor the GPTQ paper's code takes: factor h, invert, factor the inverse (upper)
-    paper = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    assert torch.allclose(u, paper, rtol=1e-9, atol=1e-12)
+    x = rng.standard_normal((2 * k + 3, k)) * rng.uniform(0.1, 3.0, k)
+    hessian = x.T @ x
+    if k > 1:
+        hessian[0, :] = hessian[:, 0] = 0.0  # a channel that never sees input
+    order, u = gptq._act_order_factor(hessian)
+    diag = np.diagonal(hessian).copy()
+    diag[diag <= 0] = 1.0
+    assert sorted(order.tolist()) == list(range(k))  # a permutation, by descending diag(H)
+    assert np.all(np.diff(diag[order.numpy()]) <= 0)
+    h = torch.from_numpy(hessian.copy())
+    h[0, 0] = diag[0]
+    ordered = h[order][:, order]
+    ordered += gptq.DAMPING * torch.diagonal(ordered).mean() * torch.eye(k, dtype=torch.float64)
+    assert u.dtype == torch.float32 and torch.equal(u, torch.triu(u))
+    # the factor the GPTQ paper's code takes: factor H, invert, factor the inverse (upper)
+    paper = torch.linalg.cholesky(
+        torch.cholesky_inverse(torch.linalg.cholesky(ordered)), upper=True
+    )
+    torch.testing.assert_close(u, paper.float(), rtol=1e-5, atol=1e-6)
