@@ -24,23 +24,23 @@ from functools import cache
 
 
 @cache
-def _libc_function(name: str, argtypes: tuple, restype):
-    """The C library's function ``name`` with its signature, or None where there is none."""
+def _malloc_trim():
+    """glibc's ``int malloc_trim(size_t pad)``, or None where the C library has none."""
     path = ctypes.util.find_library("c")
     if path is None:
         return None
     try:
-        fn = getattr(ctypes.CDLL(path), name)
+        trim = ctypes.CDLL(path).malloc_trim
     except (OSError, AttributeError):
         return None
-    fn.argtypes, fn.restype = list(argtypes), restype
-    return fn
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def release_freed_memory() -> None:
     """Collect cyclic garbage, then return the C heap's free pages to the OS (glibc
     ``malloc_trim(0)``)."""
     gc.collect()
-    trim = _libc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
+    trim = _malloc_trim()
     if trim is not None:
         trim(0)

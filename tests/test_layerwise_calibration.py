@@ -21,7 +21,7 @@ from llmc.compiler.quantize.qdq import (
     quantize_graph,
 )
 from llmc.compiler.stages.export import float_graph
-from llmc.runtime.layerwise_runner import LayerwiseRunner, _pruned
+from llmc.runtime.layerwise_runner import LayerwiseRunner
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3
@@ -95,20 +95,13 @@ def test_calibration_without_logits_skips_the_projection_and_keeps_the_statistic
     lean = LayerwiseRunner(proto, extra_outputs=names, logits=False)
     vocab = OrtRunner.from_model(proto, -(-SEQ // BLOCK)).vocab_size
 
-    def vocab_weights(runner):  # initializers of the runner's last segment, as run
-        seen = []
-        for out in runner.run(windows[:1]):
-            if out.segment == runner.num_segments - 1 and out.window is not None:
-                assert (runner.logits in out.tensors) == (runner is full)
-        segment = runner._segments[-1]
-        if runner is lean:
-            segment = _pruned(segment, [n for n in runner.plan.segments[-1].outputs if n in names])
-        for t in segment.graph.initializer:
-            if vocab in t.dims:
-                seen.append(t.name)
-        return seen
+    def vocab_weights(runner):  # vocabulary-sized initializers of the last segment, as run
+        segment, _, _ = runner.segment_to_run(runner.num_segments - 1)
+        return [t.name for t in segment.graph.initializer if vocab in t.dims]
 
     assert vocab_weights(full) and not vocab_weights(lean)
+    last = [o for o in lean.run(windows[:1]) if o.segment == lean.num_segments - 1]
+    assert last and all(lean.logits not in o.tensors for o in last)
 
     def stats(runner):
         parts = collect_by_segment(runner, tensors, windows, sample_rows=40, gram_keys=grams)

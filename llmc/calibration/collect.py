@@ -84,6 +84,7 @@ def collect_by_segment(
         if out.window is None and stats.done:  # the segment ran every window, and is released
             finished, stats.done = stats.done, {}
             yield out.segment, finished
+            del finished  # not held while the next segment runs
 
 
 class _Accumulator:

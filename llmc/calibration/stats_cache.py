@@ -51,6 +51,7 @@ class StatsCache:
             if stats is None:
                 raise ValueError(f"damaged calibration cache file {path}; delete {self.root}")
             yield int(path.stem.split("_")[1]), stats
+            del stats  # not held while the next file is read
 
     def load_all(self, gram: bool = False) -> dict[str, TensorStats] | None:
         """Every key's statistics (without Gram matrices unless ``gram``), or None when the

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,17 @@ class LayerwiseRunner:
                 return i
         raise KeyError(name)
 
+    def segment_to_run(self, i: int) -> tuple[Any, list[str], list[str]]:
+        """(graph, inputs, outputs) of segment ``i`` as ``run`` runs it: without logits, the
+        last segment pruned to the other outputs (``_pruned``), reading only what they need."""
+        spec, segment = self.plan.segments[i], self._segments[i]
+        if self._with_logits or self.logits not in spec.outputs:
+            return segment, spec.inputs, spec.outputs
+        outputs = [n for n in spec.outputs if n != self.logits]
+        segment = _pruned(segment, outputs)
+        read = {v.name for v in segment.graph.input}
+        return segment, [n for n in spec.inputs if n in read], outputs
+
     def _last_uses(self) -> dict[str, int]:
         """Tensor name -> the last segment index after which it is read (a plugin after segment
         i counts as i)."""
@@ -125,13 +137,8 @@ class LayerwiseRunner:
         # prefill sizes, and the numbers are the same.
         opts.add_session_config_entry("session.disable_prepacking", "1")
         plugins = self.plan.plugins
-        for i, (spec, segment) in enumerate(zip(self.plan.segments, self._segments, strict=True)):
-            outputs, inputs = spec.outputs, spec.inputs
-            if not self._with_logits and self.logits in outputs:
-                outputs = [n for n in outputs if n != self.logits]
-                segment = _pruned(segment, outputs)
-                read = {v.name for v in segment.graph.input}
-                inputs = [n for n in inputs if n in read]
+        for i in range(self.num_segments):
+            segment, inputs, outputs = self.segment_to_run(i)
             session = (
                 ort.InferenceSession(
                     segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]

@@ -186,6 +186,7 @@ def _calibrate(runner, tensors, windows, gram_keys, cache, progress):
     for segment, stats in parts:
         cache.save(segment, stats)
         yield segment, stats
+        del stats  # not held while the next segment runs
     cache.mark_complete()
 
 
