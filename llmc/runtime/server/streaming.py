@@ -97,7 +97,7 @@ async def sse_events(
             for index in range(num_choices):
                 opening = renderer.opening(index)
                 if opening is not None:
-                    yield _event(opening)
+                    yield sse_event(opening)
             output = first
             while True:
                 for out in output.outputs:
@@ -116,7 +116,7 @@ async def sse_events(
                         out.finish_reason,
                         not state.started,
                     )
-                    yield _event(renderer.chunk(output, out, span))
+                    yield sse_event(renderer.chunk(output, out, span))
                     state.chars, state.tokens = len(out.text), len(out.token_ids)
                     state.started, state.done = True, out.finish_reason is not None
                 if output.finished:
@@ -125,7 +125,7 @@ async def sse_events(
                 tracker.update(output)
             tracker.finish()
             if include_usage:
-                yield _event(renderer.usage_chunk(tracker.usage()))
+                yield sse_event(renderer.usage_chunk(tracker.usage()))
         except Exception as exc:  # headers are sent: report in-band
             logger.exception("request %s failed while streaming", first.request_id)
             error = {"message": f"Generation stopped: {exc}", "type": "server_error"}
@@ -135,5 +135,17 @@ async def sse_events(
     yield "data: [DONE]\n\n"
 
 
-def _event(model: BaseModel) -> str:
-    return f"data: {model.model_dump_json()}\n\n"
+# Characters outside ASCII that line splitters following ``str.splitlines`` (httpx's
+# ``iter_lines``, so most Python clients) take as line ends, though SSE ends lines only at CR and
+# LF. JSON escapes every control character below U+0020 already; these it may write raw.
+_UNICODE_LINE_ENDS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def sse_event(model: BaseModel) -> str:
+    """One server-sent event ``data: {json}\\n\\n`` of ``model``, the JSON on one line for every
+    client: the Unicode line ends a model may generate (NEL, LINE and PARAGRAPH SEPARATOR) are
+    written as JSON escapes, which decode to the same text."""
+    data = model.model_dump_json()
+    for char, escape in _UNICODE_LINE_ENDS.items():
+        data = data.replace(char, escape)
+    return f"data: {data}\n\n"
