@@ -184,8 +184,13 @@ def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_streamed_quantized_engine_equals_in_memory_engine(quant, tmp_path):
+def test_streamed_quantized_engine_equals_in_memory_engine(quant, tmp_path, monkeypatch):
+    """The streamed build spills every quantized tensor to disk as it is made (threshold 0:
+    the tiny model's are all below the default) and writes the in-memory build's engine."""
+    from llmc.compiler.quantize import tensor_spill
     from tests.tiny_models import SHAKESPEARE
+
+    monkeypatch.setattr(tensor_spill, "SPILL_THRESHOLD_BYTES", 0)
 
     ckpt = make_tiny_llama(tmp_path / "ckpt", sharp=True)
     options = dict(model=str(ckpt), block_size=4, quant=quant, calib_data=str(SHAKESPEARE))

@@ -19,11 +19,14 @@ from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import QuantReport
+from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.errors import LlmcError
 from llmc.heap import release_freed_memory
 
 #: The quantized graph of a streamed build, written in its work directory.
 QUANTIZED_GRAPH = "quantized.onnx"
+#: Its quantized weights as they are made, before the graph is written (``TensorSpill``).
+QUANTIZED_SPILL = "quantized.spill"
 
 CALIBRATION_SEED = 0
 HELDOUT_SEED = 1
@@ -96,12 +99,12 @@ def quantize(
     Calibration runs the float graph one segment at a time over every window
     (``LayerwiseRunner``); when a segment is done, its modules are quantized and their
     statistics (GPTQ's Gram matrices included) written to the cache and dropped, so memory
-    holds one segment's float weights and statistics, the activations of the windows, and the
-    quantized weights written so far. A streamed float graph (``float_model`` holding
-    external-data references to ``weights_dir / FLOAT_GRAPH.data``) is read from disk and the
-    quantized graph written to ``work_dir`` with its weights as external data; the returned
-    proto then references them. ``hf_model`` is only read to sample calibration text (no
-    ``--calib-data``)."""
+    holds one segment's float weights and statistics and the activations of the windows; a
+    streamed graph's quantized weights go to disk as they are made. A streamed float graph
+    (``float_model`` holding external-data references to ``weights_dir / FLOAT_GRAPH.data``)
+    is read from disk and the quantized graph written to ``work_dir`` with its weights as
+    external data; the returned proto then references them. ``hf_model`` is only read to
+    sample calibration text (no ``--calib-data``)."""
     import onnx_ir as ir
 
     from llmc.calibration.collect import calibration_key
@@ -129,7 +132,11 @@ def quantize(
         llmc=__version__,
     )
     cache = StatsCache(calib.stats_path(key))
-    quantizer = GraphQuantizer(graph, spec)
+    if weights_dir is not None and work_dir is None:
+        raise ValueError("a streamed graph is quantized into a work directory")
+    # A streamed build's quantized weights go to disk as they are made (``TensorSpill``).
+    spill = TensorSpill(work_dir / QUANTIZED_SPILL) if weights_dir is not None else None
+    quantizer = GraphQuantizer(graph, spec, spill)
     cached = bool(tensors) and cache.is_complete()
     windows: list = []
     if tensors and not cached:
@@ -169,11 +176,10 @@ def quantize(
         }
         if weights_dir is None:
             return ir.to_proto(graph), report
-    with stage("write the quantized graph"):
-        if work_dir is None:
-            raise ValueError("a streamed graph is quantized into a work directory")
+    with stage("write the quantized graph"), spill:
         path = work_dir / QUANTIZED_GRAPH
         ir.save(graph, path, external_data=QUANTIZED_GRAPH + ".data", max_in_flight_bytes=256 << 20)
+        spill.path.unlink()  # copied into the graph's external data
         return onnx.load(str(path), load_external_data=False), report
 
 

@@ -22,6 +22,7 @@ import onnx_ir as ir
 from llmc.calibration.observers import TensorStats
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.quantize.targets import QuantTarget, find_targets, is_excluded
+from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.engine.plugin import DOMAIN, OP_TYPE
 from llmc.quant.grids import FP8_E4M3, INT8, Grid, QuantizedWeight
 from llmc.quant.protocol import QuantFormat, QuantizedLinear, QuantSpec
@@ -113,16 +114,17 @@ class GraphQuantizer:
     statistics before calibrating the next), then finish with the KV-cache scales.
 
     Each target's float weight is read when it is quantized and released after
-    (``QuantTarget.release``), so a streamed graph's float weights are never all in memory.
-    Raises ValueError on an unknown format."""
+    (``QuantTarget.release``), so a streamed graph's float weights are never all in memory;
+    with a ``spill``, the quantized weights go to its file as they are made, so the quantized
+    ones are not either. Raises ValueError on an unknown format."""
 
-    def __init__(self, model: ir.Model, spec: QuantSpec):
+    def __init__(self, model: ir.Model, spec: QuantSpec, spill: TensorSpill | None = None):
         if spec.quant not in FORMATS or not FORMATS[spec.quant].quantizes:
             raise ValueError(f"cannot quantize to {spec.quant!r}")
         self.model, self.spec = model, spec
         self.report = QuantReport(spec=spec.__dict__ | {"exclude": list(spec.exclude)})
         self._counts: Counter = Counter()
-        self._names = _Names(model.graph)
+        self._names = _Names(model.graph, spill)
         self._pending = {t.module: t for t in find_targets(model)}
         self._kv_stats: dict[str, TensorStats] = {}
 
@@ -259,10 +261,11 @@ def _drop_dead(graph: ir.Graph) -> None:
 
 
 class _Names:
-    """Unique initializer and node names in one graph."""
+    """Unique initializer and node names in one graph; new initializers' large arrays go to
+    ``spill`` when one is given."""
 
-    def __init__(self, graph: ir.Graph):
-        self.graph = graph
+    def __init__(self, graph: ir.Graph, spill: TensorSpill | None = None):
+        self.graph, self.spill = graph, spill
         self.used = set(graph.initializers) | {n.name for n in graph if n.name}
         self.used |= {v.name for n in graph for v in n.outputs if v.name}
 
@@ -274,7 +277,9 @@ class _Names:
         return name
 
     def initializer(self, base: str, array: np.ndarray) -> ir.Value:
-        value = ir.Value(name=self._unique(base), const_value=ir.tensor(array))
+        name = self._unique(base)
+        tensor = self.spill.tensor(array, name) if self.spill else ir.tensor(array, name=name)
+        value = ir.Value(name=name, const_value=tensor)
         self.graph.register_initializer(value)
         return value
 

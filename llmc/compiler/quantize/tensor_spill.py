@@ -1,0 +1,61 @@
+"""Quantized weights written to disk as they are made, so a streamed build's memory holds the
+layer being quantized, not every quantized layer before it.
+
+A 4-bit code array is one byte per element in numpy (``ml_dtypes.int4``); written, it is
+packed two to a byte, as ONNX stores INT4. The graph then holds an ``ir.ExternalTensor``
+pointing into the spill file, which ``ir.save`` copies into the engine's external data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+
+#: Arrays smaller than this stay in memory (scales, zero points, norm weights).
+SPILL_THRESHOLD_BYTES = 64 << 10
+
+
+class TensorSpill:
+    """An append-only file of tensor bytes at ``path`` (created empty, replacing any file there).
+
+    ``tensor`` returns an ``ir.ExternalTensor`` into the file for an array of at least
+    ``threshold`` bytes (default ``SPILL_THRESHOLD_BYTES``), else an in-memory ``ir.Tensor``.
+    Each write is flushed before the tensor is returned, so it can be read (memory-mapped) at
+    once. Raises OSError when the file cannot be written."""
+
+    def __init__(self, path: Path, threshold: int | None = None):
+        self.path = path
+        self.threshold = SPILL_THRESHOLD_BYTES if threshold is None else threshold
+        self._file = open(path, "wb")  # noqa: SIM115 - held open across calls; closed by close()
+        self.bytes_written = 0
+
+    def tensor(self, array: np.ndarray, name: str) -> ir.TensorProtocol:
+        """``array`` as a tensor named ``name``: external (in the spill file) when large."""
+        tensor = ir.tensor(array, name=name)
+        if array.nbytes < self.threshold:
+            return tensor
+        data = tensor.tobytes()  # 4-bit types packed, as ONNX stores them
+        offset = self._file.tell()
+        self._file.write(data)
+        self._file.flush()
+        self.bytes_written += len(data)
+        return ir.ExternalTensor(
+            self.path.name,
+            offset,
+            len(data),
+            tensor.dtype,
+            shape=tensor.shape,
+            name=name,
+            base_dir=self.path.parent,
+        )
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TensorSpill:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
