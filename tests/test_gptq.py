@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmc.calibration import gptq
-from llmc.compiler.quantize.rounding import gptq_on_grid, smoothed_hessian
+from llmc.compiler.quantize.rounding import gptq_on_grid
 from llmc.quant import grids
 
 K, N, ROWS = 64, 48, 512
@@ -88,12 +88,18 @@ def test_output_channels_in_chunks_give_the_same_codes(monkeypatch):
     np.testing.assert_array_equal(whole.data.view(np.uint8), chunked.data.view(np.uint8))
 
 
-def test_smoothed_hessian_is_the_gram_of_the_smoothed_inputs():
+def test_smoothing_factors_the_gram_of_the_smoothed_inputs():
     rng = np.random.default_rng(4)
     x = correlated_inputs(rng).astype(np.float64)
     s = rng.uniform(0.5, 3.0, K)
-    expected = (x / s).T @ (x / s)
-    np.testing.assert_allclose(smoothed_hessian(x.T @ x, s), expected, rtol=1e-10)
+    gram = x.T @ x
+    gram[3, :] = gram[:, 3] = 0.0  # a channel that never sees input
+    smoothed = (x / s) * (np.arange(K) != 3)
+    order, u = gptq._act_order_factor(gram, s)
+    want_order, want_u = gptq._act_order_factor(smoothed.T @ smoothed)
+    assert order.tolist() == want_order.tolist()
+    np.testing.assert_allclose(u.numpy(), want_u.numpy(), rtol=1e-5, atol=1e-6)
+    assert gram[3, 3] == 0.0  # read, not changed
 
 
 def test_mismatched_hessian_is_refused():

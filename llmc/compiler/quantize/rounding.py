@@ -14,10 +14,16 @@ from llmc.quant.grids import QuantizedWeight, dequantize
 from llmc.quant.protocol import ActivationStats, QuantSpec
 
 
-def gptq_on_grid(weight: np.ndarray, qw: QuantizedWeight, hessian: np.ndarray) -> QuantizedWeight:
+def gptq_on_grid(
+    weight: np.ndarray,
+    qw: QuantizedWeight,
+    gram: np.ndarray,
+    smoothing: np.ndarray | None = None,
+) -> QuantizedWeight:
     """``qw`` (the round-to-nearest quantization of ``weight`` [K, N] float32) with its codes
-    re-chosen by GPTQ for inputs whose Gram matrix is ``hessian`` [K, K]; same grid, scales,
-    axis and block size. Raises ValueError on mismatched shapes."""
+    re-chosen by GPTQ for inputs X whose Gram matrix is ``gram`` = X^T X [K, K], or for the
+    inputs X / ``smoothing`` [K] (channel-wise) when given; same grid, scales, axis and block
+    size. Raises ValueError on mismatched shapes."""
     # torch loads when GPTQ runs, not with the formats (``llmc --help`` reads their defaults)
     import torch
 
@@ -30,18 +36,10 @@ def gptq_on_grid(weight: np.ndarray, qw: QuantizedWeight, hessian: np.ndarray) -
         s = scale[idx // qw.block_size, rows].T if qw.block_size else scale[rows, None]
         return qw.grid.round_torch(w / s) * s
 
-    rounded = gptq_round(weight, hessian, rounder)
+    rounded = gptq_round(weight, gram, rounder, smoothing)
     unit = QuantizedWeight(np.ones_like(rounded), qw.scale, qw.axis, qw.block_size, qw.grid)
     data = qw.grid.to_codes(rounded / dequantize(unit))
     return QuantizedWeight(data, qw.scale, qw.axis, qw.block_size, qw.grid)
-
-
-def smoothed_hessian(gram: np.ndarray, smoothing: np.ndarray | None) -> np.ndarray:
-    """The Gram matrix of ``X / s`` (channel-wise) from that of X: ``H / (s s^T)``."""
-    if smoothing is None:
-        return gram
-    inv = 1.0 / smoothing.astype(np.float64)
-    return gram * inv[:, None] * inv[None, :]
 
 
 def rounded(
@@ -56,4 +54,4 @@ def rounded(
     rounding used: "gptq" or "nearest"."""
     if spec.weight_rounding != "gptq" or stats is None or stats.gram is None:
         return qw, "nearest"
-    return gptq_on_grid(w, qw, smoothed_hessian(stats.gram, smoothing)), "gptq"
+    return gptq_on_grid(w, qw, stats.gram, smoothing), "gptq"
