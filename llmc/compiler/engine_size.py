@@ -24,6 +24,10 @@ from llmc.quant.protocol import QuantSpec
 _EMBEDDINGS = ("model.embed_tokens.weight", "token_embd.weight")
 _PROJECTIONS = ("lm_head.weight", "output.weight")
 _LAYER = re.compile(r"(?:layers|blk)\.(\d+)\.")
+# Projections that read one input (Hugging Face and GGUF names).
+_SHARED_INPUT = re.compile(
+    r"(?P<qkv>[qkv]_proj|attn_[qkv])\.|(?P<gate_up>(?:gate|up)_proj|ffn_(?:gate|up))\."
+)
 
 
 @dataclass(frozen=True)
@@ -75,14 +79,27 @@ class CheckpointShapes:
                 layers[int(m.group(1))] = layers.get(int(m.group(1)), 0) + 4 * math.prod(shape)
         return max(layers.values(), default=0)
 
+    def largest_in_features(self) -> int:
+        """The largest K of a decoder layer's 2-D weight (0 if none)."""
+        return max(
+            (self.in_features(s) for n, s in self.tensors if _LAYER.search(n) and len(s) == 2),
+            default=0,
+        )
+
     def largest_gram_bytes(self) -> int:
-        """Bytes of the Gram matrices one layer's GPTQ keeps (float64 K x K per weight)."""
-        layers: dict[int, int] = {}
+        """Bytes of the Gram matrices one layer's GPTQ keeps: float64 K x K per input, the
+        projections that read one input (q, k and v; gate and up) fused into one MatMul by the
+        graph passes and sharing one."""
+        grams: dict[tuple[int, str], int] = {}
         for name, shape in self.tensors:
             m = _LAYER.search(name)
             if m and len(shape) == 2:
                 k = self.in_features(shape)
-                layers[int(m.group(1))] = layers.get(int(m.group(1)), 0) + 8 * k * k
+                shared = _SHARED_INPUT.search(name)
+                grams[int(m.group(1)), shared.lastgroup if shared else name] = 8 * k * k
+        layers: dict[int, int] = {}
+        for (layer, _), n in grams.items():
+            layers[layer] = layers.get(layer, 0) + n
         return max(layers.values(), default=0)
 
 

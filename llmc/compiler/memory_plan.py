@@ -4,8 +4,9 @@ Two paths (``streaming_export``):
 
 - **streamed** (safetensors or streamable GGUF; any target): the float graph is written without
   loading the model, its weights read from the checkpoint one tensor at a time; a quantized
-  build then calibrates and quantizes one segment at a time and holds the engine's weights, not
-  the model's (``plan_memory`` gives the formula, ``engine_size`` the engine's bytes).
+  build then calibrates and quantizes one segment at a time, writing each quantized weight to
+  disk as it is made, and holds the engine's weights only where it loads the engine (``cpu``:
+  to measure it); ``plan_memory`` gives the formula, ``engine_size`` the engine's bytes.
 - **in memory** (other GGUF architectures, FP8 emulation on cpu): the float32 model, its exported
   graph and the quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
@@ -85,19 +86,38 @@ def plan_memory(
 
     Peak of a streamed build: the process (``BASE_BYTES``) plus the largest of: writing the
     float graph (twice the largest tensor in float32, and the tensors in flight); sampling text
-    (the 8-bit sampler engine); calibrating and quantizing one segment at a time (the quantized
-    weights so far, up to the engine's, + one layer's float32 weights or the largest tensor +
-    GPTQ's Gram matrices of one layer + the calibration activations); the accuracy report and
-    the provider measurement (the engine). Raises BuildConfigError, before any weight is read,
-    when the plan needs more than the limit: the message names the figure and the stage.
+    (the 8-bit sampler engine); calibrating and quantizing one segment at a time (the
+    float32 weights of one layer or the largest tensor + GPTQ's Gram matrices of one layer and
+    its factorization of the widest weight + the calibration activations; the quantized
+    weights are on disk); the accuracy report and the provider measurement (the engine).
+    Raises BuildConfigError, before any weight is read, when the plan needs more than the
+    limit: the message names the figure and the stage.
     """
-    fmt = FORMATS[quant]
     shapes = CheckpointShapes.of(src)
+    return plan_for_shapes(
+        shapes, can_stream(src), quant, cpu, limit_gb, spec, calib_tokens, samples_text
+    )
+
+
+def plan_for_shapes(
+    shapes: CheckpointShapes,
+    streamable: bool,
+    quant: str,
+    cpu: bool,
+    limit_gb: float | None,
+    spec: QuantSpec | None = None,
+    calib_tokens: int = 0,
+    samples_text: bool = False,
+) -> MemoryPlan:
+    """``plan_memory`` for a checkpoint given by its tensor shapes (``streamable``: its weights
+    can be read one tensor at a time), so a plan can be projected for a model not on disk
+    (``benchmarks/project_build_memory.py``). Raises BuildConfigError as ``plan_memory``."""
+    fmt = FORMATS[quant]
     total, largest = shapes.float32_bytes()
     # A format whose CPU lowering rewrites weights in memory (FP8 emulation) takes that path.
     rewrites = type(fmt).rewrite_for_cpu is not QuantFormat.rewrite_for_cpu
     # FP8 emulation rewrites weights in memory on cpu only; GPU stages keep them and stream.
-    streamed = can_stream(src) and not (cpu and rewrites)
+    streamed = streamable and not (cpu and rewrites)
     limit = None if limit_gb is None else int(limit_gb * GB)
     if not streamed:
         need = BASE_BYTES + int(IN_MEMORY_FACTOR[fmt.quantizes] * total)
@@ -122,10 +142,14 @@ def plan_memory(
     if cpu:  # a GPU stage is measured where it is finished, on the GPU builder
         stages["load the engine to measure it"] = engine
     if spec is not None:
-        gram = shapes.largest_gram_bytes() if spec.weight_rounding == "gptq" else 0
+        gptq = spec.weight_rounding == "gptq"
+        gram = shapes.largest_gram_bytes() if gptq else 0
+        # GPTQ factors one weight at a time in two [K, K] float64 buffers (gptq.py)
+        factor = 2 * 8 * shapes.largest_in_features() ** 2 if gptq else 0
         acts = ACTIVATION_COPIES * 4 * shapes.hidden_size() * calib_tokens
-        working = max(largest, shapes.layer_bytes() + gram) + acts
-        stages["calibrate and quantize one segment at a time"] = engine + working
+        working = max(largest, shapes.layer_bytes() + gram + factor) + acts
+        # the quantized weights go to disk as they are made (``TensorSpill``)
+        stages["calibrate and quantize one segment at a time"] = working
         if samples_text:
             sampler = engine_weight_bytes(shapes, QuantSpec(quant=WEIGHT_ONLY8))
             stages["sample calibration text (8-bit sampler engine)"] = sampler
