@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| build | " + " | ".join(MODELS) + " |")
     print("|---" * (len(MODELS) + 1) + "|")
     shapes = {m: CheckpointShapes(tuple(tensor_shapes(c)), False) for m, c in MODELS.items()}
-    print("| float32 weights | " + " | ".join(_gb(s.float32_bytes()[0]) for s in shapes.values()))
+    weights = " | ".join(_gb(s.float32_bytes()[0]) for s in shapes.values())
+    print(f"| float32 weights | {weights} |")
     for quant in ("none", "int8", "int4"):
         spec = BuildConfig.of(model="-", quant=quant).quant_spec() if quant != "none" else None
         cells = []
