@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import itertools
-import json
-import platform
-from pathlib import Path
 
 import httpx
 import numpy as np
 
 from llmc.bench import BenchConfig, RequestResult, Target, first_model, send_request, summarize
 from llmc.bench.dataset import BenchRequest, load_tokenizer, random_requests
+from llmc.bench.report import write_engine_benchmark
 from llmc.bench.server_process import ServeProcess
 
 
@@ -155,15 +152,7 @@ def main() -> None:
             f"window: {run['streams_decoding_over_window']}; failed: {run['failed'] or 'none'}"
         )
     if args.json:
-        doc = {
-            "benchmark": "bench_serving_chunked",
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "host": platform.node(),
-            "engine": str(Path(args.engine).resolve()),
-            "workload": {k: v for k, v in vars(args).items() if k not in ("engine", "json")},
-            "runs": runs,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        write_engine_benchmark(args.json, "bench_serving_chunked", args, runs)
 
 
 if __name__ == "__main__":

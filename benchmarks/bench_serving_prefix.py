@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
-import platform
 from dataclasses import replace
-from pathlib import Path
 
 from llmc.bench import BenchConfig, Target, first_model, run_requests, summarize
 from llmc.bench.dataset import BenchRequest, load_tokenizer, random_requests
+from llmc.bench.report import write_engine_benchmark
 from llmc.bench.server_process import ServeProcess
 
 
@@ -109,16 +106,9 @@ def main() -> None:
     if speedup is not None:
         print(f"mean TTFT, no caching / caching: {speedup:.2f}x (target >= 3x)")
     if args.json:
-        doc = {
-            "benchmark": "bench_serving_prefix",
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "host": platform.node(),
-            "engine": str(Path(args.engine).resolve()),
-            "workload": {k: v for k, v in vars(args).items() if k not in ("engine", "json")},
-            "runs": runs,
-            "mean_ttft_speedup": speedup,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        write_engine_benchmark(
+            args.json, "bench_serving_prefix", args, runs, mean_ttft_speedup=speedup
+        )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
 import math
+import platform
 from dataclasses import asdict
 from pathlib import Path
 
@@ -105,3 +108,21 @@ def result_table(run: BenchRun) -> Group:
         values = (stats.mean, *stats.percentiles.values())
         latencies.add_row(label, *(f"{v:.2f}" for v in values))
     return Group(summary, latencies)
+
+
+def write_engine_benchmark(
+    path: str | Path, benchmark: str, args: argparse.Namespace, runs: object, **extra: object
+) -> None:
+    """The JSON record of a benchmark script run against one engine (``args.engine``): its
+    name, UTC date, host, engine path, workload (``args`` but the engine and ``args.json``),
+    ``runs`` and ``extra`` fields."""
+    doc = {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "engine": str(Path(args.engine).resolve()),
+        "workload": {k: v for k, v in vars(args).items() if k not in ("engine", "json")},
+        "runs": runs,
+        **extra,
+    }
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,90 @@
+"""The step token budget (``--max-num-batched-tokens``) against time to first token under load:
+16 simultaneous requests through ``llmc serve``, one server per budget, on one engine.
+
+    python benchmarks/bench_token_budget.py --engine engines/gemma-3-270m-cpu-float32-int8 \\
+        --budgets 128,256,512,1024,2048 --json budget.json
+
+Workload (``benchmarks/`` and issue 21's): ``--num-prompts`` (16) prompts of ``--input-len``
+(128) random token ids, ``--output-len`` (128) greedy tokens each with EOS ignored, all sent at
+once, prefix caching off. A budget below the 16 prompts' 2,048 tokens splits their prefill over
+several steps (chunked prefill), so the first requests get tokens while later prompts are still
+prefilled, and decodes ride in the same steps. Reported per budget: mean and p95 TTFT, mean
+TPOT, output tokens/s over the run (vLLM's definitions, ``llmc.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import httpx
+
+from llmc.bench import BenchConfig, Target, first_model, send_request, summarize
+from llmc.bench.dataset import load_tokenizer, random_requests
+from llmc.bench.report import write_engine_benchmark
+from llmc.bench.server_process import ServeProcess
+
+
+async def burst(target: Target, requests) -> tuple[list, float]:
+    """Send ``requests`` at once; (results, wall seconds until the last finished)."""
+    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=64)) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(send_request(client, target, r) for r in requests))
+        return list(results), time.perf_counter() - start
+
+
+def run_budget(args: argparse.Namespace, tokenizer, budget: int) -> dict:
+    """One ``llmc serve --max-num-batched-tokens budget``: a warm-up burst, then the measured
+    one (new prompts); returns its figures."""
+    serve_args = ["--max-num-batched-tokens", str(budget), "--no-prefix-caching"]
+    config = BenchConfig(
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        seed=1,
+    )
+    with ServeProcess(args.engine, serve_args) as server:
+        target = Target(server.url, first_model(server.url), ignore_eos=True)
+        warm = BenchConfig(num_prompts=args.num_prompts, input_len=args.input_len,
+                           output_len=4, seed=99)  # fmt: skip
+        asyncio.run(burst(target, random_requests(warm, tokenizer)))
+        results, duration = asyncio.run(burst(target, random_requests(config, tokenizer)))
+    summary = summarize(results, duration)
+    return {
+        "max_num_batched_tokens": budget,
+        "completed": summary.completed,
+        "failed": summary.failed,
+        "mean_ttft_ms": summary.ttft_ms.mean,
+        "p95_ttft_ms": summary.ttft_ms.percentiles["p95"],
+        "mean_tpot_ms": summary.tpot_ms.mean,
+        "output_tok_s": summary.output_throughput,
+        "duration_s": duration,
+    }
+
+
+def main() -> None:
+    """Command line: see the module docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", required=True, help="engine directory")
+    parser.add_argument("--budgets", default="128,256,512,1024,2048")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(args.engine)
+    runs = [run_budget(args, tokenizer, int(b)) for b in args.budgets.split(",")]
+    print("| budget | mean TTFT ms | p95 TTFT ms | mean TPOT ms | output tok/s | failed |")
+    print("|---|---|---|---|---|---|")
+    for r in runs:
+        print(
+            f"| {r['max_num_batched_tokens']} | {r['mean_ttft_ms']:.0f} | {r['p95_ttft_ms']:.0f} "
+            f"| {r['mean_tpot_ms']:.1f} | {r['output_tok_s']:.0f} | {r['failed']} |"
+        )
+    if args.json:
+        write_engine_benchmark(args.json, "bench_token_budget", args, runs)
+
+
+if __name__ == "__main__":
+    main()
