@@ -18,16 +18,20 @@ class ChatTemplateError(ValueError):
     """The messages do not fit the model's chat template, or the tokenizer has none."""
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
-    """The prompt text of a conversation, ready for the assistant's reply.
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+) -> str:
+    """The prompt text of a conversation, ready for the assistant's reply (without the
+    assistant's header when ``add_generation_prompt`` is false).
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         messages: the conversation, oldest first, as the template takes them
             (``{"role": "user", "content": "Hi"}``).
+        add_generation_prompt: end with the header of the assistant's turn.
 
     Returns:
-        ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)`` as text; encode
+        ``tokenizer.apply_chat_template(messages, add_generation_prompt=...)`` as text; encode
         it with ``add_special_tokens=CHAT_ADD_SPECIAL_TOKENS`` (`encode_chat`).
 
     Raises:
@@ -35,7 +39,9 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
             ``ValueError``, a missing template ...); the message gives the template's reason.
     """
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
     except Exception as exc:  # a template may raise anything: report it as the messages' fault
         raise ChatTemplateError(f"Cannot apply the chat template: {exc}") from exc
 

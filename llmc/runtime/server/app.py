@@ -1,7 +1,8 @@
 """The FastAPI application: routes, middleware, client-disconnect handling.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (behind the
-API key when one is set, like every route but the public three); ``GET /health`` (liveness: the
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, and vLLM's
+``POST /tokenize`` and ``POST /detokenize`` (behind the API key when one is set, like every
+route but the public three); ``GET /health`` (liveness: the
 engine thread is alive), ``GET /ready`` (readiness: alive and not draining) and
 ``GET /metrics`` (Prometheus) are public, for load balancers and scrapers. ``HEAD`` works
 wherever ``GET`` does.
@@ -29,6 +30,12 @@ from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmc.runtime.server.responses import ModelCard, ModelList
 from llmc.runtime.server.serving import OpenAIServing
+from llmc.runtime.server.tokenize_protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from llmc.version import __version__
 
 
@@ -84,6 +91,14 @@ def build_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _until_disconnect(request, serving.chat(body))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        return await serving.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return await serving.detokenize(body)
 
     @app.get("/v1/models")
     async def models() -> ModelList:

@@ -16,6 +16,7 @@ them. A request whose client has gone before its turn is dropped from the queue.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -32,6 +33,7 @@ from llmc.runtime.request_check import InvalidRequestError
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.bounded_encode import encode_bounded
+from llmc.runtime.server.chat_messages import ChatMessage
 from llmc.runtime.server.errors import ApiError, QueueFullError, bad_request
 from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.logprobs import TokenTexts
@@ -39,6 +41,13 @@ from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmc.runtime.server.renderers import ChatRenderer, CompletionRenderer, Renderer
 from llmc.runtime.server.streaming import RequestTracker, sse_events
+from llmc.runtime.server.tokenize_protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -155,11 +164,55 @@ class OpenAIServing:
         events = sse_events(first, outputs, renderer, tracker, params.n, request.include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
 
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        """``POST /tokenize`` (vLLM's): the prompt's token ids as ``/v1/completions`` encodes
+        it, or the conversation's as ``/v1/chat/completions`` does. The whole text is encoded,
+        even past ``max_model_len`` (the count says by how much; the body-size cap bounds the
+        work). 404 for another model; 400 when the chat template refuses the messages."""
+        if request.model is not None:
+            self._check_model(request.model)
+        tokenizer = self.engine.tokenizer
+        if isinstance(request, TokenizeChatRequest):
+            text = await self._off_loop(
+                self._render_chat_messages, request.messages, request.add_generation_prompt
+            )
+        else:
+            text = request.prompt
+        ids = await self._off_loop(
+            functools.partial(tokenizer.encode, add_special_tokens=request.add_special_tokens),
+            text,
+        )
+        strs = None
+        if request.return_token_strs:
+            strs = await self._off_loop(tokenizer.convert_ids_to_tokens, ids)
+        return TokenizeResponse(
+            count=len(ids), max_model_len=self.engine.max_model_len, tokens=ids, token_strs=strs
+        )
+
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        """``POST /detokenize`` (vLLM's): the text of ``tokens``. 404 for another model; 400
+        naming ``tokens`` for an id outside the vocabulary."""
+        if request.model is not None:
+            self._check_model(request.model)
+        vocab = self.engine.vocab_size
+        outside = next((t for t in request.tokens if t >= vocab), None)
+        if outside is not None:
+            raise bad_request(
+                f"token id {outside} is outside the vocabulary [0, {vocab})", "tokens"
+            )
+        return DetokenizeResponse(
+            prompt=await self._off_loop(self.engine.tokenizer.decode, request.tokens)
+        )
+
     def _check(self, request: Request) -> None:
         """404 for another model; 400 past a limit of this server (`RequestLimits.check`),
         before any tokenizing. Whether the engine can run the request is its own check
         (`check_request`), when the request reaches it."""
-        model = request.model
+        self._check_model(request.model)
+        self.limits.check(request)
+
+    def _check_model(self, model: str) -> None:
+        """404 unless ``model`` is the served model's name."""
         if model != self.model_name:
             raise ApiError(
                 404,
@@ -167,7 +220,6 @@ class OpenAIServing:
                 param="model",
                 code="model_not_found",
             )
-        self.limits.check(request)
 
     async def _off_loop(self, work: Callable[..., T], *args: object) -> T:
         """``work(*args)`` on the tokenizer thread; cancelled with the request."""
@@ -194,9 +246,15 @@ class OpenAIServing:
     def _render_chat(self, request: ChatCompletionRequest) -> str:
         """The chat template applied to the messages (on the tokenizer thread); 400 naming
         ``messages`` when the template refuses them."""
-        messages = [m.template_input() for m in request.messages]
+        return self._render_chat_messages(request.messages)
+
+    def _render_chat_messages(
+        self, messages: list[ChatMessage], add_generation_prompt: bool = True
+    ) -> str:
         try:
-            return render_chat(self.engine.tokenizer, messages)
+            return render_chat(
+                self.engine.tokenizer, [m.template_input() for m in messages], add_generation_prompt
+            )
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from exc
 
