@@ -52,6 +52,8 @@ MODELS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the projection table (GB = 1e9 bytes) for ``argv`` (the module docstring's
+    flags); returns the exit code, 0."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calib-samples", type=int, default=64)
     p.add_argument("--calib-seq-len", type=int, default=256)

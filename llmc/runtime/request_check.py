@@ -51,8 +51,8 @@ def check_request(
     params.validate()
     if len(prompt_token_ids) == 0:
         raise InvalidRequestError("the prompt is empty: it must have at least one token", "prompt")
-    _check_vocabulary("prompt", prompt_token_ids, vocab_size)
-    _check_vocabulary("stop_token_ids", params.stop_token_ids, vocab_size)
+    check_vocabulary("prompt", prompt_token_ids, vocab_size)
+    check_vocabulary("stop_token_ids", params.stop_token_ids, vocab_size)
     total = len(prompt_token_ids) + params.max_tokens
     if total > max_model_len:
         raise ContextLengthError(
@@ -64,7 +64,9 @@ def check_request(
         )
 
 
-def _check_vocabulary(field: str, token_ids: Sequence[int], vocab_size: int) -> None:
+def check_vocabulary(field: str, token_ids: Sequence[int], vocab_size: int) -> None:
+    """Raise InvalidRequestError naming ``field`` when a token id is outside
+    ``[0, vocab_size)``."""
     if len(token_ids) == 0:
         return
     lo, hi = min(token_ids), max(token_ids)

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmc.errors import ContextLengthError
 from llmc.runtime.chat_template import CHAT_ADD_SPECIAL_TOKENS, ChatTemplateError, render_chat
-from llmc.runtime.request_check import InvalidRequestError
+from llmc.runtime.request_check import InvalidRequestError, check_vocabulary
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.bounded_encode import encode_bounded
@@ -194,12 +194,10 @@ class OpenAIServing:
         naming ``tokens`` for an id outside the vocabulary."""
         if request.model is not None:
             self._check_model(request.model)
-        vocab = self.engine.vocab_size
-        outside = next((t for t in request.tokens if t >= vocab), None)
-        if outside is not None:
-            raise bad_request(
-                f"token id {outside} is outside the vocabulary [0, {vocab})", "tokens"
-            )
+        try:
+            check_vocabulary("tokens", request.tokens, self.engine.vocab_size)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), "tokens") from exc
         return DetokenizeResponse(
             prompt=await self._off_loop(self.engine.tokenizer.decode, request.tokens)
         )

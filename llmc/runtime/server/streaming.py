@@ -138,14 +138,11 @@ async def sse_events(
 # Characters outside ASCII that line splitters following ``str.splitlines`` (httpx's
 # ``iter_lines``, so most Python clients) take as line ends, though SSE ends lines only at CR and
 # LF. JSON escapes every control character below U+0020 already; these it may write raw.
-_UNICODE_LINE_ENDS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_UNICODE_LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def sse_event(model: BaseModel) -> str:
     """One server-sent event ``data: {json}\\n\\n`` of ``model``, the JSON on one line for every
     client: the Unicode line ends a model may generate (NEL, LINE and PARAGRAPH SEPARATOR) are
     written as JSON escapes, which decode to the same text."""
-    data = model.model_dump_json()
-    for char, escape in _UNICODE_LINE_ENDS.items():
-        data = data.replace(char, escape)
-    return f"data: {data}\n\n"
+    return f"data: {model.model_dump_json().translate(_UNICODE_LINE_ENDS)}\n\n"
