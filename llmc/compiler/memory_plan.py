@@ -89,7 +89,8 @@ def plan_memory(
     (the 8-bit sampler engine); calibrating and quantizing one segment at a time (the
     float32 weights of one layer or the largest tensor + GPTQ's Gram matrices of one layer and
     its factorization of the widest weight + the calibration activations; the quantized
-    weights are on disk); the accuracy report and the provider measurement (the engine).
+    weights are on disk); the accuracy report and the provider measurement (the engine, and
+    ONNX Runtime's prepacked copy of a tied float32 vocabulary projection).
     Raises BuildConfigError, before any weight is read, when the plan needs more than the
     limit: the message names the figure and the stage.
     """
@@ -140,7 +141,8 @@ def plan_for_shapes(
         "write the float graph (twice the largest tensor, tensors in flight)": write + in_flight
     }
     if cpu:  # a GPU stage is measured where it is finished, on the GPU builder
-        stages["load the engine to measure it"] = engine
+        # ONNX Runtime's prepacked copy of a tied float32 vocabulary projection comes with it
+        stages["load the engine to measure it"] = engine + shapes.tied_float_projection_bytes(spec)
     if spec is not None:
         gptq = spec.weight_rounding == "gptq"
         gram = shapes.largest_gram_bytes() if gptq else 0
