@@ -28,7 +28,7 @@ from llmc.compiler.provider_choice import (
 )
 from llmc.compiler.provider_timing import max_relative_diff, probe_steps
 from llmc.engine.manifest import parse_manifest
-from llmc.engine.provider import CPU_EP, OPENVINO_EP
+from llmc.engine.provider import CPU_EP, OPENVINO_EP, OPENVINO_RUNTIME
 from llmc.errors import BuildConfigError
 from llmc.runtime.execution_provider import openvino_cpu_devices
 from tests.test_manifest import make_manifest
@@ -114,8 +114,10 @@ def test_candidates_follow_dtype_and_mode():
     assert [(c.provider, c.precision) for c in f32] == [(CPU_EP, "f32"), (OPENVINO_EP, "f32")]
     assert f32[0].status == PENDING
     assert [c.provider for c in candidates("float32", "cpu")] == [CPU_EP]
-    assert [(c.provider, c.precision) for c in candidates("bfloat16")] == [(OPENVINO_EP, "bf16")]
+    bf16 = [(c.provider, c.precision) for c in candidates("bfloat16")]
+    assert bf16 == [(OPENVINO_EP, "bf16"), (OPENVINO_RUNTIME, "bf16")]
     assert [c.provider for c in candidates("bfloat16", "openvino")] == [OPENVINO_EP]
+    assert [c.provider for c in candidates("bfloat16", "openvino-runtime")] == [OPENVINO_RUNTIME]
 
 
 @needs_no_openvino_device
@@ -142,13 +144,15 @@ def test_openvino_ep_is_unavailable_here_and_says_why():
 
 @needs_no_openvino_device
 @pytest.mark.parametrize(
-    "options", [{"execution_provider": "openvino"}, {"dtype": "bfloat16"}], ids=["forced", "bf16"]
+    "options",
+    [{"execution_provider": "openvino"}, {"dtype": "bfloat16", "execution_provider": "openvino"}],
+    ids=["forced", "bf16"],
 )
 def test_unrunnable_provider_is_refused_before_any_work(tmp_path, options):
     # The model path does not exist: the provider error must come before it is even resolved.
     model, out = str(tmp_path / "no-such-model"), str(tmp_path / "e")
     config = BuildConfig.of(model=model, output=out, **options)
-    with pytest.raises(BuildConfigError, match="no ONNX Runtime execution provider") as raised:
+    with pytest.raises(BuildConfigError, match="no provider can run") as raised:
         build(config)
     assert openvino_cpu_devices()[1] in str(raised.value)
     assert not (tmp_path / "e").exists()

@@ -23,6 +23,7 @@ from llmc.compiler.stages.quantize import quantize, read_texts, sampling_model
 from llmc.compiler.stages.report import report_cpu
 from llmc.compiler.stages.result import BuildResult
 from llmc.compiler.tensorrt.gpu_build import build_gpu
+from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR
 
 
 def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildResult:
@@ -53,6 +54,7 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
         spec=config.quant_spec(plan.bound_pairs) if config.quantization.quantizes else None,
         calib_tokens=calib.calib_samples * calib.calib_seq_len,
         samples_text=texts is not None and not texts.calibration.path,
+        engine_load_factor=OPENVINO_LOAD_FACTOR if plan.layout.precision == "bf16" else 1.0,
     )
     out = config.output_dir(resolved.model_id)
     with scratch_dir(out) as work:

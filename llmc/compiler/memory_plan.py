@@ -78,11 +78,14 @@ def plan_memory(
     spec: QuantSpec | None = None,
     calib_tokens: int = 0,
     samples_text: bool = False,
+    engine_load_factor: float = 1.0,
 ) -> MemoryPlan:
     """Choose the path for ``src`` built with ``--quant quant`` and check it fits ``limit_gb``
     (None: no limit). A quantized streamed build's plan reads ``spec`` (the build's
     ``QuantSpec``; default: ``quant`` with no exclusions), ``calib_tokens`` (windows x tokens
-    per window) and ``samples_text`` (no ``--calib-data``: calibration text is sampled).
+    per window) and ``samples_text`` (no ``--calib-data``: calibration text is sampled);
+    ``engine_load_factor`` is the resident bytes of the runner that measures the engine per
+    engine weight byte (ONNX Runtime 1; OpenVINO's runtime more, ``OPENVINO_LOAD_FACTOR``).
 
     Peak of a streamed build: the process (``BASE_BYTES``) plus the largest of: writing the
     float graph (twice the largest tensor in float32, and the tensors in flight); sampling text
@@ -96,7 +99,15 @@ def plan_memory(
     """
     shapes = CheckpointShapes.of(src)
     return plan_for_shapes(
-        shapes, can_stream(src), quant, cpu, limit_gb, spec, calib_tokens, samples_text
+        shapes,
+        can_stream(src),
+        quant,
+        cpu,
+        limit_gb,
+        spec,
+        calib_tokens,
+        samples_text,
+        engine_load_factor,
     )
 
 
@@ -109,6 +120,7 @@ def plan_for_shapes(
     spec: QuantSpec | None = None,
     calib_tokens: int = 0,
     samples_text: bool = False,
+    engine_load_factor: float = 1.0,
 ) -> MemoryPlan:
     """``plan_memory`` for a checkpoint given by its tensor shapes (``streamable``: its weights
     can be read one tensor at a time), so a plan can be projected for a model not on disk
@@ -142,7 +154,8 @@ def plan_for_shapes(
     }
     if cpu:  # a GPU stage is measured where it is finished, on the GPU builder
         # ONNX Runtime's prepacked copy of a tied float32 vocabulary projection comes with it
-        stages["load the engine to measure it"] = engine + shapes.tied_float_projection_bytes(spec)
+        tied_copy = shapes.tied_float_projection_bytes(spec)
+        stages["load the engine to measure it"] = int(engine * engine_load_factor) + tied_copy
     if spec is not None:
         gptq = spec.weight_rounding == "gptq"
         gram = shapes.largest_gram_bytes() if gptq else 0

@@ -1,19 +1,21 @@
-"""Choose the ONNX Runtime execution provider of a CPU engine by measurement (DESIGN §9-10).
+"""Choose the provider of a CPU engine by measurement (DESIGN §9-10).
 
 The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32)
-and the OpenVINO EP (f32). bfloat16 engines: the OpenVINO EP (bf16) only, since the CPU EP has
-no bf16 GEMM. The engine graph is lowered once, by dtype (``lower_cpu``), and every candidate
-runs that same graph: what is measured is what ships.
+and the OpenVINO EP (f32). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on
+the segments (bf16; ``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU
+EP has no bf16 GEMM. The engine
+graph is lowered once, by dtype (``lower_cpu``), and every candidate runs that same graph: what
+is measured is what ships.
 
-For each candidate, ``select_provider`` records why it cannot run here (plugin missing, no CPU
-device, the graph does not load) or measures it: the engine's segments through ``OrtRunner``
-bound to it, on the steps of ``provider_timing`` (decode at batch 1 and 16, a 128-token
-prefill; one warmup, median of 3). A candidate is rejected when its logits differ from the CPU
-EP's (f32) by more than ``TOLERANCE`` of its precision, relative to the logits' scale. Score:
-the geometric mean of its median step times in ms, so halving any one step's time counts the
-same. The lowest score wins, except that a later candidate must beat an earlier one by more
-than ``MARGIN`` (noise on this 2-core host is about ±10%), so ties go to the CPU EP, which needs
-no plugin. On Gemma 3 270M this costs a few seconds per available candidate.
+For each candidate, ``select_provider`` records why it cannot run here (package missing, no CPU
+device, the graph does not load) or measures it: the engine through its runner
+(``llmc.runtime.cpu_runner``), on the steps of ``provider_timing`` (decode at batch 1 and 16, a
+128-token prefill; one warmup, median of 3). A candidate is rejected when its logits differ
+from the CPU EP's (f32) by more than ``TOLERANCE`` of its precision, relative to the logits'
+scale. Score: the geometric mean of its median step times in ms, so halving any one step's time
+counts the same. The lowest score wins, except that a later candidate must beat an earlier one
+by more than ``MARGIN`` (noise on this 2-core host is about ±10%), so ties go to the CPU EP,
+which needs no plugin. On Gemma 3 270M this costs a few seconds per available candidate.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmc.compiler.provider_timing import ProbeSteps, max_relative_diff, time_steps
-from llmc.engine.provider import CPU_EP, OPENVINO_EP, ProviderChoice
+from llmc.engine.provider import CPU_EP, OPENVINO_EP, OPENVINO_RUNTIME, PROVIDERS, ProviderChoice
 from llmc.errors import BuildConfigError
+from llmc.runtime.cpu_runner import cpu_runner
 from llmc.runtime.execution_provider import openvino_cpu_devices
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.openvino_runner import openvino_available
 
 #: Largest accepted max|logits - cpu_ep| / max|cpu_ep|, by compute precision. f32: the OpenVINO
 #: EP measured 2e-5 on Gemma 3 270M, 1e-3 leaves room for summation order; bf16: measured up to
@@ -99,11 +102,13 @@ def candidates(dtype: str, mode: str = "auto") -> list[CandidateResult]:
     "unavailable" with a reason or "pending" (runs here, not measured yet)."""
 
     precision = "bf16" if dtype == "bfloat16" else "f32"
-    names = [OPENVINO_EP] if precision == "bf16" else [CPU_EP, OPENVINO_EP]
-    wanted = {"auto": names, "cpu": [CPU_EP], "openvino": [OPENVINO_EP]}[mode]
+    # OpenVINO's runtime is a bf16 candidate only: at f32 it was slower than the CPU EP on
+    # Gemma 3 270M and holds 2.5x the engine's bytes (``OPENVINO_LOAD_FACTOR``).
+    names = [OPENVINO_EP, OPENVINO_RUNTIME] if precision == "bf16" else [CPU_EP, OPENVINO_EP]
+    wanted = names if mode == "auto" else [PROVIDERS[mode]]
     out = []
     for name in (n for n in names if n in wanted):
-        reason = openvino_cpu_devices()[1] if name == OPENVINO_EP else None
+        reason = _unavailable(name)
         out.append(CandidateResult(name, precision, UNAVAILABLE if reason else PENDING, reason))
     return out
 
@@ -197,17 +202,26 @@ def select_provider(
     return ProviderSelection(mode, winner.provider, winner.precision, results)
 
 
+def _unavailable(name: str) -> str | None:
+    """Why provider ``name`` cannot run on this host, or None."""
+    if name == OPENVINO_EP:
+        return openvino_cpu_devices()[1]
+    if name == OPENVINO_RUNTIME:
+        return openvino_available()
+    return None
+
+
 def _runner(engine_dir: Path, probe: ProbeSteps, threads: int, choice: ProviderChoice):
 
-    return OrtRunner(engine_dir, probe.num_blocks, threads=threads, provider=choice)
+    return cpu_runner(engine_dir, probe.num_blocks, threads, choice)
 
 
 def _none_usable(dtype: str, mode: str, results: list[CandidateResult]) -> str:
     why = "; ".join(c.format() for c in results) or "none"
-    todo = "build with --dtype float32 (it runs on the CPU EP)"
+    todo = "pip install openvino, or build with --dtype float32 (it runs on the CPU EP)"
     if dtype == "float32":
         todo = "use --execution-provider cpu" if mode != "cpu" else "report this as a bug"
     return (
-        f"no ONNX Runtime execution provider can run this --dtype {dtype} engine here "
+        f"no provider can run this --dtype {dtype} engine here "
         f"(--execution-provider {mode}): {why}; {todo}"
     )

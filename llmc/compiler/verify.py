@@ -43,6 +43,7 @@ from llmc.engine.plan import load_plan
 from llmc.engine.provider import ProviderChoice
 from llmc.engine.split import split_at_plugins
 from llmc.errors import ModelSourceError
+from llmc.runtime.cpu_runner import cpu_runner
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.step_inputs import single_prefill
 
@@ -108,11 +109,11 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
     with stage("accuracy report") as tick:
         reference = OrtRunner.from_model(proto, num_blocks, config.threads, boundaries)
         provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
-        engine = OrtRunner(engine_dir, num_blocks, config.threads, provider)
+        engine = cpu_runner(engine_dir, num_blocks, config.threads, provider)
         report = evaluate_accuracy(reference, engine, windows, manifest.block_size, label, tick)
         if engine.single_graph:  # it returns the logits alone: run the segments to capture
             del engine
-            engine = OrtRunner(engine_dir, num_blocks, config.threads, provider, single_graph=False)
+            engine = cpu_runner(engine_dir, num_blocks, config.threads, provider, False)
         # Every boundary tensor of both, for one window.
         step = single_prefill(windows[0], manifest.block_size)
         env, engine_env = reference.run_step(step), engine.run_step(step)

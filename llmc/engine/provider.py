@@ -4,7 +4,10 @@
 build time. ``OpenVINOExecutionProvider`` (PyPI ``onnxruntime-ep-openvino``, a plugin EP) runs
 the same graph with bfloat16 compute on AVX-512 BF16 hosts: measured 1.5-2.8x the CPU EP's speed
 on Gemma 3 270M here (DESIGN §9), at up to ~0.1 relative difference in logits, so it serves
-``--dtype bfloat16`` engines only. Providers are a sub-axis of the ``cpu`` target
+``--dtype bfloat16`` engines only. ``OpenVINORuntime`` is not an ONNX Runtime provider: the
+engine's segments compiled by OpenVINO's own runtime (PyPI ``openvino``), which runs on any
+x86-64 CPU, AMD's included, where the OpenVINO EP exposes no device
+(``llmc.runtime.openvino_runner``). Providers are a sub-axis of the ``cpu`` target
 (``llmc.engine.targets.cpu``), named on the command line by the keys of ``PROVIDERS``. Which
 provider an engine runs on is chosen at build time by measurement
 (``llmc.compiler.provider_choice``) and recorded in its manifest; how a session is bound to it
@@ -17,9 +20,14 @@ from dataclasses import dataclass
 
 CPU_EP = "CPUExecutionProvider"
 OPENVINO_EP = "OpenVINOExecutionProvider"
+OPENVINO_RUNTIME = "OpenVINORuntime"
 OPENVINO_PACKAGE = "onnxruntime-ep-openvino"
-#: ``--execution-provider`` value -> the ONNX Runtime execution provider it names.
-PROVIDERS = {"cpu": CPU_EP, "openvino": OPENVINO_EP}
+OPENVINO_RUNTIME_PACKAGE = "openvino"
+#: ``--execution-provider`` value -> the provider it names (an ONNX Runtime execution provider,
+#: or OpenVINO's runtime on the segments).
+PROVIDERS = {"cpu": CPU_EP, "openvino": OPENVINO_EP, "openvino-runtime": OPENVINO_RUNTIME}
+#: The package each non-built-in provider needs.
+PROVIDER_PACKAGES = {OPENVINO_EP: OPENVINO_PACKAGE, OPENVINO_RUNTIME: OPENVINO_RUNTIME_PACKAGE}
 #: Distributions that install the ``onnxruntime`` module, the plain CPU build first.
 ONNXRUNTIME_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino")
 
@@ -63,13 +71,13 @@ def onnxruntime_version() -> str | None:
 
 
 def provider_version(choice: ProviderChoice) -> str | None:
-    """Installed version of the plugin package behind ``choice``; None for the built-in CPU EP
-    or when the package is not installed."""
-    if choice.name == CPU_EP:
+    """Installed version of the package behind ``choice`` (``PROVIDER_PACKAGES``); None for the
+    built-in CPU EP or when the package is not installed."""
+    if choice.name not in PROVIDER_PACKAGES:
         return None
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version(OPENVINO_PACKAGE)
+        return version(PROVIDER_PACKAGES[choice.name])
     except PackageNotFoundError:
         return None

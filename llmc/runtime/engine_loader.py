@@ -25,7 +25,7 @@ from llmc.engine.manifest import (
 from llmc.engine.provider import ProviderChoice
 from llmc.engine.targets import target
 from llmc.errors import EngineConfigError, EngineCorruptError, EngineError, EngineNotFoundError
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.cpu_runner import cpu_runner
 from llmc.runtime.runner import Runner
 
 #: Default KV-cache memory budget when neither ``num_blocks`` nor ``kv_cache_memory`` is given.
@@ -143,7 +143,7 @@ def load_engine(
 
         runner = TrtRunner(engine_dir, manifest, num_blocks=blocks)
     else:
-        runner = OrtRunner(engine_dir, num_blocks=blocks, threads=threads, provider=provider)
+        runner = cpu_runner(engine_dir, blocks, threads, provider)
     tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "tokenizer"))
     gen = json.loads((engine_dir / "generation_config.json").read_text())
     return LoadedEngine(

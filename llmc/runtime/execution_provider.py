@@ -9,6 +9,7 @@ from llmc.engine.provider import (
     CPU_EP,
     OPENVINO_EP,
     OPENVINO_PACKAGE,
+    OPENVINO_RUNTIME,
     ProviderChoice,
     provider_version,
 )
@@ -24,6 +25,11 @@ def bind_provider(opts, choice: ProviderChoice) -> list[str] | None:
     """
     if choice.name == CPU_EP:
         return [CPU_EP]
+    if choice.name == OPENVINO_RUNTIME:
+        raise EngineError(
+            f"{OPENVINO_RUNTIME} is OpenVINO's own runtime, not an ONNX Runtime execution "
+            "provider: run the engine with llmc.runtime.cpu_runner"
+        )
     devices, reason = openvino_cpu_devices()
     if reason is not None:
         raise EngineError(

@@ -29,7 +29,13 @@ from llmc.engine.manifest import (
     raise_format_mismatch,
     rebuild_command,
 )
-from llmc.engine.provider import PROVIDERS, ProviderChoice, onnxruntime_version, provider_version
+from llmc.engine.provider import (
+    PROVIDER_PACKAGES,
+    PROVIDERS,
+    ProviderChoice,
+    onnxruntime_version,
+    provider_version,
+)
 from llmc.errors import EngineMismatchError
 
 BACKEND = "onnxruntime"
@@ -125,7 +131,8 @@ def check_provider_version(manifest: EngineManifest, installed: str | None) -> N
         raise EngineMismatchError(
             f"engine runs on {manifest.execution_provider} {needed} but "
             f"{installed or 'no version'} is installed; pip install the matching "
-            "onnxruntime-ep-openvino, or rebuild the engine with --dtype float32"
+            f"{PROVIDER_PACKAGES.get(manifest.execution_provider, 'package')}, or rebuild the "
+            "engine with --dtype float32"
         )
 
 

@@ -1,0 +1,30 @@
+"""The runner of a cpu engine, by the provider its manifest records: ONNX Runtime's
+(``OrtRunner``, CPU or OpenVINO execution provider) or OpenVINO's runtime on the segments
+(``OpenVinoRunner``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmc.engine.provider import OPENVINO_RUNTIME, ProviderChoice
+from llmc.runtime.ort_runner import OrtRunner
+
+
+def cpu_runner(
+    engine_dir: str | Path,
+    num_blocks: int,
+    threads: int | None = None,
+    provider: ProviderChoice | None = None,
+    single_graph: bool | None = None,
+) -> OrtRunner:
+    """A runner over ``engine_dir`` with ``num_blocks`` KV blocks per layer on ``provider``
+    (default: the CPU EP). ``single_graph`` as ``OrtRunner``'s; OpenVINO's runtime always runs
+    the segments. Raises RuntimeError or EngineError when the provider cannot run here (the
+    message says why)."""
+    if provider is not None and provider.name == OPENVINO_RUNTIME:
+        from llmc.runtime.openvino_runner import OpenVinoRunner
+
+        if single_graph:
+            raise RuntimeError(f"cannot run {engine_dir} as one graph on {OPENVINO_RUNTIME}")
+        return OpenVinoRunner(engine_dir, num_blocks, threads or 2, provider.precision)
+    return OrtRunner(engine_dir, num_blocks, threads, provider, single_graph)
