@@ -20,6 +20,7 @@ from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.compiler.quantize.tensor_spill import TensorSpill
+from llmc.engine.provider import ProviderChoice
 from llmc.errors import LlmcError
 from llmc.heap import release_freed_memory
 
@@ -243,8 +244,10 @@ def accuracy_report(
     source: TextSource,
     progress,
     external_data_dir: Path | None = None,
+    provider: ProviderChoice | None = None,
 ):
-    """The engine in ``engine_dir`` against the unquantized graph on held-out windows
+    """The engine in ``engine_dir``, run on ``provider`` (default: the CPU EP), against the
+    unquantized graph on held-out windows
     (``llmc.calibration.accuracy.AccuracyReport``). The reference runs one segment at a time
     over every window (``LayerwiseRunner``, its weights read from ``external_data_dir`` for a
     streamed graph) and its logits go to a temporary file there; the engine is loaded after
@@ -253,8 +256,8 @@ def accuracy_report(
     import tempfile
 
     from llmc.calibration.accuracy import check_windows, score_logits
+    from llmc.runtime.cpu_runner import cpu_runner
     from llmc.runtime.layerwise_runner import LayerwiseRunner
-    from llmc.runtime.ort_runner import OrtRunner
     from llmc.runtime.step_inputs import single_prefill
 
     calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
@@ -265,7 +268,7 @@ def accuracy_report(
         shapes = _spill_logits(ref, windows, spill, progress)
         del ref
         release_freed_memory()  # the reference's last segment (vocabulary projection, logits)
-        engine = OrtRunner(engine_dir, -(-calib.calib_seq_len // block_size), threads=threads)
+        engine = cpu_runner(engine_dir, -(-calib.calib_seq_len // block_size), threads, provider)
 
         def pairs():
             spill.seek(0)

@@ -39,9 +39,11 @@ class EngineGraph:
 
 
 def read_texts(config: BuildConfig) -> CalibrationTexts | None:
-    """The text sources of a quantized build (None for ``--quant none``); the files are read
-    now so that an empty or unreadable one fails before any work (CalibrationDataError)."""
-    if not config.quantization.quantizes:
+    """The text sources of a build whose engine gets an accuracy report: a quantized one, or a
+    cpu ``--dtype bfloat16`` one (bf16 compute; None otherwise). The files are read now so that
+    an empty or unreadable one fails before any work (CalibrationDataError)."""
+    bf16_cpu = config.target.is_cpu and config.source.dtype == "bfloat16"
+    if not (config.quantization.quantizes or bf16_cpu):
         return None
     return CalibrationTexts(*qp.text_sources(config.calibration))
 

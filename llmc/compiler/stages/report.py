@@ -1,5 +1,6 @@
-"""Measure a lowered cpu engine: its accuracy against the float graph (quantized builds) and
-the execution provider that runs it fastest with agreeing logits (``provider_choice``)."""
+"""Measure a lowered cpu engine: the execution provider that runs it fastest with agreeing
+logits (``provider_choice``), then its accuracy on that provider against the float graph
+(quantized and bf16 builds)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,13 @@ def report_cpu(
     stage: Stage = no_stage,
     sampler: Any = None,
 ) -> EngineReport:
-    """The accuracy report of a quantized ``engine`` against ``reference`` on ``texts``'
-    held-out windows (skipped when ``texts`` is None), then the provider choice. Raises
-    BuildConfigError when no provider is accepted."""
+    """The provider choice, then the accuracy report of ``engine`` on the chosen provider
+    against ``reference`` on ``texts``' held-out windows (skipped when ``texts`` is None): what
+    is reported is what ships, bf16 compute included. Raises BuildConfigError when no provider
+    is accepted."""
+    with stage("choose execution provider"):
+        selection = choose_provider(config, engine.engine_dir, model.vocab_size)
+    provider = ProviderChoice(selection.provider, selection.precision)
     accuracy = None
     if texts is not None:
         with stage("accuracy report") as tick:
@@ -58,9 +63,8 @@ def report_cpu(
                 texts.heldout,
                 tick,
                 external_data_dir=reference.weights_dir,
+                provider=provider,
             )
-    with stage("choose execution provider"):
-        selection = choose_provider(config, engine.engine_dir, model.vocab_size)
     return EngineReport(accuracy, selection)
 
 
