@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from llmc.compiler.quantized_embedding import gather_from_projection
-from llmc.compiler.shared_weights import share_weights
+from llmc.compiler.shared_weights import compact_files, share_weights
 from llmc.compiler.single_graph import write_single_graph
 from llmc.engine.plan import ExecutionPlan, save_plan
 from llmc.engine.provider import CPU_EP, provider_for_dtype
@@ -126,8 +126,10 @@ def lower_to_cpu(
         if progress is not None:
             progress(i + 1, len(segments))
     files = [engine_dir / spec.file for spec in plan.segments]
-    share_weights(files)  # a tied table once
-    gather_from_projection(files)  # a quantized engine's lookup reads the quantized table
+    models = {f: onnx.load(str(f), load_external_data=False) for f in files}
+    share_weights(models)  # a tied table once
+    gather_from_projection(models)  # a quantized engine's lookup reads the quantized table
+    compact_files(models)
     if choice.optimize_at_build:
         plan = replace(plan, graph=write_single_graph(engine_dir, plan))
     save_plan(plan, engine_dir)

@@ -21,7 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo
 
-from llmc.compiler.shared_weights import compact, point_external
+from llmc.compiler.shared_weights import point_external
 
 #: Rows compared between the float table and the dequantized projection before rewriting.
 CHECK_ROWS = 256
@@ -83,15 +83,16 @@ def _same(candidate, table: onnx.TensorProto, paths: tuple[Path, Path]) -> bool:
     return error.mean() <= 1.0 and error.max() <= 8.0
 
 
-def gather_from_projection(segment_files: list[Path]) -> int:
+def gather_from_projection(models: dict[Path, onnx.ModelProto]) -> int:
     """Rewrite the first segment's float embedding ``Gather`` as ``GatherBlockQuantized`` over
     the last segment's quantized projection when they hold the same table (compared on
     ``CHECK_ROWS`` rows: within a step on average, 8 at most); returns the bytes no
-    longer stored (0 when nothing matched)."""
-    first_path, last_path = segment_files[0], segment_files[-1]
+    longer stored (0 when nothing matched). ``models``: the saved segments by path, in plan
+    order, loaded without their data; only the first one's proto changes
+    (``shared_weights.compact_files`` then drops the float table from its file)."""
+    first_path, last_path = list(models)[0], list(models)[-1]
     paths = (first_path, last_path)
-    first = onnx.load(str(first_path), load_external_data=False)
-    last = onnx.load(str(last_path), load_external_data=False)
+    first, last = models[first_path], models[last_path]
     inits = {t.name: t for t in first.graph.initializer}
     for node in first.graph.node:
         table = inits.get(node.input[0]) if node.op_type == "Gather" else None
@@ -131,6 +132,5 @@ def gather_from_projection(segment_files: list[Path]) -> int:
             first.graph.initializer.remove(table)
         if not any(o.domain == "com.microsoft" for o in first.opset_import):
             first.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-        compact(first_path, first)
         return t_info.length
     return 0
