@@ -449,3 +449,15 @@ def test_n_greedy_completions_and_abort_of_a_forked_request(tokenizer):
     stats = engine.stats()
     assert (stats.num_running, stats.num_waiting, stats.num_free_blocks) == (0, 0, 64)
     assert engine.step() == [] and not engine.has_unfinished_requests()
+
+
+def test_a_cpu_engine_is_served_with_a_step_budget_of_at_most_512_tokens():
+    from llmc.runtime.engine import CPU_STEP_TOKENS, default_step_tokens
+    from tests.manifests import make_manifest
+
+    assert CPU_STEP_TOKENS == 512
+    cpu = "cpu", "onnxruntime"
+    assert default_step_tokens(make_manifest(*cpu, max_num_tokens=2048)) == 512
+    assert default_step_tokens(make_manifest(*cpu, max_num_tokens=64)) == 64
+    gpu = make_manifest("sm90", "tensorrt", max_num_tokens=2048)
+    assert default_step_tokens(gpu) == 2048  # a TensorRT plan's budget is its own

@@ -85,7 +85,7 @@ class EngineLimits:
         None, "most sequences per step (default: the engine's max_batch)"
     )
     max_num_batched_tokens: int | None = _opt(
-        None, "token budget per step (default: the engine's max_num_tokens)"
+        None, "token budget per step (default: the engine's max_num_tokens; at most 512 on cpu)"
     )
     max_num_forked_seqs: int | None = _opt(
         None,
