@@ -158,6 +158,11 @@ def test_unrunnable_provider_is_refused_before_any_work(tmp_path, options):
     assert not (tmp_path / "e").exists()
 
 
+def test_openvino_runtime_is_refused_for_float32_engines():
+    with pytest.raises(BuildConfigError, match="openvino-runtime computes in bf16"):
+        BuildConfig.of(execution_provider="openvino-runtime").validate()
+
+
 def test_cli_reports_the_refusal(tmp_path, capsys):
     from llmc.cli import main
 

@@ -132,6 +132,12 @@ class BuildConfig:
                 "--execution-provider cpu cannot run --dtype bfloat16: ONNX Runtime's CPU EP has "
                 "no bf16 GEMM; use --execution-provider auto or openvino, or --dtype float32"
             )
+        if self.target.execution_provider == "openvino-runtime" and dtype != "bfloat16":
+            raise BuildConfigError(
+                "--execution-provider openvino-runtime computes in bf16: use it with --dtype "
+                "bfloat16; float32 and quantized engines run on --execution-provider cpu or "
+                "openvino"
+            )
         if self.target.is_cpu and self.quantization.quantizes and dtype != "float32":
             raise BuildConfigError(
                 f"--quant {quant} builds run their unquantized parts in float32 on cpu; "

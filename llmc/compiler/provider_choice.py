@@ -3,9 +3,8 @@
 The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32)
 and the OpenVINO EP (f32). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on
 the segments (bf16; ``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU
-EP has no bf16 GEMM. The engine
-graph is lowered once, by dtype (``lower_cpu``), and every candidate runs that same graph: what
-is measured is what ships.
+EP has no bf16 GEMM. The engine graph is lowered once, by dtype (``lower_cpu``), and every
+candidate runs that same graph: what is measured is what ships.
 
 For each candidate, ``select_provider`` records why it cannot run here (package missing, no CPU
 device, the graph does not load) or measures it: the engine through its runner
