@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from llmc.engine.manifest import EngineManifest
 from llmc.errors import StepFailedError
 from llmc.runtime.engine_loader import load_engine
 from llmc.runtime.output_processor import OutputProcessor
@@ -313,7 +314,7 @@ class LLMEngine:
         return token_ids
 
 
-def default_step_tokens(manifest) -> int:
+def default_step_tokens(manifest: EngineManifest) -> int:
     """The step token budget an engine is served with by default: its ``max_num_tokens``,
     capped at ``CPU_STEP_TOKENS`` for a cpu engine."""
     if manifest.target == "cpu":

@@ -23,8 +23,8 @@ from llmc.runtime.ort_runner import OrtRunner
 #: the Qwen2.5-0.5B-shaped float32 engine (1.98 GB): 4.54 GB peak at bf16 compute, 4.91 GB at
 #: f32 (AMD EPYC, openvino 2026.4.1); ONNX Runtime's CPU EP holds the engine once.
 OPENVINO_LOAD_FACTOR = 2.5
-#: ``ProviderChoice.precision`` -> OpenVINO's ``INFERENCE_PRECISION_HINT``.
-PRECISION_HINTS = {"f32": "f32", "bf16": "bf16"}
+#: ``ProviderChoice.precision`` values, which are also OpenVINO's ``INFERENCE_PRECISION_HINT``.
+PRECISIONS = ("f32", "bf16")
 
 
 def openvino_available() -> str | None:
@@ -79,11 +79,14 @@ class OpenVinoRunner(OrtRunner):
 
     Raises:
         RuntimeError: OpenVINO is not installed or lists no CPU device (the message says which).
+        ValueError: ``precision`` is not one of ``PRECISIONS``.
     """
 
     def __init__(
         self, engine_dir: str | Path, num_blocks: int, threads: int = 2, precision: str = "f32"
     ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r} is not one of {PRECISIONS}")
         reason = openvino_available()
         if reason is not None:
             raise RuntimeError(f"cannot run {engine_dir} on OpenVINO: {reason}")
@@ -93,7 +96,7 @@ class OpenVinoRunner(OrtRunner):
         plan = load_plan(engine_dir)
         core = ov.Core()
         config = {
-            "INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision],
+            "INFERENCE_PRECISION_HINT": precision,
             "INFERENCE_NUM_THREADS": int(threads),
             "NUM_STREAMS": 1,
             "PERFORMANCE_HINT": "LATENCY",
