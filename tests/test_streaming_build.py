@@ -11,19 +11,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import numpy_helper
 
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.checkpoint_weights import index_safetensors
 from llmc.compiler.lower_cpu import lower_to_cpu
+from llmc.compiler.memory_plan import plan_memory
 from llmc.compiler.stages.export import export
 from llmc.compiler.stages.load import load, resolve
 from llmc.errors import BuildConfigError
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.step_inputs import single_prefill
-from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
+from tests.tiny_models import bfloat16_copy, make_tiny_gemma3, make_tiny_llama
 
 
 def weight_digests(engine_dir: Path) -> list[tuple[tuple[int, ...], str]]:
@@ -71,22 +70,41 @@ def test_streamed_engine_equals_in_memory_engine(family, tmp_path):
 
 def test_bfloat16_checkpoint_streams_to_the_float32_weights_transformers_loads(tmp_path):
     """A bf16 checkpoint is converted to float32 tensor by tensor, as from_pretrained does."""
-    from transformers import AutoModelForCausalLM
-
-    ckpt = make_tiny_llama(tmp_path / "f32", sharp=True)
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
-    model.save_pretrained(tmp_path / "bf16")
-    for f in ckpt.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            (tmp_path / "bf16" / f.name).write_bytes(f.read_bytes())
-    bf16 = tmp_path / "bf16"
-    assert {
-        loc.dtype.name for loc in index_safetensors(list(bf16.glob("*.safetensors"))).values()
-    } == {"BFLOAT16"}
+    bf16 = bfloat16_copy(make_tiny_llama(tmp_path / "f32", sharp=True), tmp_path / "bf16")
     streamed = build(BuildConfig.of(model=str(bf16), block_size=4, output=str(tmp_path / "s")))
     whole = in_memory_engine(bf16, tmp_path / "m", 4)
     assert weight_digests(streamed.engine_dir) == weight_digests(whole)
     np.testing.assert_array_equal(prefill_logits(streamed.engine_dir, 4), prefill_logits(whole, 4))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_bfloat16_float_graph_is_stored_at_half_width(family, tmp_path, monkeypatch):
+    """The float graph of a bf16 checkpoint is written in bf16 (half the bytes) and reads back
+    as the float32 graph written without storing: same initializers, names and values."""
+    from llmc.compiler import streaming_export
+    from llmc.compiler.streaming_export import FLOAT_GRAPH, load_float_graph
+
+    make = make_tiny_llama if family == "llama" else make_tiny_gemma3
+    bf16 = bfloat16_copy(make(tmp_path / "f32", sharp=True), tmp_path / "bf16")
+    config = BuildConfig.of(model=str(bf16), block_size=4)
+    resolved = resolve(config.source)
+    model = load(resolved, memory=plan_memory(resolved.source, "none", cpu=True, limit_gb=None))
+    assert model.streamed is not None
+    export(model, config.export, work_dir=tmp_path / "stored", in_flight_bytes=1 << 20)
+    monkeypatch.setattr(streaming_export, "checkpoint_float_dtype", lambda _: None)
+    export(model, config.export, work_dir=tmp_path / "wide", in_flight_bytes=1 << 20)
+
+    stored_bytes = (tmp_path / "stored" / (FLOAT_GRAPH + ".data")).stat().st_size
+    wide_bytes = (tmp_path / "wide" / (FLOAT_GRAPH + ".data")).stat().st_size
+    assert stored_bytes < 0.55 * wide_bytes
+    folded, wide = (
+        {n: v.const_value.numpy() for n, v in load_float_graph(d).graph.initializers.items()}
+        for d in (tmp_path / "stored", tmp_path / "wide")
+    )
+    assert folded.keys() == wide.keys()
+    for name, values in wide.items():
+        assert folded[name].dtype == values.dtype, name
+        np.testing.assert_array_equal(folded[name], values, err_msg=name)
 
 
 def test_max_build_memory_refuses_before_reading_weights(tiny_llama_dir, tmp_path):
@@ -183,16 +201,21 @@ def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_streamed_quantized_engine_equals_in_memory_engine(quant, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "quant,dtype", [("int8", "float32"), ("int4", "float32"), ("int8", "bfloat16")]
+)
+def test_streamed_quantized_engine_equals_in_memory_engine(quant, dtype, tmp_path, monkeypatch):
     """The streamed build spills every quantized tensor to disk as it is made (threshold 0:
-    the tiny model's are all below the default) and writes the in-memory build's engine."""
+    the tiny model's are all below the default) and writes the in-memory build's engine; from
+    a bf16 checkpoint through its float graph stored in bf16."""
     from llmc.compiler.quantize import tensor_spill
     from tests.tiny_models import SHAKESPEARE
 
     monkeypatch.setattr(tensor_spill, "SPILL_THRESHOLD_BYTES", 0)
 
     ckpt = make_tiny_llama(tmp_path / "ckpt", sharp=True)
+    if dtype == "bfloat16":
+        ckpt = bfloat16_copy(ckpt, tmp_path / "bf16")
     options = dict(model=str(ckpt), block_size=4, quant=quant, calib_data=str(SHAKESPEARE))
     options |= dict(calib_samples=8, eval_samples=4, cache_dir=str(tmp_path / "cache"))
     streamed = build(BuildConfig.of(**options, output=str(tmp_path / "s")))

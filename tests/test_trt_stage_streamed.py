@@ -23,7 +23,7 @@ from llmc.compiler.tensorrt.int8_weights import (
     lazy_blockwise_int8_to_per_channel,
 )
 from llmc.engine import stage as st
-from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
+from tests.tiny_models import SHAKESPEARE, bfloat16_copy, make_tiny_gemma3
 
 #: Stages only the streamed path runs.
 STREAMED_STAGES = {"write the float graph", "write the stage's weights"}
@@ -119,8 +119,24 @@ def manifest_facts(stage_dir: Path) -> dict:
     return facts
 
 
-@pytest.mark.parametrize("quant", ["fp8", "int4", "none"])
-def test_streamed_stage_equals_in_memory_stage(quant, checkpoint, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def bf16_checkpoint(checkpoint, tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny Gemma 3 saved in bfloat16: its streamed float graph stores bf16 weights."""
+    ckpt, data = checkpoint
+    return bfloat16_copy(ckpt, tmp_path_factory.mktemp("trt_bf16") / "ckpt"), data
+
+
+@pytest.mark.parametrize(
+    "quant,source",
+    [
+        ("fp8", "checkpoint"),
+        ("int4", "checkpoint"),
+        ("none", "checkpoint"),
+        ("none", "bf16_checkpoint"),
+    ],
+)
+def test_streamed_stage_equals_in_memory_stage(quant, source, request, tmp_path, monkeypatch):
+    checkpoint = request.getfixturevalue(source)
     cache = tmp_path / "cache"
     with monkeypatch.context() as m:
         m.setattr(portable_stage, "lower_streamed", _no_weights_read(portable_stage.lower_streamed))

@@ -113,3 +113,21 @@ def make_tiny_gemma3(
     if sharp:
         _sharpen_attention(model, 4.0)
     return _save(model, out_dir)
+
+
+def bfloat16_copy(ckpt: Path, out: Path) -> Path:
+    """``ckpt`` saved by transformers in bfloat16 (every tensor), tokenizer beside it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmc.compiler.checkpoint_weights import index_safetensors
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    for f in ckpt.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            (out / f.name).write_bytes(f.read_bytes())
+    assert {
+        loc.dtype.name for loc in index_safetensors(list(out.glob("*.safetensors"))).values()
+    } == {"BFLOAT16"}
+    return out

@@ -21,7 +21,7 @@ import onnx_ir as ir
 from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.quantize.qdq import GraphQuantizer
-from llmc.compiler.streaming_export import FLOAT_GRAPH
+from llmc.compiler.streaming_export import load_float_graph
 from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantSpec
 
@@ -36,7 +36,7 @@ def write_sampler_engine(
     ``weights_dir``, or in the proto) to 8-bit weight-only, lower it into ``work_dir /
     SAMPLER_ENGINE`` and return that directory (an engine directory ``OrtRunner`` loads).
     Weights are read one at a time and written as external data."""
-    model = ir.load(weights_dir / FLOAT_GRAPH) if weights_dir else ir.from_proto(graph)
+    model = load_float_graph(weights_dir) if weights_dir else ir.from_proto(graph)
     GraphQuantizer(model, QuantSpec(quant=WEIGHT_ONLY8)).finish()
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / SAMPLER_GRAPH

@@ -24,6 +24,11 @@ import onnx_ir as ir
 from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
 from llmc.compiler.gguf_weights import can_stream_gguf, index_gguf
 from llmc.compiler.model_source import ModelSource
+from llmc.compiler.stored_weights import (
+    checkpoint_float_dtype,
+    fold_stored_weights,
+    store_weights,
+)
 
 FLOAT_GRAPH = "float.onnx"
 
@@ -83,7 +88,9 @@ def write_float_graph(
     optional_passes: frozenset[str] = frozenset(),
 ) -> tuple[Path, dict[str, int]]:
     """Export ``meta``'s model, bind its weights to ``src``'s checkpoint as float32, run the
-    graph passes, and write ``work_dir / FLOAT_GRAPH`` (+ ``.data``) with at most
+    graph passes, and write ``work_dir / FLOAT_GRAPH`` (+ ``.data``; weights of a bfloat16 or
+    float16 checkpoint stored in that type, ``stored_weights``; ``load_float_graph`` reads
+    it back with float32 weights) with at most
     ``in_flight_bytes`` of weights read and not yet written. Returns the path and the pass
     report. ``optional_passes``: as ``passes.run_passes``. Raises ModelSourceError when a graph
     weight is not in the checkpoint (or a GGUF tensor's shape is not its weight's)."""
@@ -99,6 +106,9 @@ def write_float_graph(
         bind_initializers(model.graph, index, meta.buffers, ir.DataType.FLOAT, meta.aliases)
     with stage("graph passes"):
         pass_report = run_passes(model, optional_passes)
+    stored = checkpoint_float_dtype(loc.dtype for loc in index.values())
+    if stored is not None:  # written at the checkpoint's width, computed in float32
+        store_weights(model, stored)
     with stage("write the float graph"):
         work_dir.mkdir(parents=True, exist_ok=True)
         path = work_dir / FLOAT_GRAPH
@@ -109,3 +119,11 @@ def write_float_graph(
             max_in_flight_bytes=in_flight_bytes,
         )
     return path, pass_report
+
+
+def load_float_graph(work_dir: Path) -> ir.Model:
+    """The float graph ``write_float_graph`` wrote into ``work_dir``, with float32 weights
+    (stored ones widened when read: ``stored_weights.fold_stored_weights``); nothing is read."""
+    model = ir.load(work_dir / FLOAT_GRAPH)
+    fold_stored_weights(model)
+    return model

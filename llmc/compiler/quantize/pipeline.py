@@ -111,13 +111,13 @@ def quantize(
     from llmc.calibration.collect import calibration_key
     from llmc.calibration.stats_cache import StatsCache
     from llmc.compiler.quantize.qdq import GraphQuantizer, calibration_tensors, gptq_keys
-    from llmc.compiler.streaming_export import FLOAT_GRAPH
+    from llmc.compiler.streaming_export import load_float_graph
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.version import __version__
 
     spec = config.quant_spec(bound_pairs)
     calib = config.calibration
-    graph = ir.load(weights_dir / FLOAT_GRAPH) if weights_dir else ir.from_proto(float_model)
+    graph = load_float_graph(weights_dir) if weights_dir else ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
     gram_keys = gptq_keys(graph, spec)
     key = calibration_key(

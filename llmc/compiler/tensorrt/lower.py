@@ -46,6 +46,7 @@ import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.stored_weights import fold_stored_weights
 from llmc.compiler.tensorrt.lazy_weights import EAGER, Weights, detach
 from llmc.compiler.tensorrt.plugin_io import rewrite_plugin_nodes
 from llmc.engine.graph import LOGITS
@@ -100,6 +101,7 @@ def lower_streamed(
     _check(model, dtype)
     lazy = ir.from_proto(model)  # external tensors: nothing read
     ir.external_data.set_base_dir(lazy.graph, weights_dir)
+    fold_stored_weights(lazy)  # a float graph's 16-bit stored weights: float32 again
     for fmt in FORMATS.values():  # on the onnx_ir model: weights rewritten when written
         fmt.rewrite_for_tensorrt(lazy)
     proto, weights = detach(lazy)

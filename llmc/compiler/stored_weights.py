@@ -1,0 +1,125 @@
+"""A float32 graph whose weights are stored in the checkpoint's 16-bit float type.
+
+A bfloat16 checkpoint's weights carry 16 bits of information each; the float graph of a streamed
+build (``streaming_export``) computes in float32, and written at float32 it would take twice the
+checkpoint's disk (14.4 GB for a 3B model, 282 GB for a 70B one) for nothing. So each such
+weight ``W`` is written as ``W::stored`` in the checkpoint's type, with a ``Cast`` to float32 in
+front of each node that reads it. The graph computes what the float32 graph computes (widening
+bfloat16 or float16 to float32 is exact). ONNX Runtime folds the casts when it loads a segment
+(``ORT_ENABLE_BASIC`` and above), so calibration and the accuracy report run it as it is and the
+cpu lowering writes float32 weights; ``fold_stored_weights`` turns the casts back into float32
+initializers (widened when read) for the passes that read weights (quantization, the TensorRT
+lowering), which then see the graph the float32 export gives, names included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx_ir as ir
+
+#: Name suffix of a stored (narrow) initializer; the float32 value it stands for drops it.
+STORED_SUFFIX = "::stored"
+
+#: Checkpoint types a float32 weight can be stored in exactly.
+STORABLE = (ir.DataType.BFLOAT16, ir.DataType.FLOAT16)
+
+#: Initializers below this size stay float32 (they are not external data either).
+MIN_STORED_BYTES = 4096
+
+
+def checkpoint_float_dtype(dtypes: Iterable[ir.DataType]) -> ir.DataType | None:
+    """The 16-bit float type every float tensor of a checkpoint has (``dtypes``: each tensor's
+    element type), or None when they are float32 or mixed (nothing is stored narrow)."""
+    floats = {d for d in dtypes if d.is_floating_point()}
+    if len(floats) == 1 and next(iter(floats)) in STORABLE:
+        return next(iter(floats))
+    return None
+
+
+def _narrowed(src: ir.TensorProtocol, dtype: ir.DataType, name: str) -> ir.TensorProtocol:
+    """``src`` (float32) in ``dtype``, computed when written. Raises ValueError, naming the
+    tensor, when a value is not exact in ``dtype`` (a weight not from the checkpoint)."""
+
+    def read() -> ir.TensorProtocol:
+        wide = np.ascontiguousarray(src.numpy(), dtype=np.float32)
+        if dtype == ir.DataType.BFLOAT16:  # the high half of each float32: exact iff low is 0
+            bits = wide.view(np.uint32)
+            exact = not (bits & 0xFFFF).any()
+            narrow = (bits >> 16).astype(np.uint16).view(dtype.numpy())
+        else:
+            narrow = wide.astype(dtype.numpy())
+            exact = np.array_equal(narrow.astype(np.float32), wide, equal_nan=True)
+        if not exact:
+            raise ValueError(f"{name}: values are not exact in {dtype.name}")
+        return ir.tensor(narrow, dtype=dtype, name=name)
+
+    return ir.LazyTensor(read, dtype=dtype, shape=src.shape, name=name)
+
+
+def _widened(src: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
+    def read() -> ir.TensorProtocol:
+        return ir.tensor(src.numpy().astype(np.float32), name=name)
+
+    return ir.LazyTensor(read, dtype=ir.DataType.FLOAT, shape=src.shape, name=name)
+
+
+def store_weights(model: ir.Model, dtype: ir.DataType, min_bytes: int = MIN_STORED_BYTES) -> int:
+    """Store every float32 initializer of ``model``'s main graph of at least ``min_bytes`` in
+    ``dtype`` (``STORABLE``), a ``Cast`` to float32 before each node that reads it. Nothing is
+    read: the narrow values are computed when the model is saved, and saving raises ValueError
+    if a value is not exact in ``dtype``. Returns how many initializers are stored."""
+    if dtype not in STORABLE:
+        raise ValueError(f"weights are stored in {[d.name for d in STORABLE]}, not {dtype.name}")
+    graph = model.graph
+    count = 0
+    for name, value in list(graph.initializers.items()):
+        tensor = value.const_value
+        if tensor is None or tensor.dtype != ir.DataType.FLOAT or tensor.nbytes < min_bytes:
+            continue
+        uses = list(value.uses())
+        if not uses or value.is_graph_output() or any(u.node.graph is not graph for u in uses):
+            continue
+        stored_name = name + STORED_SUFFIX
+        stored = ir.Value(name=stored_name, const_value=_narrowed(tensor, dtype, stored_name))
+        stored.shape, stored.type = tensor.shape, ir.TensorType(dtype)
+        del graph.initializers[name]
+        graph.register_initializer(stored)
+        for i, use in enumerate(uses):
+            cast = ir.node(
+                "Cast", [stored], {"to": int(ir.DataType.FLOAT)}, name=f"{name}::cast{i}"
+            )
+            out = cast.outputs[0]
+            out.name = name if i == 0 else f"{name}::use{i}"
+            out.shape, out.type = value.shape, value.type
+            graph.insert_before(use.node, cast)
+            use.node.replace_input_with(use.idx, out)
+        count += 1
+    return count
+
+
+def fold_stored_weights(model: ir.Model) -> int:
+    """Undo ``store_weights``: each ``Cast`` of a stored initializer becomes the float32
+    initializer it stands for (one per stored weight, named without ``STORED_SUFFIX``, widened
+    when read). Returns how many weights were folded."""
+    graph = model.graph
+    wide: dict[str, ir.Value] = {}
+    for node in list(graph):
+        src = node.inputs[0] if node.op_type == "Cast" and node.inputs else None
+        if src is None or not src.name or not src.name.endswith(STORED_SUFFIX):
+            continue
+        if not src.is_initializer() or src.const_value is None:
+            continue
+        name = src.name.removesuffix(STORED_SUFFIX)
+        if name not in wide:
+            value = ir.Value(name=name, const_value=_widened(src.const_value, name))
+            value.shape, value.type = src.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
+            wide[name] = value
+        ir.convenience.replace_all_uses_with(node.outputs[0], wide[name])
+        graph.remove(node, safe=True)
+        if not src.uses():
+            del graph.initializers[src.name]
+    for value in wide.values():
+        graph.register_initializer(value)
+    return len(wide)

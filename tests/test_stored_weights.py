@@ -1,0 +1,87 @@
+"""Weights stored in a 16-bit type inside a float32 graph (``stored_weights``): ONNX Runtime
+computes what the float32 graph computes, folding gives the float32 graph back, and a weight
+that is not exact in the stored type is refused when written."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from llmc.compiler.stored_weights import STORED_SUFFIX, fold_stored_weights, store_weights
+
+
+def _model(w: np.ndarray, bias: np.ndarray) -> ir.Model:
+    """y = (x @ w) + bias and z = x @ w: ``w`` read by two nodes, ``bias`` by one."""
+    x = ir.Value(name="x", shape=ir.Shape(["n", w.shape[0]]), type=ir.TensorType(ir.DataType.FLOAT))
+    wv = ir.Value(name="w", const_value=ir.tensor(w, name="w"))
+    bv = ir.Value(name="bias", const_value=ir.tensor(bias, name="bias"))
+    for v in (wv, bv):
+        v.shape, v.type = v.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
+    mm = ir.node("MatMul", [x, wv], name="mm")
+    add = ir.node("Add", [mm.outputs[0], bv], name="add")
+    mm2 = ir.node("MatMul", [x, wv], name="mm2")
+    add.outputs[0].name, mm2.outputs[0].name = "y", "z"
+    graph = ir.Graph(
+        [x],
+        [add.outputs[0], mm2.outputs[0]],
+        nodes=[mm, add, mm2],
+        initializers=[wv, bv],
+        opset_imports={"": 21},
+    )
+    return ir.Model(graph, ir_version=10)
+
+
+def _run(model: ir.Model, x: np.ndarray, path) -> list[np.ndarray]:
+    ir.save(model, path, external_data=path.name + ".data")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+def _bf16_exact(shape, seed: int) -> np.ndarray:
+    return (
+        np.random.default_rng(seed).normal(size=shape).astype(ml_dtypes.bfloat16).astype(np.float32)
+    )
+
+
+@pytest.mark.parametrize("dtype", [ir.DataType.BFLOAT16, ir.DataType.FLOAT16])
+def test_stored_graph_computes_the_float32_graph(dtype, tmp_path):
+    w = _bf16_exact((64, 48), 0)
+    if dtype == ir.DataType.FLOAT16:
+        w = w.astype(np.float16).astype(np.float32)
+    bias = _bf16_exact((48,), 1)
+    x = np.random.default_rng(2).normal(size=(3, 64)).astype(np.float32)
+    expected = _run(_model(w, bias), x, tmp_path / "wide.onnx")
+
+    stored = _model(w, bias)
+    assert store_weights(stored, dtype, min_bytes=1024) == 1  # bias (192 bytes) stays float32
+    assert stored.graph.initializers["w" + STORED_SUFFIX].const_value.dtype == dtype
+    assert [n.op_type for n in stored.graph].count("Cast") == 2  # one per reader
+    got = _run(stored, x, tmp_path / "stored.onnx")
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(g, e)
+    assert (tmp_path / "stored.onnx.data").stat().st_size == w.nbytes // 2
+
+    loaded = ir.load(tmp_path / "stored.onnx")
+    assert fold_stored_weights(loaded) == 1
+    assert "Cast" not in [n.op_type for n in loaded.graph]
+    assert sorted(loaded.graph.initializers) == ["bias", "w"]
+    np.testing.assert_array_equal(loaded.graph.initializers["w"].const_value.numpy(), w)
+    for e, g in zip(expected, _run(loaded, x, tmp_path / "folded.onnx"), strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_a_weight_not_exact_in_the_stored_type_is_refused_when_written(tmp_path):
+    w = _bf16_exact((64, 48), 0)
+    w[3, 5] += 1e-3  # no longer a bfloat16 value
+    model = _model(w, _bf16_exact((48,), 1))
+    store_weights(model, ir.DataType.BFLOAT16, min_bytes=1024)
+    with pytest.raises(ValueError, match="w::stored: values are not exact in BFLOAT16"):
+        ir.save(model, tmp_path / "m.onnx", external_data="m.onnx.data")
+
+
+def test_float32_is_not_a_stored_type():
+    with pytest.raises(ValueError, match="not FLOAT"):
+        store_weights(_model(_bf16_exact((4, 4), 0), _bf16_exact((4,), 1)), ir.DataType.FLOAT)
