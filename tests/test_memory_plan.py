@@ -13,7 +13,6 @@ import pytest
 
 from llmc.calibration.collect import collect_by_segment
 from llmc.compiler.engine_size import CheckpointShapes
-from llmc.compiler.memory_plan import BASE_BYTES, plan_for_shapes
 from llmc.compiler.model_source import load_model, resolve_model
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, gptq_keys
 from llmc.compiler.stages.export import float_graph
@@ -48,26 +47,3 @@ def test_gram_bytes_and_widest_weight_are_those_calibration_collects(family, tmp
     assert collected and shapes.largest_gram_bytes() == max(collected.values())
     config = json.loads((ckpt / "config.json").read_text())
     assert shapes.largest_in_features() == widest == config["intermediate_size"]  # down_proj
-
-
-def test_engine_load_counts_the_prepacked_copy_of_a_tied_float32_projection(tmp_path):
-    tied = CheckpointShapes.of(resolve_model(str(make_tiny_gemma3(tmp_path / "gemma3"))))
-    untied = CheckpointShapes.of(resolve_model(str(make_tiny_llama(tmp_path / "llama"))))
-    (embedding,) = [s for n, s in tied.tensors if n == "model.embed_tokens.weight"]
-    table = 4 * embedding[0] * embedding[1]
-    assert tied.tied_float_projection_bytes(None) == table
-    assert tied.tied_float_projection_bytes(QuantSpec(quant="int8")) == 0
-    assert tied.tied_float_projection_bytes(QuantSpec(quant="int8", exclude=("lm_head",))) == table
-    assert untied.tied_float_projection_bytes(None) == 0
-
-    # Qwen2.5-0.5B's tied table and 24 layers' MLPs: the engine load is the build's peak.
-    layers = [
-        (f"model.layers.{i}.mlp.{p}_proj.weight", (4864, 896))
-        for i in range(24)
-        for p in ("gate", "up")
-    ]
-    big = CheckpointShapes((("model.embed_tokens.weight", (151936, 896)), *layers), False)
-    plan = plan_for_shapes(big, True, "none", True, None)
-    assert plan.peak_stage == "load the engine to measure it"
-    assert plan.engine_weight_bytes == big.float32_bytes()[0]
-    assert plan.need_bytes - BASE_BYTES == plan.engine_weight_bytes + 4 * 151936 * 896

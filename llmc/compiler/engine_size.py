@@ -102,22 +102,6 @@ class CheckpointShapes:
             layers[layer] = layers.get(layer, 0) + n
         return max(layers.values(), default=0)
 
-    def tied_float_projection_bytes(self, spec: QuantSpec | None) -> int:
-        """Bytes of a vocabulary projection that is tied to the embedding and stays float32
-        under ``spec`` (None: unquantized), else 0. ONNX Runtime's CPU EP prepacks a float32
-        MatMul's constant weight into a copy and keeps the original while the embedding's
-        Gather reads it, so a loaded engine holds this table twice (measured on the
-        Qwen2.5-0.5B-shaped float32 engine: 2.55 GB resident for 1.98 GB on disk)."""
-        names = {n for n, _ in self.tensors}
-        if names & set(_PROJECTIONS):
-            return 0
-        if spec is not None and _weight_bytes("lm_head", spec) != 4.0:
-            return 0
-        for name, shape in self.tensors:
-            if name in _EMBEDDINGS:
-                return 4 * math.prod(shape)
-        return 0
-
 
 def _module(name: str) -> str:
     return name.removesuffix(".weight")

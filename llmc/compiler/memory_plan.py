@@ -153,9 +153,9 @@ def plan_for_shapes(
         "write the float graph (twice the largest tensor, tensors in flight)": write + in_flight
     }
     if cpu:  # a GPU stage is measured where it is finished, on the GPU builder
-        # ONNX Runtime's prepacked copy of a tied float32 vocabulary projection comes with it
-        tied_copy = shapes.tied_float_projection_bytes(spec)
-        stages["load the engine to measure it"] = int(engine * engine_load_factor) + tied_copy
+        # a tied table is mapped apart for the Gather and the projection (``single_graph``):
+        # the projection's prepacked copy replaces its mapping, the Gather pages in rows
+        stages["load the engine to measure it"] = int(engine * engine_load_factor)
     if spec is not None:
         gptq = spec.weight_rounding == "gptq"
         gram = shapes.largest_gram_bytes() if gptq else 0

@@ -44,23 +44,22 @@ def _plugin_node(p: PluginCall) -> onnx.NodeProto:
     )
 
 
-def _payload(t: onnx.TensorProto, base: Path) -> bytes:
-    """The bytes of an initializer, inline or in its external data file under ``base``."""
-    info = {e.key: e.value for e in t.external_data}
-    if t.data_location != onnx.TensorProto.EXTERNAL:
-        return t.SerializeToString()
-    with open(base / info["location"], "rb") as f:
-        f.seek(int(info.get("offset", 0)))
-        return f.read(int(info["length"]))
+def _is_external(t: onnx.TensorProto) -> bool:
+    return t.data_location == onnx.TensorProto.EXTERNAL
 
 
 def write_single_graph(engine_dir: Path, plan: ExecutionPlan) -> str:
     """Write ``engine_dir / GRAPH_FILE`` from the plan's saved segments; return its name.
 
     A tensor that several segments compute under one name (shape arithmetic ``llmc.engine.split``
-    copies into each) is renamed in the later ones; an initializer that two segments hold under
-    one name (a tied embedding) is kept once when the bytes agree and renamed in the later
-    segment when they do not.
+    copies into each) is renamed in the later ones. An initializer that two segments hold under
+    one name is kept once when it is inline and the same; external data (a tied embedding table,
+    read by the first segment's ``Gather`` and the last one's projection) stays two
+    initializers over the same bytes: ONNX Runtime maps each external initializer on its own,
+    so the projection's kernel prepacks its copy and drops the mapping, while the ``Gather``'s
+    mapping is paged in only for the rows it reads. One initializer for both would keep the
+    whole table resident beside the prepacked copy (measured on Gemma 3 270M's float32 engine:
+    1.73 GB resident after load against 1.10 GB, ``benchmarks/RESULTS.md``).
     """
     nodes: list[onnx.NodeProto] = []
     producer: dict[str, onnx.NodeProto] = {}
@@ -82,7 +81,7 @@ def write_single_graph(engine_dir: Path, plan: ExecutionPlan) -> str:
                 if entry.key == "location":
                     entry.value = f"{folder}/{entry.value}"
             kept = initializers.get(t.name)
-            if kept is not None and _payload(kept, engine_dir) == _payload(t, engine_dir):
+            if kept is not None and not _is_external(t) and kept == t:
                 continue
             if kept is not None:
                 renamed[t.name] = t.name = f"{t.name}__segment{i}"
