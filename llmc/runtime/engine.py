@@ -11,6 +11,7 @@ import numpy as np
 from llmc.engine.manifest import EngineManifest
 from llmc.errors import StepFailedError
 from llmc.runtime.engine_loader import load_engine
+from llmc.runtime.grammar import GrammarCompiler
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
@@ -104,6 +105,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler_config(), eos_token_ids)
         self.sampler = Sampler(config.seed, eos_token_ids)
         self.outputs = OutputProcessor(tokenizer)  # one state per unfinished request
+        # structured outputs: grammars compiled for this tokenizer (tables built on first use)
+        self.grammars = GrammarCompiler(tokenizer, runner.vocab_size, eos_token_ids)
 
     @classmethod
     def from_engine_dir(
@@ -203,15 +206,18 @@ class LLMEngine:
         """Queue a request; it starts at the next `step` that has room for it.
 
         Raises:
-            InvalidRequestError: (a ValueError) bad sampling parameters, an empty prompt, or a
-                prompt or stop token id outside the vocabulary; its ``field`` names which
-                (`check_request`).
+            InvalidRequestError: (a ValueError) bad sampling parameters, an empty prompt, a
+                prompt or stop token id outside the vocabulary (`check_request`), or a
+                structured-output constraint that does not compile (``grammar.py``); its
+                ``field`` names which.
             ContextLengthError: (a ValueError) if the prompt plus ``max_tokens`` is longer than
                 ``max_model_len``; it carries ``limit`` and ``num_tokens``.
             ValueError: for the id of an unfinished request.
         """
         check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
+        if params.structured_outputs is not None:
+            seq.grammar = self.grammars.state(params.structured_outputs)
         self.scheduler.add_request(seq)
         self.outputs.add_request(seq)
 

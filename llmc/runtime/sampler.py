@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmc.runtime.grammar import apply_token_masks
 from llmc.runtime.penalties import apply_min_tokens, apply_penalties
 from llmc.runtime.sampling_params import SamplingParams, check_seed
 from llmc.runtime.sequence import Sequence
@@ -20,7 +21,8 @@ class Sampler:
     """Greedy, temperature, min-p, top-k and top-p sampling over a batch of logits rows.
 
     First the processors that depend on a row's tokens (`penalties`): ``min_tokens`` masks the
-    stop tokens, then the repetition, frequency and presence penalties. Greedy rows (temperature
+    stop tokens, then the repetition, frequency and presence penalties, then a constrained
+    row's grammar masks the tokens it does not allow (``grammar.py``). Greedy rows (temperature
     0) then take one batched argmax. The other rows are scaled by their temperature, masked by
     min-p (Nguyen et al. 2024: probabilities below ``min_p`` times the largest), by top-k (a
     ``topk`` threshold, no sort) and/or top-p (Holtzman et al. 2019, "The Curious Case of Neural
@@ -75,10 +77,13 @@ class Sampler:
             raise ValueError(f"{num_rows} logits rows but {len(seqs)} sequences")
         params = [seq.params for seq in seqs]
         generators = [seq.generator for seq in seqs]
-        if any(below_min_tokens(s) or s.params.has_penalties for s in seqs):
+        if any(
+            below_min_tokens(s) or s.params.has_penalties or s.grammar is not None for s in seqs
+        ):
             logits = logits.copy()
             apply_min_tokens(logits, seqs, self.eos_token_ids)
             apply_penalties(logits, seqs)
+            apply_token_masks(logits, seqs)  # structured outputs: what the grammar allows
         greedy = np.fromiter((p.is_greedy for p in params), np.bool_, num_rows)
         if greedy.all():
             return logits.argmax(axis=1).astype(np.int64)

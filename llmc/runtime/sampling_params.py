@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from llmc.runtime.request_check import InvalidRequestError
+from llmc.runtime.structured_outputs import StructuredOutputsParams
 
 # Temperatures below this are treated as greedy: dividing logits by ~0 overflows float32 (vLLM's
 # `_SAMPLING_EPS` does the same).
@@ -58,6 +59,9 @@ class SamplingParams:
         prompt_logprobs: number of top logprobs returned per prompt token (besides the prompt
             token's own); None returns none. Such prompts skip the prefix cache.
         skip_special_tokens: leave special tokens (BOS, EOS, chat markers) out of the text.
+        structured_outputs: a constraint the output must match (a JSON schema, a regex, a
+            choice, a grammar: `StructuredOutputsParams`), enforced by masking the logits
+            (``grammar.py``); when ``max_tokens`` cuts it off, the finish reason is "length".
     """
 
     n: int = 1
@@ -78,6 +82,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -159,6 +164,8 @@ class SamplingParams:
                     raise InvalidRequestError(
                         f"{name} must be at most {MAX_LOGPROBS}, got {value}", name
                     )
+        if self.structured_outputs is not None:
+            self.structured_outputs.validate()
 
 
 def check_seed(seed: object, name: str = "seed") -> None:

@@ -17,6 +17,8 @@ from llmc.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from llmc.runtime.grammar import GrammarState
+
 
 class SequenceStatus(enum.Enum):
     """Where a request is in its life; the FINISHED_* members say why it ended."""
@@ -64,6 +66,8 @@ class Sequence:
         block_hashes: chained hashes of the full blocks of its tokens so far (prefix caching).
         num_cached_tokens: prompt tokens whose KV came from the prefix cache at first admission.
         stop_reason: the stop token id or stop string that finished it, else None.
+        grammar: where its output is in its grammar (``params.structured_outputs``), advanced
+            by `append_token`; None for an unconstrained request.
     """
 
     request_id: str
@@ -81,6 +85,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_tokens: int = 0
     stop_reason: int | str | None = None
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:
@@ -103,6 +108,7 @@ class Sequence:
             status=self.status,
             index=index,
             num_cached_tokens=self.num_cached_tokens,
+            grammar=self.grammar.fresh() if self.grammar is not None else None,
         )
 
     @property
@@ -148,7 +154,13 @@ class Sequence:
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     def append_token(self, token_id: int) -> None:
-        """Append one sampled token and stamp the first-token time."""
+        """Append one sampled token, stamp the first-token time and advance the grammar.
+
+        Raises:
+            GrammarError: the grammar refuses the token (nothing is appended).
+        """
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
         self.output_token_ids.append(token_id)

@@ -65,6 +65,8 @@ class StopChecker:
             return SequenceStatus.FINISHED_STOPPED
         if not params.ignore_eos and last in self.eos_token_ids:
             return SequenceStatus.FINISHED_STOPPED
+        if seq.grammar is not None and seq.grammar.is_stopped:  # the output is complete
+            return SequenceStatus.FINISHED_STOPPED
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return SequenceStatus.FINISHED_LENGTH_CAPPED
         return None
