@@ -5,21 +5,21 @@ refused with a 400 naming it; none is silently ignored:
 
 - honoured: the sampling and stopping fields (see ``SamplingParams``), ``n``, ``best_of`` equal
   to ``n``, ``stream``, ``stream_options.include_usage``, ``logprobs``, ``top_logprobs``,
-  ``echo``, ``max_tokens``, ``max_completion_tokens``, and ``messages`` (``chat_messages.py``);
+  ``echo``, ``max_tokens``, ``max_completion_tokens``, ``response_format``
+  (``structured_protocol.py``), and ``messages`` (``chat_messages.py``);
 - accepted because they change nothing in the answer, at OpenAI either: ``user``,
   ``safety_identifier``, ``metadata``, ``prompt_cache_key`` (llmc's prefix cache needs no key),
   ``parallel_tool_calls`` (there are no tools), ``store`` false, ``service_tier`` "auto" or
   "default";
 - refused unless at their empty value, until llmc implements them: ``tools``, ``tool_choice``
-  and ``function_call`` ("none"), ``functions``, ``response_format`` (``{"type": "text"}``),
-  ``logit_bias``, ``suffix``, ``audio``, ``modalities`` (``["text"]``), ``prediction``,
-  ``web_search_options``, ``reasoning_effort``, ``verbosity``,
-  ``stream_options.include_obfuscation``.
+  and ``function_call`` ("none"), ``functions``, ``logit_bias``, ``suffix``, ``audio``,
+  ``modalities`` (``["text"]``), ``prediction``, ``web_search_options``, ``reasoning_effort``,
+  ``verbosity``, ``stream_options.include_obfuscation``.
 
 vLLM's extensions, with vLLM's meanings: ``top_k``, ``min_p``, ``min_tokens``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
-``skip_special_tokens``, ``return_tokens_as_token_ids``. Any other field is refused
-("Unrecognized request argument supplied", as OpenAI answers; vLLM would ignore it).
+``skip_special_tokens``, ``return_tokens_as_token_ids``, ``structured_outputs``. Any other field
+is refused ("Unrecognized request argument supplied", as OpenAI answers; vLLM would ignore it).
 
 Numbers, booleans and strings are strict: ``"0.5"`` is not a temperature, ``1`` is not ``true``,
 NaN and infinities are refused, strings must be valid Unicode (``strict_types.py``). Bounds set by
@@ -32,10 +32,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from llmc.runtime.server.chat_messages import ChatMessage
 from llmc.runtime.server.strict_types import Bool, Float, Int, Text, TokenId, TokenIds
+from llmc.runtime.server.structured_protocol import (
+    ResponseFormat,
+    StructuredOutputsBody,
+    structured_outputs_of,
+)
+from llmc.runtime.structured_outputs import StructuredOutputsParams
 
 # Field name -> the empty values OpenAI treats as "off". Anything else is refused.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -46,7 +52,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
@@ -105,8 +110,21 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: Text | None = None
     logit_bias: Any = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
 
     _refused = field_validator("logit_bias")(_empty_only)
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> SamplingFields:
+        self.constraint  # noqa: B018 -- raises ValueError when both fields set one
+        return self
+
+    @property
+    def constraint(self) -> tuple[StructuredOutputsParams | None, str]:
+        """The output constraint (``SamplingParams.structured_outputs``) and the request field
+        that set it (``structured_protocol.structured_outputs_of``)."""
+        return structured_outputs_of(self.response_format, self.structured_outputs)
 
     @field_validator("top_k")
     @classmethod
@@ -211,7 +229,6 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -226,7 +243,6 @@ class ChatCompletionRequest(SamplingFields):
         "tool_choice",
         "functions",
         "function_call",
-        "response_format",
         "audio",
         "modalities",
         "prediction",

@@ -48,6 +48,7 @@ from llmc.runtime.server.tokenize_protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from llmc.runtime.structured_outputs import FIELD as STRUCTURED_FIELD
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ class OpenAIServing:
         max_tokens = request.max_new_tokens
         if max_tokens is None:
             max_tokens = max(self.engine.max_model_len - num_prompt_tokens, 1)
+        structured_outputs, _ = request.constraint
         return SamplingParams(
             n=request.n,
             temperature=1.0 if request.temperature is None else request.temperature,
@@ -284,14 +286,17 @@ class OpenAIServing:
             logprobs=request.sampled_logprobs,
             prompt_logprobs=request.prompt_logprobs,
             skip_special_tokens=request.skip_special_tokens,
+            structured_outputs=structured_outputs,
         )
 
 
 def _invalid_request(exc: InvalidRequestError, request: Request, param: str) -> ApiError:
     """OpenAI's 400 for a request `check_request` refused, naming the request field at fault:
     ``param`` (``prompt`` or ``messages``) for the prompt, else the `SamplingParams` field of
-    the same name when the endpoint has one."""
+    the same name when the endpoint has one (a constraint's: the field that set it)."""
     field = param if exc.field == "prompt" else exc.field
+    if field == STRUCTURED_FIELD:  # the constraint came from this field of the request
+        field = request.constraint[1]
     return bad_request(str(exc), field if field in type(request).model_fields else None)
 
 

@@ -1,0 +1,149 @@
+"""Structured outputs on the real tiny engine: the grammar holds whatever the random weights
+prefer, so every sampled output (temperature 1.0) must match its constraint; unconstrained rows
+batched beside constrained ones get the tokens they get alone; a bad constraint is refused."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from llmc.runtime.grammar import GrammarCompiler, apply_token_masks
+from llmc.runtime.llm import LLM
+from llmc.runtime.request_check import InvalidRequestError
+from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.structured_outputs import StructuredOutputsParams as SO
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 6},
+        "genre": {"enum": ["comedy", "tragedy", "history"]},
+        "acts": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 2,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "n": {"type": "integer", "minimum": 1, "maximum": 5},
+                    "end": {"type": "boolean"},
+                },
+                "required": ["n", "end"],
+                "additionalProperties": False,
+            },
+        },
+        "author": {"anyOf": [{"type": "string", "maxLength": 4}, {"type": "null"}]},
+        "year": {"type": "integer", "minimum": 1500, "maximum": 1700},
+    },
+    "required": ["title", "genre", "acts"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_engine: Path) -> LLM:
+    return LLM(tiny_llama_engine, num_blocks=64)
+
+
+def _sampled(llm: LLM, constraint: SO, count: int, max_tokens: int = 120, n: int = 1):
+    params = [
+        SamplingParams(
+            n=n, temperature=1.0, seed=i, max_tokens=max_tokens, structured_outputs=constraint
+        )
+        for i in range(count)
+    ]
+    outs = llm.generate(["The king", "Enter"] * (count // 2) + ["To be"] * (count % 2), params)
+    return [c for o in outs for c in o.outputs]
+
+
+def test_fifty_sampled_outputs_validate_against_a_nested_schema(llm):
+    completions = _sampled(llm, SO(json=NESTED), 50)
+    assert {c.finish_reason for c in completions} == {"stop"}
+    for c in completions:
+        jsonschema.validate(json.loads(c.text), NESTED)
+    assert len({c.text for c in completions}) > 10  # sampled, not one forced answer
+
+
+def test_json_object_regex_choice_and_grammars_match(llm):
+    for c in _sampled(llm, SO(json_object=True), 6, max_tokens=64):
+        if c.finish_reason == "stop":  # an unbounded object may run out of tokens
+            assert isinstance(json.loads(c.text), dict)
+    pattern = r"[0-9]{3}-[a-z]{2,4}"
+    for c in _sampled(llm, SO(regex=pattern), 8):
+        assert c.finish_reason == "stop" and re.fullmatch(pattern, c.text), c.text
+    choices = ("to be", "not to be", "that is the question")
+    texts = {c.text for c in _sampled(llm, SO(choice=choices), 12)}
+    assert texts <= set(choices) and len(texts) > 1
+    lark = 'start: "(" num ("," num)* ")"\nnum: /[0-9]{1,2}/'
+    for c in _sampled(llm, SO(grammar=lark), 8):
+        assert c.finish_reason == "stop" and re.fullmatch(r"\(\d{1,2}(,\d{1,2})*\)", c.text)
+    gbnf = 'root ::= "yes" | "no" | digit digit\ndigit ::= [0-9]'
+    for c in _sampled(llm, SO(grammar=gbnf), 8):
+        assert c.finish_reason == "stop" and re.fullmatch(r"yes|no|\d\d", c.text), c.text
+
+
+def test_each_forked_completion_follows_its_own_grammar(llm):
+    completions = _sampled(llm, SO(json=NESTED), 4, n=3)
+    assert len(completions) == 12
+    for c in completions:
+        jsonschema.validate(json.loads(c.text), NESTED)
+
+
+def test_max_tokens_cuts_a_constrained_output_with_finish_reason_length(llm):
+    (c,) = _sampled(llm, SO(json=NESTED), 1, max_tokens=5)
+    assert c.finish_reason == "length" and len(c.token_ids) == 5
+
+
+def test_unconstrained_rows_beside_constrained_ones_are_unchanged(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    alone = llm.generate(["The king", "Enter"], greedy)
+    constrained = SamplingParams(temperature=0, max_tokens=120, structured_outputs=SO(json=NESTED))
+    mixed = llm.generate(["The king", "To be", "Enter"], [greedy, constrained, greedy])
+    assert [o.outputs[0].token_ids for o in alone] == [
+        mixed[0].outputs[0].token_ids,
+        mixed[2].outputs[0].token_ids,
+    ]
+    jsonschema.validate(json.loads(mixed[1].outputs[0].text), NESTED)
+
+
+@pytest.mark.parametrize(
+    "constraint, reason",
+    [
+        (SO(json={"type": "object", "properties": {"a": {"type": "strin"}}}), "strin"),
+        (SO(regex="[0-9"), "regex"),
+        (SO(grammar="start: undefined_rule"), "undefined_rule"),
+        (SO(json="{not json"), "not valid JSON"),
+        (SO(), "exactly one"),
+        (SO(regex="a", choice=("b",)), "exactly one"),
+        (SO(choice=()), "non-empty"),
+    ],
+)
+def test_a_bad_constraint_is_refused_naming_the_field(llm, constraint, reason):
+    with pytest.raises(InvalidRequestError, match=re.escape(reason)) as info:
+        llm.generate(["x"], SamplingParams(structured_outputs=constraint))
+    assert info.value.field == "structured_outputs"
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_masks_cover_the_whole_vocabulary_and_only_constrained_rows(tiny_tokenizer):
+    """The bitmask's bit order: with the choice "a" only the token(s) spelling a prefix of "a"
+    stay finite, in the constrained row only; the unconstrained row is untouched."""
+    vocab_size = len(tiny_tokenizer)
+    compiler = GrammarCompiler(tiny_tokenizer, vocab_size, [tiny_tokenizer.eos_token_id])
+
+    class Row:
+        def __init__(self, grammar):
+            self.grammar = grammar
+
+    logits = np.random.default_rng(0).normal(size=(2, vocab_size)).astype(np.float32)
+    before = logits.copy()
+    apply_token_masks(logits, [Row(None), Row(compiler.state(SO(choice=("a",))))])
+    np.testing.assert_array_equal(logits[0], before[0])
+    allowed = np.flatnonzero(np.isfinite(logits[1]))
+    assert [tiny_tokenizer.decode([t]) for t in allowed] == ["a"]
+    np.testing.assert_array_equal(logits[1, allowed], before[1, allowed])
