@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from llmc.errors import LlmcError
 
@@ -88,6 +89,34 @@ def _add_generate(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    constrained = p.add_mutually_exclusive_group()
+    constrained.add_argument(
+        "--json-schema", metavar="FILE", help="the output is JSON valid against this schema"
+    )
+    constrained.add_argument("--regex", help="the output matches this regular expression")
+    constrained.add_argument(
+        "--grammar", metavar="FILE", help="the output is in this grammar (Lark or GBNF)"
+    )
+
+
+def _structured_outputs(args: argparse.Namespace):
+    """``--json-schema`` / ``--regex`` / ``--grammar`` as a constraint, or None."""
+    from llmc.runtime.structured_outputs import StructuredOutputsParams
+
+    if args.json_schema:
+        return StructuredOutputsParams(json=_read_text("--json-schema", args.json_schema))
+    if args.regex:
+        return StructuredOutputsParams(regex=args.regex)
+    if args.grammar:
+        return StructuredOutputsParams(grammar=_read_text("--grammar", args.grammar))
+    return None
+
+
+def _read_text(option: str, path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: {exc.strerror}") from exc
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -105,6 +134,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_tokens=args.max_tokens,
         stop=args.stop,
+        structured_outputs=_structured_outputs(args),
     )
     if args.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)

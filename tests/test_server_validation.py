@@ -122,7 +122,6 @@ REFUSED = [  # (path, field, a refused value, an accepted value)
     (H, "store", True, False),
     (H, "service_tier", "flex", "auto"),
     (C, "tools", [{"type": "function"}], NONE_ACCEPTED),  # chat only: unknown to completions
-    (C, "response_format", {"type": "json_object"}, NONE_ACCEPTED),
     (C, "top_logprobs", 2, NONE_ACCEPTED),
     (C, "foo", 1, NONE_ACCEPTED),
     (H, "foo", 1, NONE_ACCEPTED),

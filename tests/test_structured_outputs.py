@@ -147,3 +147,28 @@ def test_masks_cover_the_whole_vocabulary_and_only_constrained_rows(tiny_tokeniz
     allowed = np.flatnonzero(np.isfinite(logits[1]))
     assert [tiny_tokenizer.decode([t]) for t in allowed] == ["a"]
     np.testing.assert_array_equal(logits[1, allowed], before[1, allowed])
+
+
+def test_llmc_generate_json_schema(tiny_llama_engine, tmp_path, capsys):
+    from llmc.cli import main
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 99},
+            "b": {"enum": ["x", "y"]},
+        },
+        "required": ["a", "b"],
+    }
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    args = ["generate", str(tiny_llama_engine), "Hello", "The king", "--json-schema", str(path)]
+    assert main([*args, "--temperature", "1", "--seed", "5", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        assert line["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(line["text"]), schema)
+    path.write_text('{"type": "strin"}')
+    assert main(args) == 2
+    assert "structured_outputs.json cannot be compiled" in capsys.readouterr().err
