@@ -159,6 +159,7 @@ def test_llmc_generate_json_schema(tiny_llama_engine, tmp_path, capsys):
             "b": {"enum": ["x", "y"]},
         },
         "required": ["a", "b"],
+        "additionalProperties": False,
     }
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(schema))
