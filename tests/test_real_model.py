@@ -7,15 +7,22 @@ relative; the 8 prompts with staggered arrivals give the same tokens as each run
 
 from __future__ import annotations
 
+import json
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
 import numpy as np
 import pytest
 import torch
+from pydantic import BaseModel, Field
 
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
 from llmc.runtime.engine import LLMEngine
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.structured_outputs import StructuredOutputsParams as SO
 
 pytestmark = pytest.mark.real_model
 
@@ -132,3 +139,77 @@ def test_last_position_logits_match_hf(engine, hf_model):
             ref = hf_model(torch.tensor([x])).logits[0, -1].numpy()
             rel = np.abs(ours[row] - ref).max() / np.abs(ref).max()
             assert rel < 1e-3, rel
+
+
+class Hobby(StrEnum):
+    reading = "reading"
+    chess = "chess"
+    hiking = "hiking"
+    music = "music"
+
+
+class Pet(BaseModel):
+    kind: Literal["cat", "dog", "bird"]
+    name: str = Field(max_length=16)
+
+
+class Person(BaseModel):
+    """Nesting, an enum, a bounded array, optional fields and ``anyOf``; every value bounded,
+    so a sampled output ends before ``max_tokens`` (an unbounded number at temperature 1.0 may
+    run on digit after digit: valid, but cut by ``length``)."""
+
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=120)
+    hobbies: list[Hobby] = Field(min_length=1, max_length=3)
+    pet: Pet | None
+    email: str | None = Field(max_length=40)
+    height_cm: Annotated[int, Field(ge=50, le=250)] | None
+
+
+def test_fifty_sampled_structured_outputs_validate(engine):
+    """Temperature 1.0, 50 completions of the strict schema of a pydantic model: every one
+    parses and validates (jsonschema and pydantic)."""
+    import jsonschema
+    from openai.lib._pydantic import to_strict_json_schema
+
+    schema = to_strict_json_schema(Person)
+    prompt = engine.tokenizer("A JSON description of a fictional person:").input_ids
+    for i in range(50):
+        params = SamplingParams(
+            temperature=1.0, seed=i, max_tokens=160, structured_outputs=SO(json=schema)
+        )
+        engine.add_request(f"json-{i}", prompt, params)
+    texts = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+                texts[out.request_id] = out.outputs[0].text
+    assert len(texts) == 50
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), schema)
+        Person.model_validate_json(text)
+
+
+def test_openai_parse_and_a_required_regex_on_the_real_model(engine_dir, running_server):
+    import openai
+
+    with running_server(LLMEngine.from_engine_dir(engine_dir), "gemma") as served:
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+        completion = client.chat.completions.parse(
+            model="gemma",
+            messages=[{"role": "user", "content": "Describe a fictional person as JSON."}],
+            response_format=Person,
+            temperature=0,
+            max_tokens=200,
+        )
+        assert isinstance(completion.choices[0].message.parsed, Person)
+        date = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
+        c = client.completions.create(
+            model="gemma",
+            prompt="The first moon landing happened on (YYYY-MM-DD):",
+            max_tokens=16,
+            temperature=0,
+            extra_body={"structured_outputs": {"regex": date}},
+        ).choices[0]
+        assert c.finish_reason == "stop" and re.fullmatch(date, c.text), c.text
