@@ -110,7 +110,6 @@ def test_lone_surrogate_is_a_400_naming_the_field(
 MESSAGE = {"role": "user", "content": "Hi"}
 NONE_ACCEPTED = object()  # a field no value of which is accepted (unknown to the endpoint)
 REFUSED = [  # (path, field, a refused value, an accepted value)
-    (H, "tool_choice", "auto", "none"),
     (H, "functions", [{"name": "f", "parameters": {}}], []),
     (H, "function_call", "auto", "none"),
     (H, "audio", {"voice": "alloy", "format": "wav"}, None),
@@ -158,7 +157,7 @@ MESSAGE_CASES = [  # (name, message, what the error names)
         "tool_calls",
     ),
     ("assistant function_call", {"role": "assistant", "function_call": {}}, "function_call"),
-    ("tool message", {"role": "tool", "content": "42", "tool_call_id": "c1"}, "tool"),
+    ("function message", {"role": "function", "name": "f", "content": "42"}, "function"),
     (
         "image part",
         {"role": "user", "content": [{"type": "image_url", "image_url": {}}]},

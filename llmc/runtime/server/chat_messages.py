@@ -1,26 +1,27 @@
 """One message of a chat request, as OpenAI's API defines it, and what reaches the chat template.
 
-Honoured: ``role`` (system, developer, user, assistant), ``content`` (a string, or a list of
-text parts, joined), ``name`` (passed to the template, as vLLM does). Refused with a 400 naming
-them, until llmc implements tool calling: ``tool`` and ``function`` messages, and ``tool_calls``,
-``function_call``, ``tool_call_id``, ``audio``, ``refusal`` set to anything but their empty value;
-content parts other than text (images, audio, files, refusals). Any other key is refused, as
-OpenAI does.
+Honoured: ``role`` (system, developer, user, assistant, tool), ``content`` (a string, or a list
+of text parts, joined), ``name`` (passed to the template, as vLLM does), an assistant message's
+``tool_calls`` and a tool message's ``tool_call_id`` (written in the generic tool format,
+``tool_calls.py``). Refused with a 400 naming them: ``function`` messages (OpenAI's deprecated
+form), ``function_call``, ``audio``, ``refusal`` set to anything but their empty value; content
+parts other than text (images, audio, files, refusals). Any other key is refused, as OpenAI
+does.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from llmc.runtime.server.strict_types import Text
+from llmc.runtime.server.tool_calls import calls_text, tool_response_text
+from llmc.runtime.server.tool_protocol import ToolCall
 
 # Field name -> its empty values; anything else is refused.
-_TOOL_FIELDS: dict[str, tuple[Any, ...]] = {
-    "tool_calls": (None, []),
+_REFUSED_FIELDS: dict[str, tuple[Any, ...]] = {
     "function_call": (None,),
-    "tool_call_id": (None,),
     "audio": (None,),
     "refusal": (None,),
 }
@@ -43,20 +44,28 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
-    tool_calls: Any = None
+    tool_calls: list[ToolCall] | None = None
     function_call: Any = None
-    tool_call_id: Any = None
+    tool_call_id: Text | None = None
     audio: Any = None
     refusal: Any = None
 
     @field_validator("role")
     @classmethod
-    def _no_tool_messages(cls, value: str) -> str:
-        if value in ("tool", "function"):
+    def _no_function_messages(cls, value: str) -> str:
+        if value == "function":
             raise ValueError(
-                f"'{value}' messages are not supported: llmc does not implement tool calling yet"
+                "'function' messages are not supported; send 'tool' messages with tool_call_id"
             )
         return value
+
+    @model_validator(mode="after")
+    def _tool_fields_on_their_roles(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls is only allowed on assistant messages")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("tool_call_id is required on, and only on, tool messages")
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
@@ -71,13 +80,11 @@ class ChatMessage(BaseModel):
                     )
         return value
 
-    @field_validator(*_TOOL_FIELDS)
+    @field_validator(*_REFUSED_FIELDS)
     @classmethod
     def _empty_only(cls, value: Any, info: ValidationInfo) -> Any:
-        if all(value != empty for empty in _TOOL_FIELDS[info.field_name]):
-            raise ValueError(
-                f"{info.field_name} is not supported by llmc (no tool calling yet); leave it unset"
-            )
+        if all(value != empty for empty in _REFUSED_FIELDS[info.field_name]):
+            raise ValueError(f"{info.field_name} is not supported by llmc; leave it unset")
         return value
 
     def text(self) -> str:
@@ -87,8 +94,31 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
     def template_input(self) -> dict[str, str]:
-        """The message as the chat template receives it: role, content and, if set, name."""
-        message = {"role": self.role, "content": self.text()}
+        """The message as the chat template receives it: role, content and, if set, name; tool
+        calls and tool messages in the generic tool format (``tool_calls.py``)."""
+        if self.role == "tool":
+            return {"role": "user", "content": tool_response_text(self.tool_call_id, self.text())}
+        content = calls_text(self.tool_calls) if self.tool_calls else self.text()
+        message = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
         return message
+
+
+def template_messages(messages: list[ChatMessage], instructions: str | None = None) -> list[dict]:
+    """The conversation as the chat template receives it: each message's `template_input`,
+    consecutive tool messages in one user turn, and ``instructions`` (a tool plan's) at the
+    start of the system message (a new one first when there is none)."""
+    out: list[dict] = []
+    for i, m in enumerate(messages):
+        message = m.template_input()
+        if m.role == "tool" and i > 0 and messages[i - 1].role == "tool":
+            out[-1]["content"] += "\n" + message["content"]
+        else:
+            out.append(message)
+    if instructions:
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = out[0] | {"content": instructions + "\n\n" + out[0]["content"]}
+        else:
+            out.insert(0, {"role": "system", "content": instructions})
+    return out

@@ -6,15 +6,16 @@ refused with a 400 naming it; none is silently ignored:
 - honoured: the sampling and stopping fields (see ``SamplingParams``), ``n``, ``best_of`` equal
   to ``n``, ``stream``, ``stream_options.include_usage``, ``logprobs``, ``top_logprobs``,
   ``echo``, ``max_tokens``, ``max_completion_tokens``, ``response_format``
-  (``structured_protocol.py``), and ``messages`` (``chat_messages.py``);
+  (``structured_protocol.py``), ``tools``, ``tool_choice`` and ``parallel_tool_calls``
+  (``tool_calls.py``), and ``messages`` (``chat_messages.py``);
 - accepted because they change nothing in the answer, at OpenAI either: ``user``,
   ``safety_identifier``, ``metadata``, ``prompt_cache_key`` (llmc's prefix cache needs no key),
-  ``parallel_tool_calls`` (there are no tools), ``store`` false, ``service_tier`` "auto" or
+  ``store`` false, ``service_tier`` "auto" or
   "default";
-- refused unless at their empty value, until llmc implements them: ``tools``, ``tool_choice``
-  and ``function_call`` ("none"), ``functions``, ``logit_bias``, ``suffix``, ``audio``,
-  ``modalities`` (``["text"]``), ``prediction``, ``web_search_options``, ``reasoning_effort``,
-  ``verbosity``, ``stream_options.include_obfuscation``.
+- refused unless at their empty value, until llmc implements them: ``function_call``
+  ("none") and ``functions`` (OpenAI's deprecated form of tools), ``logit_bias``, ``suffix``,
+  ``audio``, ``modalities`` (``["text"]``), ``prediction``, ``web_search_options``,
+  ``reasoning_effort``, ``verbosity``, ``stream_options.include_obfuscation``.
 
 vLLM's extensions, with vLLM's meanings: ``top_k``, ``min_p``, ``min_tokens``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
@@ -41,6 +42,8 @@ from llmc.runtime.server.structured_protocol import (
     StructuredOutputsBody,
     structured_outputs_of,
 )
+from llmc.runtime.server.tool_calls import ToolPlan, plan_tools
+from llmc.runtime.server.tool_protocol import ToolChoice, ToolDefinition
 from llmc.runtime.structured_outputs import StructuredOutputsParams
 
 # Field name -> the empty values OpenAI treats as "off". Anything else is refused.
@@ -48,8 +51,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "suffix": (None, ""),
     "include_obfuscation": (None, False),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "audio": (None,),
@@ -225,8 +226,8 @@ class ChatCompletionRequest(SamplingFields):
     metadata: dict[Text, Text] | None = None
     prompt_cache_key: Text | None = None
     safety_identifier: Text | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -239,8 +240,6 @@ class ChatCompletionRequest(SamplingFields):
     service_tier: Any = None
 
     _chat_refused = field_validator(
-        "tools",
-        "tool_choice",
         "functions",
         "function_call",
         "audio",
@@ -274,3 +273,31 @@ class ChatCompletionRequest(SamplingFields):
     def prompt_logprobs(self) -> int | None:
         """Chat never returns prompt logprobs."""
         return None
+
+    @property
+    def tool_plan(self) -> ToolPlan | None:
+        """The tools the model may call and how (``tool_calls.plan_tools``), or None.
+
+        Raises:
+            ValueError: as ``plan_tools``.
+        """
+        return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    @property
+    def constraint(self) -> tuple[StructuredOutputsParams | None, str]:
+        """As `SamplingFields.constraint`; with tools to call, the tool answer's schema
+        (``ToolPlan.schema``), set by ``tools``.
+
+        Raises:
+            ValueError: tools to call and a response_format or structured_outputs as well.
+        """
+        plan = self.tool_plan
+        constraint = structured_outputs_of(self.response_format, self.structured_outputs)
+        if plan is None:
+            return constraint
+        if constraint[0] is not None:
+            raise ValueError(
+                "response_format and structured_outputs cannot be combined with tools "
+                'unless tool_choice is "none"'
+            )
+        return StructuredOutputsParams(json=plan.schema()), "tools"

@@ -25,6 +25,8 @@ from llmc.runtime.server.responses import (
     DeltaMessage,
     UsageInfo,
 )
+from llmc.runtime.server.tool_calls import parse_answer
+from llmc.runtime.server.tool_protocol import FunctionCallDelta, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Renderer(Protocol):
 
     request_id: str
     prefix: str  # text put before every choice's output (the echoed prompt), else ""
+    buffered: bool  # a choice streams as one chunk when it ends (its text is parsed whole)
 
     def response(self, final: RequestOutput, usage: UsageInfo) -> BaseModel: ...
 
@@ -82,6 +85,7 @@ class CompletionRenderer:
     logprobs: int | None = None
     prefix: str = ""
     prompt_token_ids: list[int] = field(default_factory=list)
+    buffered: bool = False
 
     def response(self, final: RequestOutput, usage: UsageInfo) -> BaseModel:
         choices = []
@@ -141,6 +145,9 @@ class ChatRenderer:
         request_id, model: of every response.
         texts: token texts for log-probs.
         logprobs: alternatives per token (``top_logprobs``), or None for no log-probs.
+        tools: the model may call tools: its answer is in the generic tool format
+            (``tool_calls.py``), parsed into content or ``tool_calls``, and streamed as one
+            chunk per choice when the choice ends.
     """
 
     request_id: str
@@ -148,17 +155,24 @@ class ChatRenderer:
     texts: TokenTexts
     logprobs: int | None = None
     prefix: str = ""
+    tools: bool = False
+
+    @property
+    def buffered(self) -> bool:
+        return self.tools
 
     def response(self, final: RequestOutput, usage: UsageInfo) -> BaseModel:
-        choices = [
-            ChatCompletionChoice(
-                index=out.index,
-                message=AssistantMessage(content=out.text),
-                logprobs=self._logprobs(out, 0, len(out.token_ids)),
-                finish_reason=out.finish_reason,
+        choices = []
+        for out in final.outputs:
+            message, finish_reason = self._message(out)
+            choices.append(
+                ChatCompletionChoice(
+                    index=out.index,
+                    message=message,
+                    logprobs=self._logprobs(out, 0, len(out.token_ids)),
+                    finish_reason=finish_reason,
+                )
             )
-            for out in final.outputs
-        ]
         return ChatCompletionResponse(
             id=self.request_id, model=self.model, choices=choices, usage=usage
         )
@@ -169,14 +183,41 @@ class ChatRenderer:
         return self._chunk([ChatCompletionStreamChoice(index=index, delta=delta)])
 
     def chunk(self, request: RequestOutput, output: CompletionOutput, span: ChunkSpan) -> BaseModel:
-        content = (span.text or None) if span.finish_reason else span.text
+        finish_reason = span.finish_reason
+        if self.tools:  # the whole answer, parsed: content or the calls, one delta each
+            message, finish_reason = self._message(output)
+            calls = [
+                ToolCallDelta(
+                    index=i,
+                    id=c.id,
+                    type="function",
+                    function=FunctionCallDelta(
+                        name=c.function.name, arguments=c.function.arguments
+                    ),
+                )
+                for i, c in enumerate(message.tool_calls or [])
+            ]
+            delta = DeltaMessage(content=message.content, tool_calls=calls or None)
+        else:
+            content = (span.text or None) if span.finish_reason else span.text
+            delta = DeltaMessage(content=content)
         choice = ChatCompletionStreamChoice(
             index=output.index,
-            delta=DeltaMessage(content=content),
+            delta=delta,
             logprobs=self._logprobs(output, span.start, span.end),
-            finish_reason=span.finish_reason,
+            finish_reason=finish_reason,
         )
         return self._chunk([choice])
+
+    def _message(self, out: CompletionOutput) -> tuple[AssistantMessage, str | None]:
+        """The choice's message and finish reason: with tools, the parsed answer, whose calls
+        finish with ``tool_calls``."""
+        if not self.tools:
+            return AssistantMessage(content=out.text), out.finish_reason
+        answer = parse_answer(out.text)
+        if answer.calls and out.finish_reason == "stop":
+            return AssistantMessage(content=None, tool_calls=list(answer.calls)), "tool_calls"
+        return AssistantMessage(content=answer.content), out.finish_reason
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:
         return ChatCompletionChunk(id=self.request_id, model=self.model, choices=[], usage=usage)

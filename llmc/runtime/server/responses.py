@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
+from llmc.runtime.server.tool_protocol import ToolCall, ToolCallDelta
+
 # "stop", "length", or "abort" (vLLM's: the server ended the request, e.g. at shutdown).
 FinishReason = str
 
@@ -99,8 +101,9 @@ class AssistantMessage(BaseModel):
     """The generated message of a chat completion."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatCompletionChoice(BaseModel):
@@ -126,10 +129,12 @@ class ChatCompletionResponse(BaseModel):
 
 class DeltaMessage(BaseModel):
     """What a chat chunk adds to the message. Unset fields are left out, as OpenAI does:
-    the first chunk carries ``role``, the next ones ``content``, the last one nothing."""
+    the first chunk carries ``role``, the next ones ``content`` (or ``tool_calls``), the last
+    one nothing."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

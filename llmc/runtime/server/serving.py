@@ -33,7 +33,7 @@ from llmc.runtime.request_check import InvalidRequestError, check_vocabulary
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.bounded_encode import encode_bounded
-from llmc.runtime.server.chat_messages import ChatMessage
+from llmc.runtime.server.chat_messages import ChatMessage, template_messages
 from llmc.runtime.server.errors import ApiError, QueueFullError, bad_request
 from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.logprobs import TokenTexts
@@ -122,6 +122,7 @@ class OpenAIServing:
             self.model_name,
             self._ids if request.return_tokens_as_token_ids else self._texts,
             logprobs=request.sampled_logprobs,
+            tools=request.tool_plan is not None,
         )
         return await self._serve(request, renderer, prompt_ids, text, "messages")
 
@@ -243,16 +244,25 @@ class OpenAIServing:
             raise bad_request(str(exc), param, "context_length_exceeded") from exc
 
     def _render_chat(self, request: ChatCompletionRequest) -> str:
-        """The chat template applied to the messages (on the tokenizer thread); 400 naming
-        ``messages`` when the template refuses them."""
-        return self._render_chat_messages(request.messages)
+        """The chat template applied to the messages, with the tools' instructions when the
+        model may call them (on the tokenizer thread); 400 naming ``messages`` when the
+        template refuses them."""
+        plan = request.tool_plan
+        return self._render_chat_messages(
+            request.messages, instructions=plan.instructions() if plan else None
+        )
 
     def _render_chat_messages(
-        self, messages: list[ChatMessage], add_generation_prompt: bool = True
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool = True,
+        instructions: str | None = None,
     ) -> str:
         try:
             return render_chat(
-                self.engine.tokenizer, [m.template_input() for m in messages], add_generation_prompt
+                self.engine.tokenizer,
+                template_messages(messages, instructions),
+                add_generation_prompt,
             )
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from exc

@@ -106,7 +106,7 @@ async def sse_events(
                         continue
                     delta = out.text[state.chars :]
                     due = delta or out.finish_reason or (renderer.prefix and not state.started)
-                    if not due:
+                    if not due or (renderer.buffered and not out.finish_reason):
                         continue
                     span = ChunkSpan(
                         delta,
