@@ -10,7 +10,12 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from llmc.compiler.stored_weights import STORED_SUFFIX, fold_stored_weights, store_weights
+from llmc.compiler.stored_weights import (
+    STORED_SUFFIX,
+    fold_stored_weights,
+    store_weights,
+    widen_segment,
+)
 
 
 def _model(w: np.ndarray, bias: np.ndarray) -> ir.Model:
@@ -65,7 +70,7 @@ def test_stored_graph_computes_the_float32_graph(dtype, tmp_path):
     assert (tmp_path / "stored.onnx.data").stat().st_size == w.nbytes // 2
 
     loaded = ir.load(tmp_path / "stored.onnx")
-    assert fold_stored_weights(loaded) == 1
+    assert [v.name for v in fold_stored_weights(loaded)] == ["w"]
     assert "Cast" not in [n.op_type for n in loaded.graph]
     assert sorted(loaded.graph.initializers) == ["bias", "w"]
     np.testing.assert_array_equal(loaded.graph.initializers["w"].const_value.numpy(), w)
@@ -85,3 +90,36 @@ def test_a_weight_not_exact_in_the_stored_type_is_refused_when_written(tmp_path)
 def test_float32_is_not_a_stored_type():
     with pytest.raises(ValueError, match="not FLOAT"):
         store_weights(_model(_bf16_exact((4, 4), 0), _bf16_exact((4,), 1)), ir.DataType.FLOAT)
+
+
+def test_widen_segment_gives_onnx_runtime_float32_initializers(tmp_path):
+    """ONNX Runtime leaves a Cast of an initializer unfolded past about 1 GB of output, so the
+    build widens stored weights itself: the segment it hands over has no Cast, a float32
+    initializer per stored weight (in the scratch file), and computes the same."""
+    import onnx
+
+    w, bias = _bf16_exact((64, 48), 0), _bf16_exact((48,), 1)
+    x = np.random.default_rng(2).normal(size=(3, 64)).astype(np.float32)
+    expected = _run(_model(w, bias), x, tmp_path / "wide.onnx")
+    stored = _model(w, bias)
+    store_weights(stored, ir.DataType.BFLOAT16, min_bytes=1024)
+    ir.save(stored, tmp_path / "stored.onnx", external_data="stored.onnx.data")
+    segment = onnx.load(str(tmp_path / "stored.onnx"), load_external_data=False)
+
+    widened = widen_segment(segment, tmp_path, "scratch.data")
+    assert "Cast" not in [n.op_type for n in widened.graph.node]
+    (table,) = [t for t in widened.graph.initializer if t.name == "w"]
+    assert table.data_type == onnx.TensorProto.FLOAT
+    assert {e.key: e.value for e in table.external_data}["location"] == "scratch.data"
+    assert (tmp_path / "scratch.data").stat().st_size == w.nbytes
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(tmp_path)
+    )
+    session = ort.InferenceSession(
+        widened.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
+    for e, g in zip(expected, session.run(None, {"x": x}), strict=True):
+        np.testing.assert_array_equal(g, e)
+    assert widen_segment(widened, tmp_path, "none.data") is widened  # nothing stored: as it is
+    assert not (tmp_path / "none.data").exists()

@@ -17,6 +17,7 @@ import onnx
 from llmc.compiler.quantized_embedding import gather_from_projection
 from llmc.compiler.shared_weights import compact_files, share_weights
 from llmc.compiler.single_graph import write_single_graph
+from llmc.compiler.stored_weights import widen_segment
 from llmc.engine.plan import ExecutionPlan, save_plan
 from llmc.engine.provider import CPU_EP, provider_for_dtype
 from llmc.engine.split import split_at_plugins
@@ -112,6 +113,9 @@ def lower_to_cpu(
     ops: Counter = Counter()
     for i, (seg, spec) in enumerate(zip(segments, plan.segments, strict=True)):
         if choice.optimize_at_build:
+            scratch = Path(spec.file).name + ".widened.data"
+            if external_data_dir is not None:  # a float graph's 16-bit weights as float32
+                seg = widen_segment(seg, external_data_dir, scratch)
             ops += _optimize_segment(
                 seg,
                 engine_dir / spec.file,
@@ -119,6 +123,8 @@ def lower_to_cpu(
                 session_config or {},
                 external_data_dir,
             )
+            if external_data_dir is not None:
+                (external_data_dir / scratch).unlink(missing_ok=True)
         else:
             ops += _save_portable_segment(
                 seg, engine_dir / spec.file, choice, threads, external_data_dir

@@ -15,9 +15,13 @@ lowering), which then see the graph the float32 export gives, names included.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
+
+from llmc.compiler.shared_weights import ALIGNMENT
 
 #: Name suffix of a stored (narrow) initializer; the float32 value it stands for drops it.
 STORED_SUFFIX = "::stored"
@@ -99,10 +103,10 @@ def store_weights(model: ir.Model, dtype: ir.DataType, min_bytes: int = MIN_STOR
     return count
 
 
-def fold_stored_weights(model: ir.Model) -> int:
+def fold_stored_weights(model: ir.Model) -> list[ir.Value]:
     """Undo ``store_weights``: each ``Cast`` of a stored initializer becomes the float32
     initializer it stands for (one per stored weight, named without ``STORED_SUFFIX``, widened
-    when read). Returns how many weights were folded."""
+    when read). Returns the new float32 initializers."""
     graph = model.graph
     wide: dict[str, ir.Value] = {}
     for node in list(graph):
@@ -122,4 +126,35 @@ def fold_stored_weights(model: ir.Model) -> int:
             del graph.initializers[src.name]
     for value in wide.values():
         graph.register_initializer(value)
-    return len(wide)
+    return list(wide.values())
+
+
+def widen_segment(segment: onnx.ModelProto, data_dir: Path, file_name: str) -> onnx.ModelProto:
+    """``segment`` (a graph whose external data is in ``data_dir``) with its stored weights
+    folded (`fold_stored_weights`) and written in float32 to ``data_dir / file_name``, one at a
+    time, so that ONNX Runtime gets float32 initializers: it folds a ``Cast`` of an initializer
+    itself only below about 1 GB of output (measured: a [100000, 3072] bfloat16 table stays a
+    ``Cast`` at ``ORT_ENABLE_ALL``; [60000, 3072] is folded). Returns ``segment`` itself when
+    it holds no stored weight (nothing is written)."""
+    model = ir.from_proto(segment)
+    ir.external_data.set_base_dir(model.graph, data_dir)
+    widened = fold_stored_weights(model)
+    if not widened:
+        return segment
+    with open(data_dir / file_name, "wb") as f:
+        for value in widened:
+            offset = -f.tell() % ALIGNMENT + f.tell()
+            f.seek(offset)
+            data = value.const_value.tobytes()
+            f.write(data)
+            value.const_value = ir.ExternalTensor(
+                file_name,
+                offset,
+                len(data),
+                ir.DataType.FLOAT,
+                shape=value.const_value.shape,
+                name=value.name,
+                base_dir=data_dir,
+            )
+            del data
+    return ir.to_proto(model)

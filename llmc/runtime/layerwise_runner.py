@@ -59,6 +59,11 @@ class LayerwiseRunner:
             only the nodes its ``extra_outputs`` need, and the vocabulary projection (the
             largest weight of most models: 0.54 GB of float32 for Qwen2.5-0.5B) is never
             loaded.
+        prepare: called as ``prepare(graph, file_name)`` on each segment's graph before its
+            session is made; it may write external data to ``external_data_dir / file_name``
+            (removed once the session has loaded it) and returns the graph to run. The build
+            widens a float graph's 16-bit stored weights this way
+            (``llmc.compiler.stored_weights.widen_segment``).
 
     Raises ValueError as ``split_at_plugins`` does (no plugin node, an unknown extra output).
     """
@@ -70,8 +75,10 @@ class LayerwiseRunner:
         extra_outputs: tuple[str, ...] = (),
         external_data_dir: Path | None = None,
         logits: bool = True,
+        prepare: Callable[[Any, str], Any] | None = None,
     ):
         self._segments, self.plan = split_at_plugins(model, extra_outputs=extra_outputs)
+        self._prepare = prepare
         self._extra = frozenset(extra_outputs)
         self._with_logits = logits
         self._threads, self._external_data_dir = threads, external_data_dir
@@ -123,7 +130,6 @@ class LayerwiseRunner:
         record with window None: (0, w0), (0, w1), ..., (0, None), (1, w0), ... ``windows``:
         [T] int64 token ids each (T >= 1). ``progress(done, total)`` counts segments. Raises
         ValueError for no windows."""
-        import onnxruntime as ort
 
         if not windows:
             raise ValueError("no windows to run")
@@ -139,13 +145,7 @@ class LayerwiseRunner:
         plugins = self.plan.plugins
         for i in range(self.num_segments):
             segment, inputs, outputs = self.segment_to_run(i)
-            session = (
-                ort.InferenceSession(
-                    segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-                )
-                if outputs
-                else None
-            )
+            session = self._session(segment, i, opts) if outputs else None
             caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None
             for w, (step, env) in enumerate(zip(steps, envs, strict=True)):
                 if session is not None:
@@ -162,6 +162,20 @@ class LayerwiseRunner:
             if progress is not None:
                 progress(i + 1, self.num_segments)
             yield SegmentOutputs(i, None, {})
+
+    def _session(self, segment, i: int, opts):
+        import onnxruntime as ort
+
+        scratch = f"segment_{i:03d}.prepared.data"
+        if self._prepare is not None:
+            segment = self._prepare(segment, scratch)
+        try:
+            return ort.InferenceSession(
+                segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
+        finally:  # loaded (or mapped: the mapping outlives the name) by now
+            if self._prepare is not None and self._external_data_dir is not None:
+                (self._external_data_dir / scratch).unlink(missing_ok=True)
 
 
 def _layer_caches(plugin, num_blocks: int) -> tuple[np.ndarray, np.ndarray]:

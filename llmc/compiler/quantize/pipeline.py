@@ -162,6 +162,7 @@ def quantize(
                 extra_outputs=tuple(dict.fromkeys(tensors.values())),
                 external_data_dir=weights_dir,
                 logits=False,
+                prepare=_widener(weights_dir),
             )
             parts = _calibrate(runner, tensors, windows, gram_keys, cache, tick)
         for _, stats in parts:
@@ -195,6 +196,16 @@ def _calibrate(runner, tensors, windows, gram_keys, cache, progress):
         yield segment, stats
         del stats  # not held while the next segment runs
     cache.mark_complete()
+
+
+def _widener(weights_dir: Path | None):
+    """``LayerwiseRunner``'s ``prepare`` for a float graph whose 16-bit stored weights are in
+    ``weights_dir`` (``stored_weights.widen_segment``), None without one."""
+    from llmc.compiler.stored_weights import widen_segment
+
+    if weights_dir is None:
+        return None
+    return lambda segment, name: widen_segment(segment, weights_dir, name)
 
 
 def session_config(quant: str) -> dict[str, str]:
@@ -263,7 +274,12 @@ def accuracy_report(
     calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
     windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
     check_windows(windows)
-    ref = LayerwiseRunner(reference, threads=threads, external_data_dir=external_data_dir)
+    ref = LayerwiseRunner(
+        reference,
+        threads=threads,
+        external_data_dir=external_data_dir,
+        prepare=_widener(external_data_dir),
+    )
     with tempfile.TemporaryFile(dir=external_data_dir) as spill:
         shapes = _spill_logits(ref, windows, spill, progress)
         del ref
