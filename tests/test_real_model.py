@@ -213,3 +213,52 @@ def test_openai_parse_and_a_required_regex_on_the_real_model(engine_dir, running
             extra_body={"structured_outputs": {"regex": date}},
         ).choices[0]
         assert c.finish_reason == "stop" and re.fullmatch(date, c.text), c.text
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 32},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_required_tool_call_on_the_real_model_parses_and_streams_the_same(
+    engine_dir, running_server
+):
+    import jsonschema
+    import openai
+
+    body = dict(
+        model="gemma",
+        messages=[{"role": "user", "content": "What is the weather in Paris, in celsius?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+    )
+    with running_server(LLMEngine.from_engine_dir(engine_dir), "gemma") as served:
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+        choice = client.chat.completions.create(**body).choices[0]
+        with client.chat.completions.stream(**body) as stream:
+            for _ in stream:
+                pass
+            streamed = stream.get_final_completion().choices[0]
+    assert choice.finish_reason == streamed.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]

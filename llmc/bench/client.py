@@ -30,6 +30,7 @@ class Target:
         api_key: sent as ``Authorization: Bearer``; None: no header.
         ignore_eos: send ``ignore_eos: true`` (vLLM's extension; other servers may ignore it).
         temperature: sampling temperature.
+        json_schema: sent as ``response_format`` (``json_schema``) when set.
     """
 
     base_url: str
@@ -38,6 +39,7 @@ class Target:
     api_key: str | None = None
     ignore_eos: bool = False
     temperature: float = 0.0
+    json_schema: dict | None = None
 
     @property
     def url(self) -> str:
@@ -102,6 +104,9 @@ def request_body(target: Target, request: BenchRequest) -> dict:
         body["messages"] = [{"role": "user", "content": request.prompt}]
     if target.ignore_eos:
         body["ignore_eos"] = True
+    if target.json_schema is not None:
+        schema = {"name": "bench", "schema": target.json_schema, "strict": True}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     return body
 
 

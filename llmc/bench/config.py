@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmc.errors import LlmcError
 
@@ -60,6 +61,11 @@ class BenchConfig:
         "request generates exactly its max_tokens",
     )
     temperature: float = _opt(0.0, "sampling temperature sent with every request")
+    json_schema: str | None = _opt(
+        None,
+        "a JSON schema file: every request asks for output valid against it "
+        "(response_format json_schema); measures constrained decoding",
+    )
     seed: int = _opt(0, "seed of the prompts and arrival times")
     timeout_s: float = _opt(600.0, "per-request timeout, seconds")
 
@@ -82,6 +88,8 @@ class BenchConfig:
             raise BenchConfigError("--max-concurrency must be >= 1")
         if self.timeout_s <= 0:
             raise BenchConfigError("--timeout-s must be > 0")
+        if self.json_schema is not None and not Path(self.json_schema).is_file():
+            raise BenchConfigError(f"--json-schema {self.json_schema}: no such file")
         if not self.base_url.startswith(("http://", "https://")):
             raise BenchConfigError(
                 f"--base-url must start with http:// or https://, got {self.base_url!r}"

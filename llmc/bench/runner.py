@@ -9,10 +9,12 @@ request at once. ``max_concurrency`` bounds requests in flight with a semaphore,
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -123,6 +125,7 @@ def run_bench(config: BenchConfig) -> BenchRun:
     config.validate()
     requests = make_requests(config)
     model = config.model or first_model(config.base_url, config.api_key)
+    schema = json.loads(Path(config.json_schema).read_text()) if config.json_schema else None
     target = Target(
         base_url=config.base_url,
         model=model,
@@ -130,6 +133,7 @@ def run_bench(config: BenchConfig) -> BenchRun:
         api_key=config.api_key,
         ignore_eos=config.ignore_eos,
         temperature=config.temperature,
+        json_schema=schema,
     )
     results, duration = asyncio.run(
         run_requests(
