@@ -6,7 +6,12 @@
     python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/f32@segments
 
 An engine given as ``DIR@segments`` runs in segments with the ctypes attention kernel between
-ORT runs (the runner's fallback form) instead of as one ORT graph with the custom op.
+ORT runs (the runner's fallback form) instead of as one ORT graph with the custom op. One given
+as ``DIR@json`` gets every request constrained to ``--json-schema`` (structured outputs): the
+grammar ends a request when its JSON is complete, so its figures count the tokens it made.
+
+    python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/f32@json \
+        --json-schema benchmarks/schemas/lines.json --skip-hf
 
 All engines and HF eager are loaded in one process and run one after another, never at once
 (the first engine is the baseline the others are compared with, e.g. float32 against its
@@ -69,12 +74,16 @@ def summarize(ttfts: list[float], first: float, last: float, wall: float, new_to
     }
 
 
-def run_llmc(engine, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Submit all `prompts` at once and step the engine until every one has finished."""
+def run_llmc(engine, prompts: list[list[int]], new_tokens: int, constraint=None) -> dict:
+    """Submit all `prompts` at once and step the engine until every one has finished. With a
+    ``constraint`` (structured outputs) a request may end before ``new_tokens``: the figures
+    count the tokens made."""
     from llmc.runtime.sampling_params import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    added, first, done = {}, {}, {}
+    params = SamplingParams(
+        temperature=0.0, max_tokens=new_tokens, ignore_eos=True, structured_outputs=constraint
+    )
+    added, first, done, made = {}, {}, {}, {}
     for i, ids in enumerate(prompts):
         added[str(i)] = time.perf_counter()
         engine.add_request(str(i), ids, params)
@@ -86,12 +95,16 @@ def run_llmc(engine, prompts: list[list[int]], new_tokens: int) -> dict:
                 first[out.request_id] = now
             if out.finished:
                 done[out.request_id] = now
-                if len(out.outputs[0].token_ids) != new_tokens:
+                made[out.request_id] = len(out.outputs[0].token_ids)
+                if constraint is None and made[out.request_id] != new_tokens:
                     raise RuntimeError(f"request {out.request_id} gave the wrong token count")
     ids = sorted(added, key=int)
     ttfts = [first[r] - added[r] for r in ids]
     wall = max(done.values()) - min(added.values())
-    return summarize(ttfts, first["0"], done["0"], wall, new_tokens)
+    result = summarize(ttfts, first["0"], done["0"], wall, made["0"])
+    result["total_tok_s"] = sum(made.values()) / wall
+    result["mean_new_tokens"] = statistics.mean(made.values())
+    return result
 
 
 def run_hf(model, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -172,23 +185,30 @@ def run_all(args: argparse.Namespace) -> dict:
 
     from llmc.runtime.engine import LLMEngine
     from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.structured_outputs import StructuredOutputsParams
 
     torch.set_num_threads(2)
     sizes = {"s1": 1, "s16": args.concurrency}
-    engines = {}
+    engines, constraints = {}, {}
     for spec in args.engine:
         path, _, form = spec.partition("@")
         engine = LLMEngine.from_engine_dir(path, enable_prefix_caching=False)
+        name = Path(path).name + (f"@{form}" if form else "")
         if form == "segments":  # same engine, same cache size, the other runner form
             engine.runner = OrtRunner(path, engine.runner.num_blocks, single_graph=False)
+        elif form == "json":
+            if args.json_schema is None:
+                raise SystemExit(f"--engine {spec} needs --json-schema")
+            schema = json.loads(args.json_schema.read_text())
+            constraints[name] = StructuredOutputsParams(json=schema)
         elif form:
-            raise SystemExit(f"unknown runner form {form!r} in --engine {spec}; known: segments")
-        engines[Path(path).name + (f"@{form}" if form else "")] = engine
+            raise SystemExit(f"unknown form {form!r} in --engine {spec}; known: segments, json")
+        engines[name] = engine
     tokenizer = next(iter(engines.values())).tokenizer
     prompts = make_prompts(tokenizer, max(sizes.values()) + 1, args.prompt_len)
     warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
-    for engine in engines.values():
-        run_llmc(engine, warmup, 4)
+    for name, engine in engines.items():
+        run_llmc(engine, warmup, 4, constraints.get(name))  # compiles the grammar once
     model = None
     if not args.skip_hf:
         model = load_hf()
@@ -198,7 +218,9 @@ def run_all(args: argparse.Namespace) -> dict:
         done: dict = {"engines": {name: {} for name in engines}, "hf": {}}
         for s in args.scenarios:
             for name, engine in engines.items():
-                done["engines"][name][s] = run_llmc(engine, prompts[: sizes[s]], args.new_tokens)
+                done["engines"][name][s] = run_llmc(
+                    engine, prompts[: sizes[s]], args.new_tokens, constraints.get(name)
+                )
             if model is not None:
                 done["hf"][s] = run_hf(model, prompts[: sizes[s]], args.new_tokens)
         rounds.append(done)
@@ -281,6 +303,7 @@ def main() -> None:
     )
     p.add_argument("--scenarios", default="s1,s16", help="comma-separated: s1, s16")
     p.add_argument("--skip-hf", action="store_true", help="run llmc only")
+    p.add_argument("--json-schema", type=Path, help="the schema of DIR@json engines' requests")
     p.add_argument("--json", type=Path, help="write all numbers and machine info here")
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt (BOS included)")
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per request")
