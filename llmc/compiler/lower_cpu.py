@@ -17,6 +17,7 @@ import onnx
 from llmc.compiler.quantized_embedding import gather_from_projection
 from llmc.compiler.shared_weights import compact_files, share_weights
 from llmc.compiler.single_graph import write_single_graph
+from llmc.compiler.split_projection import split_projections
 from llmc.compiler.stored_weights import widen_segment
 from llmc.engine.plan import ExecutionPlan, save_plan
 from llmc.engine.provider import CPU_EP, provider_for_dtype
@@ -137,6 +138,7 @@ def lower_to_cpu(
     gather_from_projection(models)  # a quantized engine's lookup reads the quantized table
     compact_files(models)
     if choice.optimize_at_build:
+        split_projections(models)  # ONNX Runtime packs a large projection a block at a time
         plan = replace(plan, graph=write_single_graph(engine_dir, plan))
     save_plan(plan, engine_dir)
     return plan, dict(sorted(ops.items()))
