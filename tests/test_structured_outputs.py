@@ -12,7 +12,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from llmc.runtime.grammar import GrammarCompiler, apply_token_masks
+from llmc.runtime.grammar import GrammarCompiler, apply_bitmask, apply_token_masks
 from llmc.runtime.llm import LLM
 from llmc.runtime.request_check import InvalidRequestError
 from llmc.runtime.sampling_params import SamplingParams
@@ -173,3 +173,18 @@ def test_llmc_generate_json_schema(tiny_llama_engine, tmp_path, capsys):
     path.write_text('{"type": "strin"}')
     assert main(args) == 2
     assert "structured_outputs.json cannot be compiled" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("density", [0.0, 1e-3, 0.3, 0.7, 0.999, 1.0])
+@pytest.mark.parametrize("vocab_size", [512, 1000])
+def test_apply_bitmask_equals_the_mask_it_encodes(density, vocab_size):
+    """Both branches (few allowed, few forbidden), a vocabulary not a multiple of 32."""
+    rng = np.random.default_rng(int(density * 1000) + vocab_size)
+    allowed = rng.random(vocab_size) < density
+    bits = np.zeros(-(-vocab_size // 32) * 32, np.bool_)
+    bits[:vocab_size] = allowed
+    words = np.packbits(bits, bitorder="little").view(np.int32)
+    row = rng.normal(size=vocab_size).astype(np.float32)
+    expected = np.where(allowed, row, -np.inf).astype(np.float32)
+    apply_bitmask(row, words)
+    np.testing.assert_array_equal(row, expected)

@@ -179,12 +179,28 @@ def apply_token_masks(logits: np.ndarray, seqs: Sequence[Constrained]) -> None:
     rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
     if not rows:
         return
-    vocab_size = logits.shape[1]
-    bitmask = np.empty((len(rows), (vocab_size + 31) // 32), np.int32)
-    for j, i in enumerate(rows):
-        seqs[i].grammar.fill_bitmask(bitmask[j])
-    # bit t % 32 of word t // 32 is token t: little-endian words, little bit order per byte
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
-    sub = logits[rows]
-    sub[allowed == 0] = -np.inf
-    logits[rows] = sub
+    words = np.empty((logits.shape[1] + 31) // 32, np.int32)
+    for i in rows:
+        seqs[i].grammar.fill_bitmask(words)
+        apply_bitmask(logits[i], words)
+
+
+def apply_bitmask(row: np.ndarray, words: np.ndarray) -> None:
+    """Set to -inf, in place, the entries of ``row`` ([V] float32) whose bit in ``words``
+    ([ceil(V / 32)] int32) is clear: bit ``t % 32`` of word ``t // 32`` is token ``t``.
+
+    A grammar allows either few tokens (structure: a quote, a comma, an enum's next letters) or
+    nearly all (inside a string), so only the minority is indexed: the allowed logits are
+    saved, the row filled with -inf and they are put back; or the few forbidden ones are set.
+    A boolean-mask write over the whole row costs 4x more at V = 262,144 (measured)."""
+    vocab_size = row.shape[0]
+    # little-endian words, little bit order per byte: the bits in token order
+    allowed = np.unpackbits(words.view(np.uint8), bitorder="little", count=vocab_size)
+    allowed = allowed.view(np.bool_)
+    if 2 * np.count_nonzero(allowed) < vocab_size:
+        keep = np.flatnonzero(allowed)
+        values = row[keep]
+        row.fill(-np.inf)
+        row[keep] = values
+    else:
+        row[np.flatnonzero(~allowed)] = -np.inf
