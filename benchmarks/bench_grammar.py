@@ -7,6 +7,7 @@ valid instance of the schema, fill the next-token bitmask and accept the token (
 does for a constrained row per decode step). Reported per library and schema: median and max
 mask microseconds per step, compile milliseconds.
 
+    pip install xgrammar  # llguidance is llmc's dependency; xgrammar is only measured here
     python benchmarks/bench_grammar.py --tokenizer /path/to/engine/tokenizer --json out.json
 """
 
