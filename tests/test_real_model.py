@@ -191,7 +191,7 @@ def test_fifty_sampled_structured_outputs_validate(engine):
         Person.model_validate_json(text)
 
 
-def test_openai_parse_and_a_required_regex_on_the_real_model(engine_dir, running_server):
+def test_openai_parse_regex_and_choice_on_the_real_model(engine_dir, running_server):
     import openai
 
     with running_server(LLMEngine.from_engine_dir(engine_dir), "gemma") as served:
@@ -213,6 +213,16 @@ def test_openai_parse_and_a_required_regex_on_the_real_model(engine_dir, running
             extra_body={"structured_outputs": {"regex": date}},
         ).choices[0]
         assert c.finish_reason == "stop" and re.fullmatch(date, c.text), c.text
+        cities = ["Paris", "London", "Rome"]
+        c = client.completions.create(
+            model="gemma",
+            prompt="The capital of France is",
+            max_tokens=8,
+            temperature=1.0,
+            seed=3,
+            extra_body={"structured_outputs": {"choice": cities}},
+        ).choices[0]
+        assert c.finish_reason == "stop" and c.text in cities, c.text
 
 
 WEATHER_TOOL = {
