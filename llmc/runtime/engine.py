@@ -315,7 +315,9 @@ class LLMEngine:
         sampling = scheduler_output.sampling
         if sample_rows != list(range(len(logits))):
             logits = logits[sample_rows]  # logits: [S, V]
-        token_ids = self.sampler(logits, sampling) if sampling else np.empty(0, np.int64)
+        # logprobs are of the raw logits: without them the sampler may write into its rows
+        in_place = all(seq.params.logprobs is None for seq in sampling)
+        token_ids = self.sampler(logits, sampling, in_place) if sampling else np.empty(0, np.int64)
         self.outputs.record_logprobs(sampling, logits, token_ids)
         return token_ids
 

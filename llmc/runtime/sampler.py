@@ -59,12 +59,17 @@ class Sampler:
         else:
             self._generator.manual_seed(seed)
 
-    def __call__(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+    def __call__(
+        self, logits: np.ndarray, seqs: list[Sequence], in_place: bool = False
+    ) -> np.ndarray:
         """Sample one token per row.
 
         Args:
-            logits: [S, V] float32, one row per sampling sequence; not modified.
+            logits: [S, V] float32, one row per sampling sequence; not modified unless
+                ``in_place``.
             seqs: the S rows' sequences (parameters, tokens so far, own generator).
+            in_place: the caller reads ``logits`` no more: the processors (penalties, grammar
+                masks) write into it instead of a copy (16 MB per step at S = 16, V = 262,144).
 
         Returns:
             [S] int64 token ids.
@@ -80,7 +85,7 @@ class Sampler:
         if any(
             below_min_tokens(s) or s.params.has_penalties or s.grammar is not None for s in seqs
         ):
-            logits = logits.copy()
+            logits = logits if in_place else logits.copy()
             apply_min_tokens(logits, seqs, self.eos_token_ids)
             apply_penalties(logits, seqs)
             apply_token_masks(logits, seqs)  # structured outputs: what the grammar allows
