@@ -190,17 +190,26 @@ def apply_bitmask(row: np.ndarray, words: np.ndarray) -> None:
     ([ceil(V / 32)] int32) is clear: bit ``t % 32`` of word ``t // 32`` is token ``t``.
 
     A grammar allows either few tokens (structure: a quote, a comma, an enum's next letters) or
-    nearly all (inside a string), so only the minority is indexed: the allowed logits are
-    saved, the row filled with -inf and they are put back; or the few forbidden ones are set.
-    A boolean-mask write over the whole row costs 4x more at V = 262,144 (measured)."""
+    nearly all (inside a string), so only the minority is expanded, from the words that hold
+    it: the allowed logits are saved, the row filled with -inf and they are put back; or the
+    few forbidden ones are set. Expanding every bit and writing through a boolean mask costs
+    several times more at V = 262,144 (measured on 16 rows: ~6 ms against ~1 ms)."""
     vocab_size = row.shape[0]
-    # little-endian words, little bit order per byte: the bits in token order
-    allowed = np.unpackbits(words.view(np.uint8), bitorder="little", count=vocab_size)
-    allowed = allowed.view(np.bool_)
-    if 2 * np.count_nonzero(allowed) < vocab_size:
-        keep = np.flatnonzero(allowed)
+    if 2 * np.count_nonzero(words) < words.shape[0]:  # few words hold an allowed token
+        at = np.flatnonzero(words)
+        keep = _bit_positions(words[at], at, vocab_size)
         values = row[keep]
         row.fill(-np.inf)
         row[keep] = values
     else:
-        row[np.flatnonzero(~allowed)] = -np.inf
+        at = np.flatnonzero(words != -1)  # words with a forbidden token
+        row[_bit_positions(~words[at], at, vocab_size)] = -np.inf
+
+
+def _bit_positions(selected: np.ndarray, at: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Token ids of the set bits of ``selected`` (int32 words found at word indices ``at``),
+    below ``vocab_size`` (the last word's padding bits are not tokens)."""
+    # little-endian words, little bit order per byte: bits in token order
+    bits = np.unpackbits(selected.view(np.uint8), bitorder="little").reshape(-1, 32)
+    tokens = (at[:, None] * 32 + np.arange(32))[bits.view(np.bool_)]
+    return tokens[tokens < vocab_size]
