@@ -169,6 +169,22 @@ def _grammar_text(params: StructuredOutputsParams) -> str:
         raise InvalidRequestError(f"{FIELD}.{kind} cannot be compiled: {exc}", FIELD) from exc
 
 
+def fill_token_masks(seqs: Sequence[Constrained], vocab_size: int) -> np.ndarray | None:
+    """The next-token bitmasks of ``seqs``: [S, ceil(V / 32)] int32, row i that of ``seqs[i]``
+    (rows of unconstrained sequences are not written); None when none is constrained.
+
+    Measured on 2 cores (Gemma 3 270M int4, 16 constrained requests), and not done: computing
+    the masks while the model runs (a worker thread slowed the model run by as much as it hid),
+    and llguidance's parallel executor (slower than one row after another)."""
+    rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
+    if not rows:
+        return None
+    bitmask = np.empty((len(seqs), (vocab_size + 31) // 32), np.int32)
+    for i in rows:
+        seqs[i].grammar.fill_bitmask(bitmask[i])
+    return bitmask
+
+
 def apply_token_masks(logits: np.ndarray, seqs: Sequence[Constrained]) -> None:
     """Set to -inf, in place, the logits of the tokens each constrained row's grammar forbids.
 
@@ -176,13 +192,12 @@ def apply_token_masks(logits: np.ndarray, seqs: Sequence[Constrained]) -> None:
         logits: [S, V] float32, one row per sequence of ``seqs``; modified.
         seqs: the rows' sequences; rows whose ``grammar`` is None are left as they are.
     """
-    rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
-    if not rows:
+    bitmask = fill_token_masks(seqs, logits.shape[1])
+    if bitmask is None:
         return
-    words = np.empty((logits.shape[1] + 31) // 32, np.int32)
-    for i in rows:
-        seqs[i].grammar.fill_bitmask(words)
-        apply_bitmask(logits[i], words)
+    for i, seq in enumerate(seqs):
+        if seq.grammar is not None:
+            apply_bitmask(logits[i], bitmask[i])
 
 
 def apply_bitmask(row: np.ndarray, words: np.ndarray) -> None:
