@@ -16,6 +16,7 @@ from llmc.compiler.stored_weights import (
     store_weights,
     widen_segment,
 )
+from llmc.runtime.ort_env import session_options
 
 
 def _model(w: np.ndarray, bias: np.ndarray) -> ir.Model:
@@ -41,7 +42,9 @@ def _model(w: np.ndarray, bias: np.ndarray) -> ir.Model:
 
 def _run(model: ir.Model, x: np.ndarray, path) -> list[np.ndarray]:
     ir.save(model, path, external_data=path.name + ".data")
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(path), session_options(1), providers=["CPUExecutionProvider"]
+    )
     return session.run(None, {"x": x})
 
 
@@ -112,7 +115,7 @@ def test_widen_segment_gives_onnx_runtime_float32_initializers(tmp_path):
     assert table.data_type == onnx.TensorProto.FLOAT
     assert {e.key: e.value for e in table.external_data}["location"] == "scratch.data"
     assert (tmp_path / "scratch.data").stat().st_size == w.nbytes
-    opts = ort.SessionOptions()
+    opts = session_options(1)
     opts.add_session_config_entry(
         "session.model_external_initializers_file_folder_path", str(tmp_path)
     )
