@@ -197,8 +197,14 @@ def test_ctrl_c_during_a_build_cancels_through_the_monitor():
                 return None
         return b"plan"
 
-    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    assert _build_cancellable(build, phases) is None
+    # Python's own SIGINT handler, as `llmc build` runs with: the test suite's other tests
+    # (servers, runtimes) must not decide what Ctrl-C does here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        assert _build_cancellable(build, phases) is None
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert phases.cancelled and 5 < len(steps) < 1000
     assert _build_cancellable(lambda: b"plan", BuildPhases()) == b"plan"
     with pytest.raises(ValueError, match="parser"):
