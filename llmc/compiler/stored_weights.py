@@ -145,16 +145,16 @@ def widen_segment(segment: onnx.ModelProto, data_dir: Path, file_name: str) -> o
         for value in widened:
             offset = -f.tell() % ALIGNMENT + f.tell()
             f.seek(offset)
-            data = value.const_value.tobytes()
-            f.write(data)
+            array = np.ascontiguousarray(value.const_value.numpy())
+            f.write(memoryview(array).cast("B"))  # the widened values, not a bytes copy of them
             value.const_value = ir.ExternalTensor(
                 file_name,
                 offset,
-                len(data),
+                array.nbytes,
                 ir.DataType.FLOAT,
                 shape=value.const_value.shape,
                 name=value.name,
                 base_dir=data_dir,
             )
-            del data
+            del array
     return ir.to_proto(model)
