@@ -12,8 +12,8 @@ follow, the matcher is stopped and the sequence ends (``StopChecker``).
 
 llguidance was chosen over xgrammar by measurement (``benchmarks/bench_grammar.py``, Gemma 3's
 262,144-token vocabulary): both compute a mask in microseconds against a decode step's
-milliseconds, but xgrammar took about 2 s to compile a nested schema with a bounded string
-where llguidance took about 14 ms, and a request waits for its compile.
+milliseconds, but xgrammar took 1.0 s (1.9 s on a busy host) to compile a nested schema with a
+bounded string where llguidance took 8 ms, and a request waits for its compile.
 
 Compiled grammars are cached by constraint (`StructuredOutputsParams.key`, least recently used
 out); a request gets a copy of the cached matcher in its start state. The tokenizer tables
