@@ -123,6 +123,8 @@ def _llguidance(tokenizer, vocab_size: int, schema: dict, tokens: list[int]) -> 
 
 
 def main() -> None:
+    """Measure both libraries on every schema of ``SCHEMAS``; print a table (times in ms and
+    us, the host named), optionally write it as JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer directory")
     ap.add_argument(

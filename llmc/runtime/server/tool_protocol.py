@@ -41,6 +41,8 @@ class ToolDefinition(BaseModel):
 
 
 class FunctionName(BaseModel):
+    """``tool_choice.function``: the name of the function to call."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: Text
