@@ -358,21 +358,25 @@ def accuracy_and_time(args, shape: Shape, workload: Workload, dtype_name: str) -
                kernel_ms, sdpa_ms, sdpa_error, note)  # fmt: skip
 
 
-def print_table(rows: list[Row], cuda: bool) -> None:
-    """Print the accuracy and timing rows."""
+def print_header(cuda: bool) -> None:
+    """Print the accuracy/time table's header (rows follow as each case finishes)."""
     unit = "ms; speedup = SDPA / kernel" if cuda else "ms: interpreter, not a measurement"
     print(f"\n{'shape':<20}{'dtype':<10}{'workload':<23}{'splits':>6}{'max err':>10}{'':>6}"
           f"{'kernel':>10}{'SDPA':>10}{'speedup':>10}{'SDPA err':>10}   [{unit}]")  # fmt: skip
-    for r in rows:
-        if r.ok is None:
-            print(f"{r.shape:<20}{r.dtype:<10}{r.workload:<23}  {r.note}")
-            continue
-        verdict = " ok " if r.ok else " FAIL"
-        speed = f"{r.sdpa_ms / r.kernel_ms:>10.2f}" if r.sdpa_ms else f"{'-':>10}"
-        sdpa = f"{r.sdpa_ms:>10.3f}" if r.sdpa_ms is not None else f"{'-':>10}"
-        sdpa_err = f"{r.sdpa_error:>10.2e}" if r.sdpa_error is not None else f"{'-':>10}"
-        print(f"{r.shape:<20}{r.dtype:<10}{r.workload:<23}{r.splits:>6}{r.error:>10.2e}"
-              f"{verdict:<6}{r.kernel_ms:>10.3f}{sdpa}{speed}{sdpa_err}  {r.note}")  # fmt: skip
+
+
+def print_row(r: Row) -> None:
+    """Print one accuracy/time row, flushed (a run stopped at its limit keeps what it printed)."""
+    if r.ok is None:
+        print(f"{r.shape:<20}{r.dtype:<10}{r.workload:<23}  {r.note}", flush=True)
+        return
+    verdict = " ok " if r.ok else " FAIL"
+    speed = f"{r.sdpa_ms / r.kernel_ms:>10.2f}" if r.sdpa_ms else f"{'-':>10}"
+    sdpa = f"{r.sdpa_ms:>10.3f}" if r.sdpa_ms is not None else f"{'-':>10}"
+    sdpa_err = f"{r.sdpa_error:>10.2e}" if r.sdpa_error is not None else f"{'-':>10}"
+    line = (f"{r.shape:<20}{r.dtype:<10}{r.workload:<23}{r.splits:>6}{r.error:>10.2e}"
+            f"{verdict:<6}{r.kernel_ms:>10.3f}{sdpa}{speed}{sdpa_err}  {r.note}")  # fmt: skip
+    print(line, flush=True)
 
 
 def compiled_shared_memory(
@@ -534,9 +538,13 @@ def main(argv: list[str] | None = None) -> int:
             args.num_splits = 3
     print(f"torch {torch.__version__}, triton {triton.__version__}, cuda {torch.version.cuda}")
 
-    rows = [accuracy_and_time(args, shape, workload, dtype)
-            for shape in shapes for dtype in dtypes for workload in workloads]  # fmt: skip
-    print_table(rows, args.device == "cuda")
+    print_header(args.device == "cuda")
+    rows = []
+    for shape in shapes:
+        for dtype in dtypes:
+            for workload in workloads:
+                rows.append(accuracy_and_time(args, shape, workload, dtype))
+                print_row(rows[-1])
     ok = all(r.ok is not False for r in rows)
     if arch is not None:
         ok &= shared_memory_part(shapes, dtypes, arch)
