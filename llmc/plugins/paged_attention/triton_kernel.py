@@ -149,7 +149,9 @@ def attend(
     kv_row = C.NUM_KV_HEADS * C.HEAD_DIM
     m_i = tl.full([C.BLOCK_M * C.GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([C.BLOCK_M * C.GROUP_PAD], tl.float32)
-    acc = tl.zeros([C.BLOCK_M * C.GROUP_PAD, C.BLOCK_D], tl.float32)
+    # tl.constexpr(...): Triton 3.6 reads a field of a constexpr tuple as a plain int, which a
+    # 2-D shape list refuses ("'int' object has no attribute 'type'"); 3.9 takes either.
+    acc = tl.zeros([C.BLOCK_M * C.GROUP_PAD, tl.constexpr(C.BLOCK_D)], tl.float32)
     for j0 in range(kv_lo, kv_hi, C.BLOCK_N):
         j = j0 + tl.arange(0, C.BLOCK_N)
         in_range = j < kv_hi
