@@ -19,7 +19,10 @@ class ChatTemplateError(ValueError):
 
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The prompt text of a conversation, ready for the assistant's reply (without the
     assistant's header when ``add_generation_prompt`` is false).
@@ -29,6 +32,8 @@ def render_chat(
         messages: the conversation, oldest first, as the template takes them
             (``{"role": "user", "content": "Hi"}``).
         add_generation_prompt: end with the header of the assistant's turn.
+        tools: the template's ``tools`` (OpenAI's function tools), for a template that renders
+            them itself; None passes none.
 
     Returns:
         ``tokenizer.apply_chat_template(messages, add_generation_prompt=...)`` as text; encode
@@ -40,7 +45,7 @@ def render_chat(
     """
     try:
         return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, tools=tools
         )
     except Exception as exc:  # a template may raise anything: report it as the messages' fault
         raise ChatTemplateError(f"Cannot apply the chat template: {exc}") from exc

@@ -3,7 +3,8 @@
 Honoured: ``role`` (system, developer, user, assistant, tool), ``content`` (a string, or a list
 of text parts, joined), ``name`` (passed to the template, as vLLM does), an assistant message's
 ``tool_calls`` and a tool message's ``tool_call_id`` (written in the generic tool format,
-``tool_calls.py``). Refused with a 400 naming them: ``function`` messages (OpenAI's deprecated
+``tool_calls.py``, or given as they are to a template that renders tools itself,
+``tool_format.py``). Refused with a 400 naming them: ``function`` messages (OpenAI's deprecated
 form), ``function_call``, ``audio``, ``refusal`` set to anything but their empty value; content
 parts other than text (images, audio, files, refusals). Any other key is refused, as OpenAI
 does.
@@ -11,6 +12,7 @@ does.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
@@ -104,11 +106,42 @@ class ChatMessage(BaseModel):
             message["name"] = self.name
         return message
 
+    def native_input(self) -> dict[str, Any]:
+        """The message for a chat template that renders tools itself (Hugging Face's shape):
+        an assistant's ``tool_calls`` with their arguments parsed back into objects, a
+        ``tool`` message with its ``tool_call_id``."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": _arguments(c)}}
+                for c in self.tool_calls
+            ]  # fmt: skip
+        return message
 
-def template_messages(messages: list[ChatMessage], instructions: str | None = None) -> list[dict]:
-    """The conversation as the chat template receives it: each message's `template_input`,
-    consecutive tool messages in one user turn, and ``instructions`` (a tool plan's) at the
-    start of the system message (a new one first when there is none)."""
+
+def _arguments(call: ToolCall) -> Any:
+    """A call's arguments as an object; as the client sent them when they are not JSON."""
+    try:
+        return json.loads(call.function.arguments)
+    except ValueError:
+        return call.function.arguments
+
+
+def template_messages(
+    messages: list[ChatMessage], instructions: str | None = None, native: bool = False
+) -> list[dict]:
+    """The conversation as the chat template receives it. ``native``: each message's
+    `native_input` (the template renders tools itself). Otherwise each message's
+    `template_input`, consecutive tool messages in one user turn, and ``instructions`` (the
+    generic tool format's) at the start of the system message (a new one first when there
+    is none)."""
+    if native:
+        return [m.native_input() for m in messages]
     out: list[dict] = []
     for i, m in enumerate(messages):
         message = m.template_input()

@@ -285,8 +285,8 @@ class ChatCompletionRequest(SamplingFields):
 
     @property
     def constraint(self) -> tuple[StructuredOutputsParams | None, str]:
-        """As `SamplingFields.constraint`; with tools to call, the tool answer's schema
-        (``ToolPlan.schema``), set by ``tools``.
+        """As `SamplingFields.constraint`; with tools to call, None set by ``tools``: the tools'
+        constraint depends on the model's tool syntax (``tool_format.ToolFormat.constraint``).
 
         Raises:
             ValueError: tools to call and a response_format or structured_outputs as well.
@@ -300,4 +300,4 @@ class ChatCompletionRequest(SamplingFields):
                 "response_format and structured_outputs cannot be combined with tools "
                 'unless tool_choice is "none"'
             )
-        return StructuredOutputsParams(json=plan.schema()), "tools"
+        return None, "tools"

@@ -25,7 +25,7 @@ from llmc.runtime.server.responses import (
     DeltaMessage,
     UsageInfo,
 )
-from llmc.runtime.server.tool_calls import parse_answer
+from llmc.runtime.server.tool_format import ToolFormat
 from llmc.runtime.server.tool_protocol import FunctionCallDelta, ToolCallDelta
 
 
@@ -145,9 +145,9 @@ class ChatRenderer:
         request_id, model: of every response.
         texts: token texts for log-probs.
         logprobs: alternatives per token (``top_logprobs``), or None for no log-probs.
-        tools: the model may call tools: its answer is in the generic tool format
-            (``tool_calls.py``), parsed into content or ``tool_calls``, and streamed as one
-            chunk per choice when the choice ends.
+        tool_format: set when the model may call tools: its answer, in this format
+            (``tool_format.py``), is parsed into content and ``tool_calls``, and streamed as
+            one chunk per choice when the choice ends.
     """
 
     request_id: str
@@ -155,11 +155,11 @@ class ChatRenderer:
     texts: TokenTexts
     logprobs: int | None = None
     prefix: str = ""
-    tools: bool = False
+    tool_format: ToolFormat | None = None
 
     @property
     def buffered(self) -> bool:
-        return self.tools
+        return self.tool_format is not None
 
     def response(self, final: RequestOutput, usage: UsageInfo) -> BaseModel:
         choices = []
@@ -184,7 +184,9 @@ class ChatRenderer:
 
     def chunk(self, request: RequestOutput, output: CompletionOutput, span: ChunkSpan) -> BaseModel:
         finish_reason = span.finish_reason
-        if self.tools:  # the whole answer, parsed: content or the calls, one delta each
+        if (
+            self.tool_format is not None
+        ):  # the whole answer, parsed: content or the calls, one delta each
             message, finish_reason = self._message(output)
             calls = [
                 ToolCallDelta(
@@ -212,11 +214,12 @@ class ChatRenderer:
     def _message(self, out: CompletionOutput) -> tuple[AssistantMessage, str | None]:
         """The choice's message and finish reason: with tools, the parsed answer, whose calls
         finish with ``tool_calls``."""
-        if not self.tools:
+        if self.tool_format is None:
             return AssistantMessage(content=out.text), out.finish_reason
-        answer = parse_answer(out.text)
+        answer = self.tool_format.parse(out.text)
         if answer.calls and out.finish_reason == "stop":
-            return AssistantMessage(content=None, tool_calls=list(answer.calls)), "tool_calls"
+            message = AssistantMessage(content=answer.content, tool_calls=list(answer.calls))
+            return message, "tool_calls"
         return AssistantMessage(content=answer.content), out.finish_reason
 
     def usage_chunk(self, usage: UsageInfo) -> BaseModel:

@@ -48,6 +48,7 @@ from llmc.runtime.server.tokenize_protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from llmc.runtime.server.tool_format import detect_tool_format
 from llmc.runtime.structured_outputs import FIELD as STRUCTURED_FIELD
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,10 @@ class OpenAIServing:
         metrics: where request statistics go.
         limits: the bounds every request is checked against (400 past one).
         retry_after_s: the ``Retry-After`` sent with 503 when the queue is full, seconds.
+
+    Attributes:
+        tool_format: how the model writes tool calls, read from its chat template
+            (``tool_format.detect_tool_format``).
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class OpenAIServing:
         self.metrics = metrics
         self.limits = limits
         self.retry_after_s = retry_after_s
+        self.tool_format = detect_tool_format(getattr(engine.tokenizer, "chat_template", None))
         self._texts = TokenTexts(engine.tokenizer)
         self._ids = TokenTexts(engine.tokenizer, as_ids=True)
         self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmc-tokenize")
@@ -122,7 +128,7 @@ class OpenAIServing:
             self.model_name,
             self._ids if request.return_tokens_as_token_ids else self._texts,
             logprobs=request.sampled_logprobs,
-            tools=request.tool_plan is not None,
+            tool_format=self.tool_format if request.tool_plan is not None else None,
         )
         return await self._serve(request, renderer, prompt_ids, text, "messages")
 
@@ -247,9 +253,11 @@ class OpenAIServing:
         """The chat template applied to the messages, with the tools' instructions when the
         model may call them (on the tokenizer thread); 400 naming ``messages`` when the
         template refuses them."""
-        plan = request.tool_plan
+        plan, fmt = request.tool_plan, self.tool_format
+        if plan is None:
+            return self._render_chat_messages(request.messages)
         return self._render_chat_messages(
-            request.messages, instructions=plan.instructions() if plan else None
+            request.messages, instructions=fmt.instructions(plan), tools=fmt.template_tools(plan)
         )
 
     def _render_chat_messages(
@@ -257,12 +265,16 @@ class OpenAIServing:
         messages: list[ChatMessage],
         add_generation_prompt: bool = True,
         instructions: str | None = None,
+        tools: list[dict] | None = None,
     ) -> str:
+        """The chat template applied (native tool messages when the template renders tools
+        itself); 400 naming ``messages`` when the template refuses them."""
         try:
             return render_chat(
                 self.engine.tokenizer,
-                template_messages(messages, instructions),
+                template_messages(messages, instructions, native=self.tool_format.native),
                 add_generation_prompt,
+                tools,
             )
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from exc
@@ -274,7 +286,9 @@ class OpenAIServing:
         max_tokens = request.max_new_tokens
         if max_tokens is None:
             max_tokens = max(self.engine.max_model_len - num_prompt_tokens, 1)
-        structured_outputs, _ = request.constraint
+        structured_outputs, field = request.constraint
+        if field == "tools":
+            structured_outputs = self.tool_format.constraint(request.tool_plan)
         return SamplingParams(
             n=request.n,
             temperature=1.0 if request.temperature is None else request.temperature,

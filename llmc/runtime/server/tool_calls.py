@@ -43,22 +43,27 @@ class ToolPlan:
     required: bool
     parallel: bool
 
-    def schema(self) -> dict[str, Any]:
-        """The JSON schema of the model's answer (see the module docstring)."""
-        call = {
+    def call_schema(self, arguments_key: str = "arguments") -> dict[str, Any]:
+        """The JSON schema of one call: ``{"name": <a tool's name>, <arguments_key>: <its
+        arguments>}``, the arguments valid against that tool's ``parameters``."""
+        return {
             "anyOf": [
                 {
                     "type": "object",
                     "properties": {
                         "name": {"const": t.function.name},
-                        "arguments": t.function.parameters or {"type": "object"},
+                        arguments_key: t.function.parameters or {"type": "object"},
                     },
-                    "required": ["name", "arguments"],
+                    "required": ["name", arguments_key],
                     "additionalProperties": False,
                 }
                 for t in self.tools
             ]
         }
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema of the model's answer in the generic format (module docstring)."""
+        call = self.call_schema()
         calls = {"type": "array", "items": call, "minItems": 1}
         if not self.parallel:
             calls["maxItems"] = 1
@@ -137,7 +142,8 @@ def tool_response_text(tool_call_id: str, content: str) -> str:
 
 @dataclass(frozen=True)
 class ParsedAnswer:
-    """A tool-enabled answer: text content, or the calls (content None)."""
+    """A tool-enabled answer: text content, the calls, or both (text before a native format's
+    calls); content None when there is no text."""
 
     content: str | None
     calls: tuple[ToolCall, ...] = ()
