@@ -22,6 +22,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from llmc.plugins.paged_attention.reference import paged_attention_reference  # noqa: E402
 from llmc.plugins.paged_attention.triton_launch import paged_attention_triton  # noqa: E402
 from llmc.plugins.paged_attention.triton_tiles import (  # noqa: E402
+    choose_block_m,
     choose_num_splits,
     kernel_config,
     shared_memory_bytes,
@@ -130,6 +131,26 @@ def test_choose_num_splits() -> None:
     assert choose_num_splits(1, 8, 255, 132) == 1
     # One "SM" (the CPU interpreter's default): never split.
     assert choose_num_splits(1, 1, 1 << 20, 1) == 1
+
+
+def test_choose_block_m_widens_the_tile_for_prefill_heavy_steps() -> None:
+    # GQA 4 (Llama-3-8B, Gemma 3): 16 tokens x 4 heads = 64 rows once a step averages 16 new
+    # tokens per sequence; decode and decode-heavy steps keep the default (None).
+    assert choose_block_m(4096, 1, 4) == 16
+    assert choose_block_m(512 + 15, 16, 4) == 16
+    assert choose_block_m(64, 64, 4) is None
+    assert choose_block_m(15, 1, 4) is None
+    assert choose_block_m(64, 1, 1) == 64  # MHA: 64 tokens
+    assert choose_block_m(200, 1, 64) == 1  # a group wider than 64 rows: one token
+
+
+def test_the_launcher_default_tile_matches_the_reference_on_a_prefill_step() -> None:
+    case = Case(((40, 40), (36, 36)), 8, 2, 16, 16)  # 38 new tokens per sequence: 64 rows
+    dtype = DTYPES["float32"]
+    step = step_tensors(case, 3, dtype, "auto")
+    expected = paged_attention_reference(*[t.clone() for t in step], **kwargs_of(case, "auto"))
+    out = paged_attention_triton(*step, **kwargs_of(case, "auto"))
+    torch.testing.assert_close(out, expected, atol=TOLERANCE["float32"][0], rtol=1e-5)
 
 
 def test_shared_memory_bytes_of_the_gemma3_and_llama_tiles() -> None:

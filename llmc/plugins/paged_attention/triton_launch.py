@@ -17,6 +17,7 @@ import torch
 from llmc.engine.plugin import KernelArguments, PluginInputs, plugin_kernel
 from llmc.plugins.paged_attention.triton_tiles import (
     KernelConstants,
+    choose_block_m,
     choose_num_splits,
     kernel_config,
     kernel_constants,
@@ -68,7 +69,8 @@ def paged_attention_triton(
     in float32, float16 or bfloat16; caches [num_blocks, block_size, KVH, D] in q's dtype,
     ``torch.float8_e4m3fn`` or ``torch.int8``, written in place (same storage, never copied);
     seq_lens [B], query_start_loc [B+1], block_tables [B, max_blocks] int32; slot_mapping [T]
-    int64. ``block_m``/``block_n``: tile sizes (see :func:`kernel_config`). ``num_splits``:
+    int64. ``block_m``/``block_n``: tile sizes (see :func:`kernel_config`); ``block_m``
+    None chooses by the step's shape (:func:`choose_block_m`). ``num_splits``:
     slices of each decode token's context (flash-decoding); None chooses with
     :func:`choose_num_splits` (on CPU, where the interpreter runs programs one at a time, 1),
     1 keeps decode on the main kernel. ``out``: where to write the result ([T, H*D], q's dtype,
@@ -101,8 +103,11 @@ def paged_attention_triton(
     ):
         _check(name, tensor, (torch.int32,), ndim)
     _check("slot_mapping", slot_mapping, (torch.int64,), 1)
-    config = kernel_config(num_heads, num_kv_heads, head_dim, block_m=block_m, block_n=block_n)
     num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
+    if block_m is None:
+        group_pad = kernel_config(num_heads, num_kv_heads, head_dim).group_pad
+        block_m = choose_block_m(num_tokens, num_seqs, group_pad)
+    config = kernel_config(num_heads, num_kv_heads, head_dim, block_m=block_m, block_n=block_n)
     cache_shape = (key_cache.shape[0], key_cache.shape[1], num_kv_heads, head_dim)
     expected = {
         "q": (q, (num_tokens, num_heads * head_dim)),
