@@ -29,8 +29,8 @@ WORKLOADS = (
     Workload("decode 64x32768", ((32768, 1),) * 64),
     Workload("decode 1x1 (overhead)", ((1, 1),)),
 )
-BLOCK_M_TOKENS = (None, 16, 32, 64)  # None: the default (16 rows)
-BLOCK_N = (32, 64, 128)
+BLOCK_M_TOKENS = (None, 16, 32)  # None: the launcher's choice (choose_block_m)
+BLOCK_N = (32, 64)
 
 
 def main() -> None:
