@@ -136,17 +136,52 @@ def test_masks_cover_the_whole_vocabulary_and_only_constrained_rows(tiny_tokeniz
     vocab_size = len(tiny_tokenizer)
     compiler = GrammarCompiler(tiny_tokenizer, vocab_size, [tiny_tokenizer.eos_token_id])
 
-    class Row:
-        def __init__(self, grammar):
-            self.grammar = grammar
-
     logits = np.random.default_rng(0).normal(size=(2, vocab_size)).astype(np.float32)
     before = logits.copy()
-    apply_token_masks(logits, [Row(None), Row(compiler.state(SO(choice=("a",))))])
+    apply_token_masks(logits, [_Row(None), _Row(compiler.state(SO(choice=("a",))))])
     np.testing.assert_array_equal(logits[0], before[0])
     allowed = np.flatnonzero(np.isfinite(logits[1]))
     assert [tiny_tokenizer.decode([t]) for t in allowed] == ["a"]
     np.testing.assert_array_equal(logits[1, allowed], before[1, allowed])
+
+
+class _Row:
+    """A sequence as the sampler reads it: a grammar state and its greediness."""
+
+    def __init__(self, grammar, greedy: bool = False):
+        self.grammar = grammar
+        self.params = SamplingParams(temperature=0.0 if greedy else 1.0)
+
+
+def test_a_greedy_row_picks_the_argmax_of_its_masked_logits(tiny_tokenizer):
+    """Greedy rows skip the mask when their argmax is allowed: the token is still the argmax
+    of the fully masked row, at every step of a schema with structure and free strings, with
+    logits that often prefer a forbidden token."""
+    vocab_size = len(tiny_tokenizer)
+    compiler = GrammarCompiler(tiny_tokenizer, vocab_size, [tiny_tokenizer.eos_token_id])
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+              "n": {"type": "integer"}}, "required": ["name", "n"]}  # fmt: skip
+    rng = np.random.default_rng(1)
+    words = np.empty((vocab_size + 31) // 32, np.int32)
+    skipped = masked = 0
+    for trial in range(6):
+        state = compiler.state(SO(json=schema))
+        for _ in range(40):
+            if state.is_stopped:
+                break
+            logits = rng.normal(size=(1, vocab_size)).astype(np.float32)
+            logits[0, rng.integers(vocab_size)] += 3.0 * (trial % 2)  # a strong favourite
+            reference = logits.copy()
+            state.fill_bitmask(words)
+            apply_bitmask(reference[0], words)
+            fast = logits.copy()
+            apply_token_masks(fast, [_Row(state, greedy=True)])
+            skipped += bool(np.isfinite(fast).all())
+            masked += not np.isfinite(fast).all()
+            token = int(fast[0].argmax())
+            assert token == int(reference[0].argmax())
+            state.accept(token)
+    assert skipped and masked  # both paths ran
 
 
 def test_llmc_generate_json_schema(tiny_llama_engine, tmp_path, capsys):

@@ -39,10 +39,16 @@ class GrammarError(RuntimeError):
     """A sequence's grammar refused the token appended to it (the mask was not applied)."""
 
 
+class _Params(Protocol):
+    is_greedy: bool
+
+
 class Constrained(Protocol):
-    """What the sampler reads of a sequence: its grammar state, or None."""
+    """What the sampler reads of a sequence: its grammar state, or None, and whether it
+    samples greedily."""
 
     grammar: GrammarState | None
+    params: _Params
 
 
 class GrammarState:
@@ -56,6 +62,11 @@ class GrammarState:
     def fill_bitmask(self, row: np.ndarray) -> None:
         """Write the allowed next tokens into ``row``: [ceil(V / 32)] int32, C-contiguous."""
         self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+    def allows(self, token_id: int) -> bool:
+        """``token_id`` may come next (its bit in the mask would be set), without computing
+        the mask."""
+        return self._matcher.validate_tokens([int(token_id)]) == 1
 
     def accept(self, token_id: int) -> None:
         """Advance past ``token_id``.
@@ -179,17 +190,26 @@ def apply_token_masks(logits: np.ndarray, seqs: Sequence[Constrained]) -> None:
         logits: [S, V] float32, one row per sequence of ``seqs``; modified.
         seqs: the rows' sequences; rows whose ``grammar`` is None are left as they are.
 
+    A greedy row whose argmax the grammar allows is left as it is (llama.cpp's order: check the
+    choice first, mask only when it is refused): masking lowers only other logits, so the
+    argmax, and the sampler's greedy choice, would be the same token; a row's log-probs are
+    of the raw logits either way. Inside a string nearly every step takes this path.
+
     Measured on 2 cores (Gemma 3 270M int4, 16 constrained requests), and not done: computing
     the masks while the model runs (a worker thread slowed the model run by as much as it hid),
     and llguidance's parallel executor (slower than one row after another).
     """
     words = None
     for i, seq in enumerate(seqs):
-        if seq.grammar is not None:
-            if words is None:
-                words = np.empty((logits.shape[1] + 31) // 32, np.int32)
-            seq.grammar.fill_bitmask(words)
-            apply_bitmask(logits[i], words)
+        grammar = seq.grammar
+        if grammar is None:
+            continue
+        if seq.params.is_greedy and grammar.allows(int(logits[i].argmax())):
+            continue
+        if words is None:
+            words = np.empty((logits.shape[1] + 31) // 32, np.int32)
+        grammar.fill_bitmask(words)
+        apply_bitmask(logits[i], words)
 
 
 def apply_bitmask(row: np.ndarray, words: np.ndarray) -> None:
