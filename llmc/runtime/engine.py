@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llmc.engine.manifest import EngineManifest
 from llmc.errors import StepFailedError
-from llmc.runtime.engine_loader import load_engine
+from llmc.runtime.engine_loader import LoadedEngine, load_engine
 from llmc.runtime.grammar import GrammarCompiler
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
@@ -20,6 +18,9 @@ from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmc.runtime.sequence import Sequence
+from llmc.runtime.spec_decode import verify_greedy
+from llmc.runtime.speculative_config import SpeculativeConfig
+from llmc.runtime.speculator import Speculator
 from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
 from llmc.runtime.warmup import warmup_step
@@ -80,6 +81,7 @@ class LLMEngine:
         tokenizer: the model's Hugging Face tokenizer (for detokenization).
         config: limits; checked against the runner.
         eos_token_ids: the model's end-of-sequence token ids.
+        speculator: speculative decoding (``speculator.py``); None decodes one token per step.
 
     Raises:
         ValueError: if ``config`` does not fit the runner (block size, cache size) or a limit is
@@ -87,7 +89,12 @@ class LLMEngine:
     """
 
     def __init__(
-        self, runner: Runner, tokenizer: Any, config: EngineConfig, eos_token_ids: set[int]
+        self,
+        runner: Runner,
+        tokenizer: Any,
+        config: EngineConfig,
+        eos_token_ids: set[int],
+        speculator: Speculator | None = None,
     ) -> None:
         if config.block_size != runner.block_size:
             raise ValueError(
@@ -107,6 +114,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(tokenizer)  # one state per unfinished request
         # structured outputs: grammars compiled for this tokenizer (tables built on first use)
         self.grammars = GrammarCompiler(tokenizer, runner.vocab_size, eos_token_ids)
+        self.speculator = speculator
 
     @classmethod
     def from_engine_dir(
@@ -124,6 +132,7 @@ class LLMEngine:
         threads: int | None = None,
         warmup: bool = True,
         expected_manifest_sha256: str | None = None,
+        speculative_config: SpeculativeConfig | dict | None = None,
     ) -> LLMEngine:
         """Load an engine directory and serve it.
 
@@ -142,6 +151,9 @@ class LLMEngine:
             warmup: run `warm_up` before returning (a few seconds on Gemma 3 270M).
             expected_manifest_sha256: the sha256 (hex) ``manifest.json`` must have, e.g. the
                 registry's (``ResolvedEngine.manifest_sha256``); None: not checked.
+            speculative_config: speculative decoding (`SpeculativeConfig` or vLLM's dict);
+                ``"draft"`` loads the draft engine (``model``, else ``draft/`` in ``path``)
+                with this engine's KV blocks.
 
         Raises:
             ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``
@@ -169,7 +181,10 @@ class LLMEngine:
             seed=seed,
             enable_prefix_caching=enable_prefix_caching,
         )
-        engine = cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids)
+        speculator = None
+        if speculative_config is not None:
+            speculator = _speculator(speculative_config, path, loaded, config, threads)
+        engine = cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids, speculator)
         if warmup:
             engine.warm_up()
         return engine
@@ -249,22 +264,26 @@ class LLMEngine:
                 which requests it touched is unknown: every unfinished request is aborted.
         """
         try:
+            if self.speculator is not None:
+                self.speculator.before_schedule(self.scheduler.running)
             scheduler_output = self.scheduler.schedule()
         except Exception as exc:
             raise self._failed(exc, self._abort_all_unwritten()) from exc
         if not scheduler_output.scheduled:
             return []
         try:
+            if self.speculator is not None:
+                self.speculator.after_schedule(scheduler_output)
             token_ids = self._execute(scheduler_output)
             return self._update(scheduler_output, token_ids)
         except Exception as exc:
             raise self._failed(exc, self.scheduler.fail_step(scheduler_output)) from exc
 
     def _update(
-        self, scheduler_output: SchedulerOutput, token_ids: np.ndarray
+        self, scheduler_output: SchedulerOutput, token_ids: list[int | list[int]]
     ) -> list[RequestOutput]:
-        """Record the step's sampled tokens [S] (token stops), detokenize them (stop strings:
-        ``stop_checker.py``); the step's outputs."""
+        """Record the step's sampled (or accepted) tokens (token stops), detokenize them (stop
+        strings: ``stop_checker.py``); the step's outputs."""
         updated = self.scheduler.update_from_output(scheduler_output, token_ids)
         touched: dict[str, None] = {}
         for seq in updated:
@@ -297,29 +316,73 @@ class LLMEngine:
             scheduler.abort_request(request_id)
         return request_ids
 
-    def _execute(self, scheduler_output: SchedulerOutput) -> np.ndarray:
-        """Run the planned step and sample: the sampled tokens [S] int64, one per sequence of
-        ``scheduler_output.sampling``, in order. Changes no scheduler state."""
+    def _execute(self, scheduler_output: SchedulerOutput) -> list[int | list[int]]:
+        """Run the planned step and sample: per sequence of ``scheduler_output.sampling``, in
+        order, its sampled token, or for a sequence with drafts the tokens their verification
+        accepted (``spec_decode.verify_greedy``). Changes no scheduler state."""
         step_inputs = build_step_inputs(scheduler_output, self.config.block_size)
         logits = self.runner.execute(step_inputs)  # logits: [R, V], R = sum of num_logits_rows
-        sample_rows = []
-        row = 0
+        sampling = scheduler_output.sampling
+        results: list[int | list[int]] = [0] * len(sampling)
+        sample_rows, sample_at = [], []  # logits row, index in `sampling`
+        row = at = 0
         for planned in scheduler_output.scheduled:
             if planned.num_prompt_logprobs:
                 rows = logits[row : row + planned.num_prompt_logprobs]
                 self.outputs.record_prompt_logprobs(planned.seq, planned.num_computed_tokens, rows)
                 row += planned.num_prompt_logprobs
-            if planned.samples:
-                sample_rows += [row] * (1 + len(planned.forks))  # forks share the row
-                row += 1
-        sampling = scheduler_output.sampling
+            if not planned.samples:
+                continue
+            if planned.num_draft_tokens:
+                end = row + 1 + planned.num_draft_tokens
+                results[at] = verify_greedy(logits[row:end], planned.seq.draft_token_ids)
+                row, at = end, at + 1
+                continue
+            for _ in range(1 + len(planned.forks)):  # forks share the row
+                sample_rows.append(row)
+                sample_at.append(at)
+                at += 1
+            row += 1
+        if not sample_rows:
+            return results
+        seqs = [sampling[i] for i in sample_at]
         if sample_rows != list(range(len(logits))):
             logits = logits[sample_rows]  # logits: [S, V]
         # logprobs are of the raw logits: without them the sampler may write into its rows
-        in_place = all(seq.params.logprobs is None for seq in sampling)
-        token_ids = self.sampler(logits, sampling, in_place) if sampling else np.empty(0, np.int64)
-        self.outputs.record_logprobs(sampling, logits, token_ids)
-        return token_ids
+        in_place = all(seq.params.logprobs is None for seq in seqs)
+        token_ids = self.sampler(logits, seqs, in_place)
+        self.outputs.record_logprobs(seqs, logits, token_ids)
+        for i, token in zip(sample_at, token_ids, strict=True):
+            results[i] = int(token)
+        return results
+
+
+def _speculator(
+    spec: SpeculativeConfig | dict,
+    path: str | Path,
+    loaded: LoadedEngine,
+    config: EngineConfig,
+    threads: int | None,
+) -> Speculator:
+    """The engine's `Speculator`; a draft model is loaded over the target's KV blocks.
+
+    Raises:
+        ValueError: a bad config (``SpeculativeConfig.from_dict``), or a draft engine with
+            another block size or vocabulary than the target's.
+        llmc.errors.EngineError: the draft engine cannot be loaded (as ``load_engine``).
+    """
+    if isinstance(spec, dict):
+        spec = SpeculativeConfig.from_dict(spec)
+    if spec.method != "draft":
+        return Speculator(spec, config.max_model_len)
+    draft_path = Path(spec.model) if spec.model else Path(path) / "draft"
+    draft = load_engine(draft_path, num_blocks=loaded.runner.num_blocks, threads=threads,
+                        max_model_len=config.max_model_len)  # fmt: skip
+    for name in ("block_size", "vocab_size"):
+        mine, theirs = getattr(loaded.runner, name), getattr(draft.runner, name)
+        if mine != theirs:
+            raise ValueError(f"the draft engine {draft_path} has {name} {theirs}, not {mine}")
+    return Speculator(spec, config.max_model_len, draft.runner, config.max_num_batched_tokens)
 
 
 def default_step_tokens(manifest: EngineManifest) -> int:

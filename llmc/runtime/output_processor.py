@@ -94,13 +94,20 @@ class OutputProcessor:
                     completion.cumulative_logprob += entry[int(tokens[i])].logprob
 
     def update(self, seq: Sequence) -> str | None:
-        """Detokenize the sequence's new token; returns the stop string it completed, if any."""
+        """Detokenize the sequence's new tokens (one, or several accepted speculative ones);
+        returns the stop string they completed, if any. Tokens after the one that completed a
+        stop string are dropped from ``seq``: its output ends there."""
         state = self._requests.get(seq.request_id)
         if state is None:
             return None
         detokenizer = self._completion(state, seq).detokenizer
-        stop = detokenizer.update(seq.last_token_id)
-        if stop is None and seq.is_finished:
+        stop = None
+        for i in range(detokenizer.num_output_tokens, seq.num_output_tokens):
+            stop = detokenizer.update(seq.output_token_ids[i])
+            if stop is not None:
+                del seq.output_token_ids[i + 1 :]
+                return stop
+        if seq.is_finished:
             stop = detokenizer.finish()
         return stop
 

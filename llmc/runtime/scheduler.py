@@ -39,6 +39,9 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order; at most max_num_seqs
         self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished sequences
         self.num_preemptions = 0
+        self.num_spec_drafts = 0  # speculative decoding: verifications of drafts
+        self.num_spec_draft_tokens = 0  # tokens drafted and verified
+        self.num_spec_accepted_tokens = 0  # drafted tokens the target agreed with
         self._num_seqs = 0  # unfinished sequences
 
     @property
@@ -68,6 +71,9 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             num_free_blocks=pool.num_free_blocks,
             num_total_blocks=pool.num_blocks,
+            spec_decode_num_drafts=self.num_spec_drafts,
+            spec_decode_num_draft_tokens=self.num_spec_draft_tokens,
+            spec_decode_num_accepted_tokens=self.num_spec_accepted_tokens,
         )
 
     def add_request(self, seq: Sequence) -> None:
@@ -135,6 +141,9 @@ class Scheduler:
                 if id(seq) in done or (num_left == 1) != decodes:
                     continue
                 num_new = min(num_left, budget)
+                if decodes and seq.draft_token_ids:  # speculative: verify the drafts too
+                    del seq.draft_token_ids[budget - 1 :]
+                    num_new += len(seq.draft_token_ids)
                 if self._allocate_or_preempt(seq, num_new, done, preempted):
                     scheduled.append(self._plan(seq, num_new))
                     done.add(id(seq))
@@ -182,7 +191,9 @@ class Scheduler:
 
         Args:
             scheduler_output: the plan the step ran.
-            sampled_token_ids: [S] one token per entry of ``scheduler_output.sampling``, in order.
+            sampled_token_ids: [S] one token per entry of ``scheduler_output.sampling``, in
+                order; for a sequence with drafts (``num_draft_tokens``), the list of tokens
+                its verification accepted (the agreeing drafts, then the target's next token).
 
         Returns:
             The sequences that received a token, in sampling order; finished ones have their
@@ -191,7 +202,7 @@ class Scheduler:
         Raises:
             ValueError: if the number of sampled tokens is not S.
         """
-        sampled = [int(t) for t in sampled_token_ids]
+        sampled = [t if isinstance(t, list) else int(t) for t in sampled_token_ids]
         num_sampling = len(scheduler_output.sampling)
         if len(sampled) != num_sampling:
             raise ValueError(f"expected {num_sampling} sampled tokens, got {len(sampled)}")
@@ -206,16 +217,29 @@ class Scheduler:
                     self.kv_cache_manager.free(child)
                 continue
             seq.num_computed_tokens = planned.num_computed_tokens + planned.num_new_tokens
+            if planned.num_draft_tokens:  # the rejected drafts' KV is left to be overwritten
+                num_accepted = len(group_tokens[0]) - 1
+                seq.num_computed_tokens -= planned.num_draft_tokens - num_accepted
+                self.num_spec_drafts += 1
+                self.num_spec_draft_tokens += planned.num_draft_tokens
+                self.num_spec_accepted_tokens += num_accepted
+                group_tokens = [group_tokens[0]]
+            else:
+                group_tokens = [[t] for t in group_tokens]
+            seq.draft_token_ids = []
+            seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
             for child in planned.forks:
                 child.status = SequenceStatus.WAITING
                 self.requests[seq.request_id].append(child)
                 self._num_seqs += 1
-            for s, token in zip(group, group_tokens, strict=True):
-                s.append_token(token)
+            for s, accepted in zip(group, group_tokens, strict=True):
                 updated.append(s)
-                status = self.stop_checker.check(s)
-                if status is not None:
-                    self._finish(s, status)
+                for token in accepted:  # accepted speculative tokens stop like sampled ones
+                    s.append_token(token)
+                    status = self.stop_checker.check(s)
+                    if status is not None:
+                        self._finish(s, status)
+                        break
             self.waiting.add_forks(c for c in planned.forks if not c.is_finished)
         return updated
 
@@ -280,7 +304,8 @@ class Scheduler:
 
     def _plan(self, seq: Sequence, num_new: int) -> ScheduledSequence:
         start = seq.num_computed_tokens
-        reaches_end = start + num_new == seq.num_tokens
+        num_drafts = len(seq.draft_token_ids)
+        reaches_end = start + num_new - num_drafts == seq.num_tokens
         params = seq.params
         num_prompt_logprobs = 0
         if params.prompt_logprobs is not None and seq.num_output_tokens == 0:
@@ -290,7 +315,9 @@ class Scheduler:
             forks = tuple(seq.fork(i) for i in range(1, params.n))
             for child in forks:
                 self.kv_cache_manager.fork(seq, child)
-        return ScheduledSequence(seq, start, num_new, reaches_end, num_prompt_logprobs, forks)
+        return ScheduledSequence(
+            seq, start, num_new, reaches_end, num_prompt_logprobs, forks, num_drafts
+        )
 
     def _allocate_or_preempt(
         self, seq: Sequence, num_new: int, done: set[int], preempted: list[str]
@@ -303,7 +330,8 @@ class Scheduler:
             victim = next(s for s in reversed(self.running) if id(s) not in done)
             self.running.remove(victim)
             self.kv_cache_manager.free(victim)
-            victim.num_computed_tokens = 0
+            victim.num_computed_tokens = victim.num_draft_computed = 0
+            victim.draft_token_ids = []
             victim.status = SequenceStatus.WAITING
             self.waiting.requeue(victim)
             done.add(id(victim))

@@ -24,6 +24,9 @@ class ScheduledSequence:
             sampling position.
         forks: new completions 1..n-1 of an n > 1 request, which sample from this sequence's
             logits row in this step (the end of its prompt) and share its full prompt blocks.
+        num_draft_tokens: speculative decoding: the sequence's ``draft_token_ids`` computed
+            after its last token (counted in ``num_new_tokens``), each with a logits row after
+            the sampling row, so that one step verifies them.
     """
 
     seq: Sequence
@@ -32,11 +35,12 @@ class ScheduledSequence:
     samples: bool
     num_prompt_logprobs: int = 0
     forks: tuple[Sequence, ...] = ()
+    num_draft_tokens: int = 0
 
     @property
     def num_logits_rows(self) -> int:
         """Rows of the step's logits that belong to this sequence."""
-        return self.num_prompt_logprobs + self.samples
+        return self.num_prompt_logprobs + self.samples + self.num_draft_tokens
 
 
 @dataclass(frozen=True)

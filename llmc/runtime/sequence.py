@@ -68,6 +68,10 @@ class Sequence:
         stop_reason: the stop token id or stop string that finished it, else None.
         grammar: where its output is in its grammar (``params.structured_outputs``), advanced
             by `append_token`; None for an unconstrained request.
+        draft_token_ids: speculative decoding: the tokens proposed to follow it in the next
+            step (verified by that step, never part of the output until accepted).
+        num_draft_computed: speculative decoding with a draft model: leading tokens whose KV
+            is in the draft model's cache (same blocks as the target's). Reset by preemption.
     """
 
     request_id: str
@@ -86,6 +90,8 @@ class Sequence:
     num_cached_tokens: int = 0
     stop_reason: int | str | None = None
     grammar: GrammarState | None = None
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_draft_computed: int = 0
 
     def __post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:

@@ -20,6 +20,10 @@ class EngineStats:
         num_preemptions: cumulative sequences preempted (freed, to be recomputed).
         num_free_blocks: KV blocks no request holds (including cached, evictable ones).
         num_total_blocks: KV blocks in the pool.
+        spec_decode_num_drafts: cumulative verifications of drafted tokens (one per sequence
+            and step that speculated).
+        spec_decode_num_draft_tokens: cumulative tokens drafted and verified.
+        spec_decode_num_accepted_tokens: cumulative drafted tokens the target agreed with.
     """
 
     num_running: int
@@ -30,6 +34,16 @@ class EngineStats:
     num_preemptions: int
     num_free_blocks: int
     num_total_blocks: int
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        """Accepted over drafted tokens, 0 before the first draft."""
+        if self.spec_decode_num_draft_tokens == 0:
+            return 0.0
+        return self.spec_decode_num_accepted_tokens / self.spec_decode_num_draft_tokens
 
     @property
     def prefix_cache_hit_rate(self) -> float:

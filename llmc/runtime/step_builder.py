@@ -6,6 +6,7 @@ Loops run over sequences, never over tokens: per-token arrays come from numpy ``
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import chain
 
 import numpy as np
@@ -17,11 +18,11 @@ from llmc.runtime.step_inputs import StepInputs
 def build_step_inputs(scheduler_output: SchedulerOutput, block_size: int) -> StepInputs:
     """Pack the scheduled sequences' new tokens and their attention metadata (DESIGN §3).
 
-    For sequence b with ``c`` computed and ``n`` new tokens, its tokens ``c:c+n`` (prompt tokens of
-    a prefill chunk, or the last sampled token of a decode) go to ``input_ids`` with positions
-    ``c..c+n-1``; each is written to the cache slot ``block_ids[p // block_size] * block_size +
-    p % block_size``; ``seq_lens[b] = c + n``. The block table is as wide as the longest one in the
-    step.
+    For sequence b with ``c`` computed and ``n`` new tokens, its tokens ``c:c+n`` (prompt tokens
+    of a prefill chunk, or the last sampled token of a decode and its drafts) go to
+    ``input_ids`` with positions ``c..c+n-1``; each is written to the cache slot
+    ``block_ids[p // block_size] * block_size + p % block_size``; ``seq_lens[b] = c + n``. The
+    block table is as wide as the longest one in the step.
 
     Args:
         scheduler_output: the plan of this step, straight from `Scheduler.schedule` (the
@@ -31,7 +32,8 @@ def build_step_inputs(scheduler_output: SchedulerOutput, block_size: int) -> Ste
     Returns:
         The step's `StepInputs`; ``logits_indices`` lists, sequence by sequence in step order,
         the positions of its ``num_prompt_logprobs`` rows (its first new tokens) and then, if it
-        samples, its last new token: ``ScheduledSequence.num_logits_rows`` rows each.
+        samples, its last new token, or with drafts its last ``1 + num_draft_tokens`` (the last
+        token, then each draft): ``ScheduledSequence.num_logits_rows`` rows each.
 
     Raises:
         ValueError: if the plan schedules no token.
@@ -39,51 +41,71 @@ def build_step_inputs(scheduler_output: SchedulerOutput, block_size: int) -> Ste
     planned = scheduler_output.scheduled
     if not planned:
         raise ValueError("cannot build a step from an empty schedule")
-    num_seqs = len(planned)
-    num_new = np.fromiter((p.num_new_tokens for p in planned), np.int32, num_seqs)
-    starts = np.fromiter((p.num_computed_tokens for p in planned), np.int32, num_seqs)
-    samples = np.fromiter((p.samples for p in planned), np.bool_, num_seqs)
+    token_lists = [
+        p.seq.token_ids(
+            p.num_computed_tokens, p.num_computed_tokens + p.num_new_tokens - p.num_draft_tokens
+        )
+        + p.seq.draft_token_ids[: p.num_draft_tokens]
+        for p in planned
+    ]
+    step = pack_step(
+        token_lists,
+        [p.num_computed_tokens for p in planned],
+        [p.seq.block_ids for p in planned],
+        block_size,
+    )
+    if not any(p.num_prompt_logprobs or p.num_draft_tokens for p in planned):
+        samples = np.fromiter((p.samples for p in planned), np.bool_, len(planned))
+        logits_indices = (step.query_start_loc[1:][samples] - 1).astype(np.int64)
+    else:
+        qsl = step.query_start_loc
+        logits_indices = np.concatenate(
+            [
+                np.r_[
+                    np.arange(p.num_prompt_logprobs) + qsl[b],
+                    np.arange(-1 - p.num_draft_tokens, 0) + qsl[b + 1] if p.samples else [],
+                ]
+                for b, p in enumerate(planned)
+            ]
+        ).astype(np.int64)
+    return dataclasses.replace(step, logits_indices=logits_indices)
 
+
+def pack_step(
+    token_lists: list[list[int]],
+    starts: list[int],
+    block_ids: list[list[int]],
+    block_size: int,
+) -> StepInputs:
+    """The packed arrays of a step that computes ``token_lists[b]`` at positions ``starts[b]``
+    onwards for each sequence b, over its ``block_ids[b]`` (which must cover those positions).
+    ``logits_indices`` is each sequence's last token (the caller may replace it)."""
+    num_seqs = len(token_lists)
+    num_new = np.fromiter((len(t) for t in token_lists), np.int32, num_seqs)
+    starts_arr = np.asarray(starts, np.int32)
     query_start_loc = np.zeros(num_seqs + 1, np.int32)
     np.cumsum(num_new, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
-
-    token_lists = [
-        p.seq.token_ids(p.num_computed_tokens, p.num_computed_tokens + p.num_new_tokens)
-        for p in planned
-    ]
     input_ids = np.fromiter(chain.from_iterable(token_lists), np.int64, num_tokens)
 
     # Token t belongs to sequence seq_of[t]; its offset inside that sequence's query is
     # t - query_start_loc[seq_of[t]].
     seq_of = np.repeat(np.arange(num_seqs), num_new)
-    positions = np.arange(num_tokens, dtype=np.int64) - query_start_loc[seq_of] + starts[seq_of]
+    positions = np.arange(num_tokens, dtype=np.int64) - query_start_loc[seq_of] + starts_arr[seq_of]
 
-    max_blocks = max(len(p.seq.block_ids) for p in planned)
+    max_blocks = max(len(ids) for ids in block_ids)
     block_tables = np.zeros((num_seqs, max_blocks), np.int32)
-    for b, p in enumerate(planned):
-        block_tables[b, : len(p.seq.block_ids)] = p.seq.block_ids
+    for b, ids in enumerate(block_ids):
+        block_tables[b, : len(ids)] = ids
 
     blocks = block_tables[seq_of, positions // block_size].astype(np.int64)
     slot_mapping = blocks * block_size + positions % block_size
-
-    logits_indices = (query_start_loc[1:][samples] - 1).astype(np.int64)
-    if any(p.num_prompt_logprobs for p in planned):
-        logits_indices = np.concatenate(
-            [
-                np.r_[
-                    np.arange(p.num_prompt_logprobs) + query_start_loc[b],
-                    [query_start_loc[b + 1] - 1] if p.samples else [],
-                ]
-                for b, p in enumerate(planned)
-            ]
-        ).astype(np.int64)
     return StepInputs(
         input_ids=input_ids,
         positions=positions,
-        seq_lens=starts + num_new,
+        seq_lens=starts_arr + num_new,
         query_start_loc=query_start_loc,
         block_tables=block_tables,
         slot_mapping=slot_mapping,
-        logits_indices=logits_indices,
+        logits_indices=(query_start_loc[1:] - 1).astype(np.int64),
     )

@@ -1,0 +1,79 @@
+"""Speculative decoding in the engine loop: drafts before the step, the draft model after the
+schedule (spec_decode.py has the rules, the proposers the methods).
+
+Per step: `before_schedule` gives each running decode that may speculate its drafts (n-gram:
+the tokens themselves; draft model: as many placeholders, so the scheduler allocates the slots
+the draft writes), the scheduler trims them to the step's token budget, then `after_schedule`
+runs the draft model over the scheduled sequences' placeholders. Speculation stays off for a
+step with more than ``disable_by_batch_size`` running sequences (vLLM's option): verifying k
+tokens is nearly free while a step reads weights for few tokens, not when it is already wide.
+"""
+
+from __future__ import annotations
+
+from llmc.runtime.draft_proposer import DraftProposer
+from llmc.runtime.ngram_proposer import NgramProposer
+from llmc.runtime.runner import Runner
+from llmc.runtime.scheduler_output import SchedulerOutput
+from llmc.runtime.sequence import Sequence
+from llmc.runtime.spec_decode import num_drafts_allowed
+from llmc.runtime.speculative_config import SpeculativeConfig
+
+
+class Speculator:
+    """Proposes drafts for one engine.
+
+    Args:
+        config: the method and its settings.
+        max_model_len: the engine's longest sequence (drafts never pass it).
+        draft_runner: the draft model's runner, for ``method="draft"``.
+        max_step_tokens: most tokens per draft runner call.
+
+    Raises:
+        ValueError: ``method="draft"`` without a draft runner.
+    """
+
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        max_model_len: int,
+        draft_runner: Runner | None = None,
+        max_step_tokens: int = 512,
+    ) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self._ngram = None
+        self._draft = None
+        if config.method == "ngram":
+            self._ngram = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        elif draft_runner is None:
+            raise ValueError('speculative method "draft" needs a draft engine')
+        else:
+            self._draft = DraftProposer(draft_runner, max_step_tokens)
+
+    def before_schedule(self, running: list[Sequence]) -> None:
+        """Set every running sequence's ``draft_token_ids`` for the next step ([] where it may
+        not speculate)."""
+        k = self.config.num_speculative_tokens
+        limit = self.config.disable_by_batch_size
+        off = limit is not None and len(running) > limit
+        for seq in running:
+            n = 0 if off else num_drafts_allowed(seq, k, self.max_model_len)
+            if n == 0:
+                seq.draft_token_ids = []
+            elif self._ngram is not None:
+                seq.draft_token_ids = self._ngram.propose(seq.token_ids(0, seq.num_tokens), n)
+            else:
+                seq.draft_token_ids = [0] * n  # placeholders: the draft model fills them
+
+    def after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """Run the draft model for the scheduled sequences with drafts (no-op for n-gram).
+
+        Raises:
+            What the draft runner raises.
+        """
+        if self._draft is None:
+            return
+        planned = [p for p in scheduler_output.scheduled if p.num_draft_tokens]
+        if planned:
+            self._draft.propose([p.seq for p in planned], [p.num_draft_tokens for p in planned])

@@ -1,0 +1,181 @@
+"""Speculative decoding: the n-gram proposer, the rules, the greedy check, and end to end on
+tiny engines through the real ONNX Runtime: greedy outputs with speculation (n-gram, a draft
+model that agrees, one that mostly does not) equal those without, alone, in a mixed batch and
+under preemption."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmc.runtime.llm import LLM
+from llmc.runtime.ngram_proposer import NgramProposer
+from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.sequence import Sequence
+from llmc.runtime.spec_decode import num_drafts_allowed, verify_greedy
+from llmc.runtime.speculative_config import SpeculativeConfig
+
+PROMPTS = [
+    "To be, or not to be, that is the question: to be, or not to be",
+    "ROMEO: ROMEO: ROMEO:",
+    "First Citizen:\nBefore we proceed any further, hear me speak.",
+    "the the the the the",
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+def test_ngram_proposes_what_followed_the_latest_earlier_occurrence():
+    proposer = NgramProposer(prompt_lookup_min=1, prompt_lookup_max=3)
+    #                 0  1  2  3  4  5  6  7  8  9
+    assert proposer.propose([5, 6, 7, 8, 1, 5, 6, 7, 9, 5, 6, 7], 2) == [9, 5]  # latest "5 6 7"
+    assert proposer.propose([1, 2, 3, 4, 2, 3], 5) == [4, 2, 3]  # "2 3" -> what followed
+    assert proposer.propose([1, 2, 3, 4], 3) == []  # "4" never occurred before
+    assert proposer.propose([7, 7], 4) == [7]  # the match may run into the suffix
+    assert proposer.propose([1, 2, 1], 0) == []
+    # The longest suffix first: "9 1" recurs at 0 (-> 4), "1" alone more recently (-> 8).
+    assert NgramProposer(1, 2).propose([9, 1, 4, 1, 8, 9, 1], 1) == [4]
+    assert NgramProposer(1, 1).propose([9, 1, 4, 1, 8, 9, 1], 1) == [8]
+
+
+def test_which_sequences_may_speculate_and_how_far():
+    def decoding(params: SamplingParams, num_out: int = 3) -> Sequence:
+        seq = Sequence("r", [1, 2, 3], params)
+        seq.output_token_ids = [4] * num_out
+        seq.num_computed_tokens = seq.num_tokens - 1
+        return seq
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=10)
+    assert num_drafts_allowed(decoding(greedy), 4, 100) == 4
+    assert num_drafts_allowed(decoding(greedy, num_out=8), 4, 100) == 1  # max_tokens: 10
+    assert num_drafts_allowed(decoding(greedy), 4, 8) == 2  # max_model_len: positions 6, 7
+    for params in (
+        SamplingParams(temperature=0.7, max_tokens=10),
+        SamplingParams(temperature=0.0, max_tokens=10, logprobs=1),
+        SamplingParams(temperature=0.0, max_tokens=10, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, max_tokens=10, min_tokens=5),
+    ):
+        assert num_drafts_allowed(decoding(params), 4, 100) == 0, params
+    prefill = Sequence("r", [1, 2, 3], greedy)
+    assert num_drafts_allowed(prefill, 4, 100) == 0
+
+
+def test_verify_greedy_accepts_the_agreeing_drafts_then_the_targets_token():
+    rows = np.full((4, 10), -1.0, np.float32)
+    for i, best in enumerate([3, 5, 7, 9]):
+        rows[i, best] = 1.0
+    assert verify_greedy(rows, [3, 5, 7]) == [3, 5, 7, 9]  # all agree: k + 1 tokens
+    assert verify_greedy(rows, [3, 6, 7]) == [3, 5]  # the second disagrees
+    assert verify_greedy(rows, [4, 5, 7]) == [3]  # none: the target's own token
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"method": "beam", "num_speculative_tokens": 2},
+        {"method": "ngram", "num_speculative_tokens": 0},
+        {"method": "ngram"},
+        {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3,
+         "prompt_lookup_max": 2},
+        {"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1},
+    ],
+)  # fmt: skip
+def test_bad_speculative_configs_are_refused(values):
+    with pytest.raises(ValueError):
+        SpeculativeConfig.from_dict(values)
+
+
+def _texts(llm: LLM, params) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_engine: Path) -> list[list[int]]:
+    return _texts(LLM(tiny_llama_engine, seed=0), GREEDY)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_ngram_greedy_output_equals_plain_greedy(tiny_llama_engine, reference, k):
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
+    llm = LLM(tiny_llama_engine, seed=0, speculative_config=spec)
+    assert _texts(llm, GREEDY) == reference
+    stats = llm.engine.stats()
+    assert stats.spec_decode_num_draft_tokens > 0
+    assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
+
+
+def test_a_draft_model_that_agrees_is_accepted_and_changes_nothing(tiny_llama_engine, reference):
+    spec = {"method": "draft", "num_speculative_tokens": 3, "model": str(tiny_llama_engine)}
+    llm = LLM(tiny_llama_engine, seed=0, speculative_config=spec)
+    assert _texts(llm, GREEDY) == reference
+    stats = llm.engine.stats()
+    # The same engine drafts: every draft is the target's own greedy token.
+    assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def other_engine(tmp_path_factory) -> Path:
+    """A tiny Llama with other random weights: a draft the target mostly rejects."""
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
+    from tests.conftest import TINY_MAX_SEQ_LEN
+    from tests.tiny_models import make_tiny_llama
+
+    root = tmp_path_factory.mktemp("other")
+    ckpt = make_tiny_llama(root / "ckpt", seed=7)
+    config = BuildConfig.of(model=str(ckpt), block_size=16, max_seq_len=TINY_MAX_SEQ_LEN,
+                            output=str(root / "engine"))  # fmt: skip
+    return Path(build(config).engine_dir)
+
+
+def test_a_draft_model_that_disagrees_still_gives_the_targets_output(
+    tiny_llama_engine, other_engine, reference
+):
+    spec = {"method": "draft", "num_speculative_tokens": 4, "model": str(other_engine)}
+    llm = LLM(tiny_llama_engine, seed=0, speculative_config=spec)
+    assert _texts(llm, GREEDY) == reference
+    stats = llm.engine.stats()
+    assert stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
+def test_mixed_batch_with_sampling_requests_and_preemption(tiny_llama_engine, reference):
+    """Greedy requests speculate beside seeded sampling ones (which do not); a pool too small
+    for all of them preempts and recomputes; every output equals its run without speculation."""
+    sampled = SamplingParams(temperature=0.9, seed=11, max_tokens=40, ignore_eos=True)
+    params = [GREEDY, sampled, GREEDY, sampled]
+    plain = LLM(tiny_llama_engine, seed=0, num_blocks=9)
+    expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, params)]
+    assert [expected[0], expected[2]] == [reference[0], reference[2]]
+    for spec in (
+        {"method": "ngram", "num_speculative_tokens": 3},
+        {"method": "draft", "num_speculative_tokens": 2, "model": str(tiny_llama_engine)},
+    ):
+        llm = LLM(tiny_llama_engine, seed=0, num_blocks=9, speculative_config=spec)
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+        assert got == expected, spec
+        assert llm.engine.stats().num_preemptions > 0
+        assert llm.engine.stats().spec_decode_num_drafts > 0
+
+
+def test_stops_inside_accepted_drafts_end_the_output_where_plain_decoding_does(
+    tiny_llama_engine,
+):
+    """A stop string or max_tokens reached in the middle of a step's accepted tokens ends the
+    output there, as without speculation."""
+    plain = LLM(tiny_llama_engine, seed=0)
+    text = plain.generate(PROMPTS[3], GREEDY)[0].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop]),
+        SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
+    ):
+        want = plain.generate(PROMPTS, params)
+        spec = {"method": "draft", "num_speculative_tokens": 4, "model": str(tiny_llama_engine)}
+        got = LLM(tiny_llama_engine, seed=0, speculative_config=spec).generate(PROMPTS, params)
+        for a, b in zip(got, want, strict=True):
+            assert (a.outputs[0].text, a.outputs[0].token_ids, a.outputs[0].finish_reason) == (
+                b.outputs[0].text,
+                b.outputs[0].token_ids,
+                b.outputs[0].finish_reason,
+            )
