@@ -20,9 +20,11 @@ JSON_FORMAT_VERSION = 1
 
 def run_to_dict(run: BenchRun) -> dict:
     """The JSON document of a run: ``format_version``, ``model``, ``config``, ``result`` (the
-    `BenchResult` fields; latencies in ms) and ``requests`` (per request: success, error,
-    disconnected, response_id, ttft_ms, latency_ms, itl_ms, prompt_tokens, output_tokens,
-    finish_reason). The API key is left out; an infinite request rate is written as "inf"."""
+    `BenchResult` fields; latencies in ms), ``spec_decode`` (the server's speculative-decoding
+    counts over the run and their acceptance rate, or null) and ``requests`` (per request:
+    success, error, disconnected, response_id, ttft_ms, latency_ms, itl_ms, prompt_tokens,
+    output_tokens, finish_reason). The API key is left out; an infinite request rate is
+    written as "inf"."""
     config = asdict(run.config)
     config["api_key"] = None if config["api_key"] is None else "***"
     if math.isinf(config["request_rate"]):
@@ -47,11 +49,15 @@ def run_to_dict(run: BenchRun) -> dict:
         }
         for r in run.requests
     ]
+    spec = run.spec_decode
     return {
         "format_version": JSON_FORMAT_VERSION,
         "model": run.model,
         "config": config,
         "result": run.result.to_dict(),
+        "spec_decode": None
+        if spec is None
+        else {**asdict(spec), "acceptance_rate": spec.acceptance_rate},
         "requests": requests,
     }
 
@@ -93,6 +99,14 @@ def result_table(run: BenchRun) -> Group:
         ("total token throughput (tok/s)", f"{r.total_token_throughput:.2f}"),
         ("peak concurrent requests", str(r.max_concurrency_seen)),
     ]
+    spec = run.spec_decode
+    if spec is not None and spec.num_drafts:
+        rows += [
+            ("speculative: drafted tokens", f"{spec.num_draft_tokens:.0f}"),
+            ("speculative: accepted tokens", f"{spec.num_accepted_tokens:.0f}"),
+            ("speculative: acceptance rate", f"{spec.acceptance_rate:.3f}"),
+            ("speculative: tokens per verification", f"{spec.mean_accepted_length:.2f}"),
+        ]
     for name, value in rows:
         summary.add_row(name, value)
     latencies = Table()

@@ -22,6 +22,7 @@ from llmc.bench.client import RequestResult, Target, send_request
 from llmc.bench.config import BenchConfig
 from llmc.bench.dataset import BenchRequest, make_requests
 from llmc.bench.metrics import BenchResult, summarize
+from llmc.bench.spec_metrics import SpecDecodeCounts, scrape_spec_decode
 from llmc.errors import LlmcError
 
 
@@ -38,12 +39,15 @@ class BenchRun:
         model: the model the requests named.
         result: the statistics.
         requests: per request, in send order.
+        spec_decode: the server's speculative-decoding counts over the run, or None when it
+            exports none (``/metrics``).
     """
 
     config: BenchConfig
     model: str
     result: BenchResult
     requests: list[RequestResult]
+    spec_decode: SpecDecodeCounts | None = None
 
 
 def arrival_offsets(num: int, request_rate: float, seed: int) -> list[float]:
@@ -135,6 +139,7 @@ def run_bench(config: BenchConfig) -> BenchRun:
         temperature=config.temperature,
         json_schema=schema,
     )
+    spec_before = scrape_spec_decode(config.base_url, config.api_key)
     results, duration = asyncio.run(
         run_requests(
             target,
@@ -145,4 +150,6 @@ def run_bench(config: BenchConfig) -> BenchRun:
             timeout_s=config.timeout_s,
         )
     )
-    return BenchRun(config, model, summarize(results, duration), results)
+    spec_after = scrape_spec_decode(config.base_url, config.api_key)
+    spec = spec_after - spec_before if spec_before and spec_after else None
+    return BenchRun(config, model, summarize(results, duration), results, spec)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from llmc.engine.manifest import EngineManifest
-from llmc.errors import StepFailedError
+from llmc.errors import EngineConfigError, StepFailedError
 from llmc.runtime.engine_loader import LoadedEngine, load_engine
 from llmc.runtime.grammar import GrammarCompiler
 from llmc.runtime.output_processor import OutputProcessor
@@ -367,8 +367,9 @@ def _speculator(
     """The engine's `Speculator`; a draft model is loaded over the target's KV blocks.
 
     Raises:
-        ValueError: a bad config (``SpeculativeConfig.from_dict``), or a draft engine with
-            another block size or vocabulary than the target's.
+        ValueError: a bad config (``SpeculativeConfig.from_dict``).
+        EngineConfigError: a draft engine with another block size or vocabulary than the
+            target's.
         llmc.errors.EngineError: the draft engine cannot be loaded (as ``load_engine``).
     """
     if isinstance(spec, dict):
@@ -381,7 +382,10 @@ def _speculator(
     for name in ("block_size", "vocab_size"):
         mine, theirs = getattr(loaded.runner, name), getattr(draft.runner, name)
         if mine != theirs:
-            raise ValueError(f"the draft engine {draft_path} has {name} {theirs}, not {mine}")
+            raise EngineConfigError(
+                f"the draft engine {draft_path} has {name} {theirs}, not {mine}: build the draft "
+                "from the same checkpoint with the same --block-size"
+            )
     return Speculator(spec, config.max_model_len, draft.runner, config.max_num_batched_tokens)
 
 

@@ -61,6 +61,7 @@ def serve(
         max_num_forked_seqs=limits.max_num_forked_seqs,
         enable_prefix_caching=limits.enable_prefix_caching,
         expected_manifest_sha256=expected_manifest_sha256,
+        speculative_config=limits.speculative,
     )
     engine = AsyncLLMEngine(
         llm_engine,

@@ -4,9 +4,11 @@ Names and types follow vLLM v1's metrics (https://docs.vllm.ai/en/v0.12.0/design
 ``vllm/v1/metrics/loggers.py``): gauges ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a fraction, 0..1); counters
 ``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits`` (in tokens), ``vllm:num_preemptions``,
-``vllm:prompt_tokens``, ``vllm:generation_tokens``, ``vllm:request_success`` (Prometheus adds
-``_total`` to counters); histograms ``vllm:time_to_first_token_seconds``,
-``vllm:inter_token_latency_seconds``, ``vllm:e2e_request_latency_seconds``.
+``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
+``vllm:spec_decode_num_accepted_tokens``, ``vllm:prompt_tokens``, ``vllm:generation_tokens``,
+``vllm:request_success`` (Prometheus adds ``_total`` to counters); histograms
+``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
+``vllm:e2e_request_latency_seconds``.
 
 Engine-side values (queues, KV pool, prefix cache, preemptions) are read at scrape time from the
 engine's latest ``EngineStats`` snapshot; request-side values (tokens, latencies) are recorded by
@@ -79,6 +81,22 @@ class _EngineCollector(Collector):
                 "vllm:num_preemptions",
                 "Sequences preempted (to be recomputed).",
                 stats.num_preemptions,
+            ),
+            (
+                "vllm:spec_decode_num_drafts",
+                "Speculative decoding: verifications of drafts (one per sequence and step).",
+                stats.spec_decode_num_drafts,
+            ),
+            (
+                "vllm:spec_decode_num_draft_tokens",
+                "Speculative decoding: tokens drafted and verified.",
+                stats.spec_decode_num_draft_tokens,
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens",
+                "Speculative decoding: drafted tokens accepted (acceptance rate: accepted / draft "
+                "tokens).",
+                stats.spec_decode_num_accepted_tokens,
             ),
         ]
         for name, doc, value in counters:

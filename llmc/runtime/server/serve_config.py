@@ -9,6 +9,7 @@ The command's flags, their help and their argument groups come from these fields
 
 from __future__ import annotations
 
+import json
 import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from llmc.config_file import read_config_file
 from llmc.errors import EngineConfigError
 from llmc.option_flags import alternatives
 from llmc.runtime.server.limits import RequestLimits
+from llmc.runtime.speculative_config import SpeculativeConfig
 
 #: uvicorn's log levels.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -101,12 +103,37 @@ class EngineLimits:
         "share the KV blocks of common prompt prefixes between requests",
         flag="--no-prefix-caching",
     )
+    speculative_config: str | None = _opt(
+        None,
+        'speculative decoding as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": '
+        '4, "prompt_lookup_max": 4} or {"method": "draft", "num_speculative_tokens": 3, '
+        '"model": DRAFT_ENGINE_DIR} (default: off)',
+        metavar="JSON",
+    )
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None and not self.kv_cache_memory > 0:
             raise EngineConfigError(
                 f"kv_cache_memory must be a positive number of GiB, got {self.kv_cache_memory}"
             )
+        self.speculative  # noqa: B018 -- refuses a bad JSON or config before the engine loads
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """``speculative_config`` parsed; None when off.
+
+        Raises:
+            EngineConfigError: not a JSON object, or a config `SpeculativeConfig` refuses.
+        """
+        if self.speculative_config is None:
+            return None
+        try:
+            values = json.loads(self.speculative_config)
+            if not isinstance(values, dict):
+                raise ValueError("not a JSON object")
+            return SpeculativeConfig.from_dict(values)
+        except (ValueError, TypeError) as exc:
+            raise EngineConfigError(f"speculative_config: {exc}") from exc
 
     @property
     def kv_cache_bytes(self) -> int | None:
