@@ -8,7 +8,15 @@
 An engine given as ``DIR@segments`` runs in segments with the ctypes attention kernel between
 ORT runs (the runner's fallback form) instead of as one ORT graph with the custom op. One given
 as ``DIR@json`` gets every request constrained to ``--json-schema`` (structured outputs): the
-grammar ends a request when its JSON is complete, so its figures count the tokens it made.
+grammar ends a request when its JSON is complete, so its figures count the tokens it made. One
+given as ``DIR@ngram`` or ``DIR@draft=DRAFT_DIR`` decodes speculatively (n-gram lookup, or the
+draft engine DRAFT_DIR, ``--num-speculative-tokens`` per step); greedy, so its tokens are the
+same as without speculation.
+
+    python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/f32@draft=engines/int4 \
+        --skip-hf --scenarios s1 --repeat 3
+    python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/f32@ngram \
+        --prompt-style extract --skip-hf --repeat 3
 
     python benchmarks/bench_e2e.py --engine engines/f32 --engine engines/f32@json \
         --json-schema benchmarks/schemas/lines.json --skip-hf
@@ -47,8 +55,17 @@ METRICS = [  # (scenario, key, label)
 ]
 
 
-def make_prompts(tokenizer, num: int, prompt_len: int) -> list[list[int]]:
-    """`num` prompts of exactly `prompt_len` token ids (BOS included), from different offsets."""
+#: The end of an ``--prompt-style extract`` prompt: the model is asked to copy the passage.
+EXTRACT = "\n\nCopy the passage above, word for word:\n\n"
+
+
+def make_prompts(tokenizer, num: int, prompt_len: int, style: str = "text") -> list[list[int]]:
+    """`num` prompts of exactly `prompt_len` token ids (BOS included), from different offsets;
+    ``style="extract"`` ends each with `EXTRACT` (the passage is cut to make room)."""
+    if style == "extract":
+        tail = tokenizer(EXTRACT, add_special_tokens=False)["input_ids"]
+        heads = make_prompts(tokenizer, num, prompt_len - len(tail))
+        return [head + tail for head in heads]
     text = TEXT.read_text()
     chars = prompt_len * 8  # ample: Shakespeare runs at about 4 characters per token
     stride = (len(text) - chars) // num
@@ -84,6 +101,7 @@ def run_llmc(engine, prompts: list[list[int]], new_tokens: int, constraint=None)
         temperature=0.0, max_tokens=new_tokens, ignore_eos=True, structured_outputs=constraint
     )
     added, first, done, made = {}, {}, {}, {}
+    before = engine.stats()
     for i, ids in enumerate(prompts):
         added[str(i)] = time.perf_counter()
         engine.add_request(str(i), ids, params)
@@ -104,6 +122,14 @@ def run_llmc(engine, prompts: list[list[int]], new_tokens: int, constraint=None)
     result = summarize(ttfts, first["0"], done["0"], wall, made["0"])
     result["total_tok_s"] = sum(made.values()) / wall
     result["mean_new_tokens"] = statistics.mean(made.values())
+    after = engine.stats()
+    drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+    if drafted:
+        accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+        result["spec_acceptance_rate"] = accepted / drafted
+        result["spec_tokens_per_verification"] = 1 + accepted / (
+            after.spec_decode_num_drafts - before.spec_decode_num_drafts
+        )
     return result
 
 
@@ -192,7 +218,10 @@ def run_all(args: argparse.Namespace) -> dict:
     engines, constraints = {}, {}
     for spec in args.engine:
         path, _, form = spec.partition("@")
-        engine = LLMEngine.from_engine_dir(path, enable_prefix_caching=False)
+        speculative = _speculative_config(form, args)
+        engine = LLMEngine.from_engine_dir(
+            path, enable_prefix_caching=False, speculative_config=speculative
+        )
         name = Path(path).name + (f"@{form}" if form else "")
         if form == "segments":  # same engine, same cache size, the other runner form
             engine.runner = OrtRunner(path, engine.runner.num_blocks, single_graph=False)
@@ -201,11 +230,13 @@ def run_all(args: argparse.Namespace) -> dict:
                 raise SystemExit(f"--engine {spec} needs --json-schema")
             schema = json.loads(args.json_schema.read_text())
             constraints[name] = StructuredOutputsParams(json=schema)
-        elif form:
-            raise SystemExit(f"unknown form {form!r} in --engine {spec}; known: segments, json")
+        elif form and speculative is None:
+            raise SystemExit(
+                f"unknown form {form!r} in --engine {spec}; known: segments, json, ngram, draft=DIR"
+            )
         engines[name] = engine
     tokenizer = next(iter(engines.values())).tokenizer
-    prompts = make_prompts(tokenizer, max(sizes.values()) + 1, args.prompt_len)
+    prompts = make_prompts(tokenizer, max(sizes.values()) + 1, args.prompt_len, args.prompt_style)
     warmup, prompts = prompts[:1], prompts[1:]  # the warm-up prompt is not reused
     for name, engine in engines.items():
         run_llmc(engine, warmup, 4, constraints.get(name))  # compiles the grammar once
@@ -227,6 +258,16 @@ def run_all(args: argparse.Namespace) -> dict:
     results = median_of(rounds)
     results["rounds"] = rounds
     return results
+
+
+def _speculative_config(form: str, args: argparse.Namespace) -> dict | None:
+    """The speculative config of an ``@ngram`` or ``@draft=DIR`` engine form, else None."""
+    k = args.num_speculative_tokens
+    if form == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+    if form.startswith("draft="):
+        return {"method": "draft", "num_speculative_tokens": k, "model": form[len("draft=") :]}
+    return None
 
 
 def median_of(rounds: list[dict]) -> dict:
@@ -305,6 +346,12 @@ def main() -> None:
     p.add_argument("--skip-hf", action="store_true", help="run llmc only")
     p.add_argument("--json-schema", type=Path, help="the schema of DIR@json engines' requests")
     p.add_argument("--json", type=Path, help="write all numbers and machine info here")
+    p.add_argument("--num-speculative-tokens", type=int, default=4,
+                   help="k of DIR@ngram and DIR@draft=DRAFT_DIR engines")  # fmt: skip
+    p.add_argument("--prompt-style", choices=("text", "extract"), default="text",
+                   help="text: a passage to continue; extract: a passage, then an instruction "
+                   "to copy it (output that repeats the prompt, as extraction and RAG quoting "
+                   "do)")  # fmt: skip
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt (BOS included)")
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per request")
     p.add_argument("--concurrency", type=int, default=16, help="requests submitted at once in S16")
@@ -321,6 +368,14 @@ def main() -> None:
     print(f"load average at start: {load_at_start:.2f} (anything near 1 or more skews the numbers)")
     results = run_all(args)
     print_table(results)
+    for name, scenarios in results["engines"].items():
+        for scenario, values in scenarios.items():
+            rate = values.get("spec_acceptance_rate")
+            if rate is not None:
+                per = values["spec_tokens_per_verification"]
+                print(
+                    f"{name} {scenario}: acceptance rate {rate:.3f}, {per:.2f} tokens/verification"
+                )
     report = {
         "workload": {
             "prompt_len": args.prompt_len,

@@ -179,3 +179,37 @@ def test_stops_inside_accepted_drafts_end_the_output_where_plain_decoding_does(
                 b.outputs[0].token_ids,
                 b.outputs[0].finish_reason,
             )
+
+
+def test_the_server_speculates_and_reports_vllms_metrics(tiny_llama_engine, running_server):
+    """The real server with n-gram speculation: outputs equal plain greedy's, /metrics counts
+    the drafts, and ``llmc bench`` reports them; a bad ``--speculative-config`` is refused."""
+    from llmc.bench.config import BenchConfig
+    from llmc.bench.runner import run_bench
+    from llmc.errors import EngineConfigError
+    from llmc.runtime.engine import LLMEngine
+    from llmc.runtime.server.serve_config import EngineLimits
+
+    spec = EngineLimits(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, seed=0,
+                                       speculative_config=spec.speculative)  # fmt: skip
+    with running_server(engine, "tiny") as server:
+        import httpx
+
+        body = {"model": "tiny", "prompt": PROMPTS[3], "max_tokens": 40, "temperature": 0,
+                "ignore_eos": True}  # fmt: skip
+        text = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]["text"]
+        plain = LLM(tiny_llama_engine, seed=0).generate(PROMPTS[3], GREEDY)[0].outputs[0].text
+        assert text == plain
+        metrics = httpx.get(server.url + "/metrics").text
+        drafted = [line for line in metrics.splitlines()
+                   if line.startswith("vllm:spec_decode_num_draft_tokens_total")]  # fmt: skip
+        assert drafted and float(drafted[0].split()[-1]) > 0
+        run = run_bench(BenchConfig(base_url=server.url, model="tiny", num_prompts=4,
+                                    input_len=8, output_len=24, temperature=0.0,
+                                    ignore_eos=True))  # fmt: skip
+        assert run.spec_decode is not None and run.spec_decode.num_draft_tokens > 0
+        assert 0 <= run.spec_decode.acceptance_rate <= 1
+    for bad in ('{"method": "ngram"}', "[1]", "not json"):
+        with pytest.raises(EngineConfigError, match="speculative_config"):
+            EngineLimits(speculative_config=bad)
