@@ -50,8 +50,8 @@ def test_which_sequences_may_speculate_and_how_far():
     assert num_drafts_allowed(decoding(greedy), 4, 100) == 4
     assert num_drafts_allowed(decoding(greedy, num_out=8), 4, 100) == 1  # max_tokens: 10
     assert num_drafts_allowed(decoding(greedy), 4, 8) == 2  # max_model_len: positions 6, 7
+    assert num_drafts_allowed(decoding(SamplingParams(temperature=0.7, max_tokens=10)), 4, 99)
     for params in (
-        SamplingParams(temperature=0.7, max_tokens=10),
         SamplingParams(temperature=0.0, max_tokens=10, logprobs=1),
         SamplingParams(temperature=0.0, max_tokens=10, repetition_penalty=1.2),
         SamplingParams(temperature=0.0, max_tokens=10, min_tokens=5),
@@ -140,22 +140,94 @@ def test_a_draft_model_that_disagrees_still_gives_the_targets_output(
 
 
 def test_mixed_batch_with_sampling_requests_and_preemption(tiny_llama_engine, reference):
-    """Greedy requests speculate beside seeded sampling ones (which do not); a pool too small
-    for all of them preempts and recomputes; every output equals its run without speculation."""
+    """Greedy requests speculate beside sampling ones (which speculate by rejection sampling)
+    and a logprobs one (which does not); a pool too small for all of them preempts and
+    recomputes; the greedy outputs equal those without speculation, the others run to their
+    length."""
     sampled = SamplingParams(temperature=0.9, seed=11, max_tokens=40, ignore_eos=True)
-    params = [GREEDY, sampled, GREEDY, sampled]
+    with_logprobs = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2)
+    params = [GREEDY, sampled, GREEDY, with_logprobs]
     plain = LLM(tiny_llama_engine, seed=0, num_blocks=9)
     expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, params)]
-    assert [expected[0], expected[2]] == [reference[0], reference[2]]
+    assert [expected[0], expected[2], expected[3]] == [reference[0], reference[2], reference[3]]
     for spec in (
         {"method": "ngram", "num_speculative_tokens": 3},
         {"method": "draft", "num_speculative_tokens": 2, "model": str(tiny_llama_engine)},
     ):
         llm = LLM(tiny_llama_engine, seed=0, num_blocks=9, speculative_config=spec)
-        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-        assert got == expected, spec
+        got = llm.generate(PROMPTS, params)
+        ids = [o.outputs[0].token_ids for o in got]
+        assert [ids[0], ids[2], ids[3]] == [expected[0], expected[2], expected[3]], spec
+        assert len(ids[1]) == 40 and len(got[3].outputs[0].logprobs) == 40
         assert llm.engine.stats().num_preemptions > 0
         assert llm.engine.stats().spec_decode_num_drafts > 0
+
+
+def _chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_rejection_sampling_keeps_the_targets_distribution():
+    """verify_sampled on fixed rows: the first token is distributed as row 0, the second (given
+    the first draft was accepted) as row 1, for a likely and an unlikely draft. Chi-square
+    against the rows, 6 categories (5 degrees of freedom: 20.5 is the 0.001 quantile)."""
+    import torch
+
+    from llmc.runtime.spec_decode import verify_sampled
+
+    probs = torch.tensor(
+        [[0.05, 0.4, 0.1, 0.2, 0.15, 0.1], [0.3, 0.1, 0.1, 0.2, 0.2, 0.1], [1 / 6] * 6]
+    )
+    generator = torch.Generator().manual_seed(0)
+    for drafts in ([1, 0], [0, 5]):  # draft 1 is likely under row 0, draft 0 unlikely
+        first, second = np.zeros(6), np.zeros(6)
+        for _ in range(20000):
+            tokens = verify_sampled(probs, drafts, generator)
+            first[tokens[0]] += 1
+            if tokens[0] == drafts[0]:
+                second[tokens[1]] += 1
+        assert _chi_square(first, probs[0].numpy()) < 20.5, (drafts, first)
+        assert _chi_square(second, probs[1].numpy()) < 20.5, (drafts, second)
+
+
+def test_speculative_sampling_on_a_tiny_model_matches_the_targets_distribution(tiny_llama_engine):
+    """The first two tokens of a prompt, sampled at temperature 1 with top-k 3, with a draft
+    model (the second token is verified against its draft): their 9 joint outcomes
+    are distributed as the target's p(t1) p(t2 | t1), read from the plain engine's logprobs.
+    Chi-square, 8 degrees of freedom (26.1 is the 0.001 quantile)."""
+    prompt = PROMPTS[3]
+    plain = LLM(tiny_llama_engine, seed=0)
+    top = SamplingParams(temperature=0.0, max_tokens=1, logprobs=3)
+
+    def top3(prompt_ids: list[int]) -> dict[int, float]:
+        (entry,) = plain.generate({"prompt_token_ids": prompt_ids}, top)[0].outputs[0].logprobs
+        best = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:3]
+        weights = np.exp([lp.logprob for _, lp in best])
+        return {t: w / weights.sum() for (t, _), w in zip(best, weights, strict=True)}
+
+    prompt_ids = plain.engine.tokenizer.encode(prompt)
+    joint = {
+        (t1, t2): p1 * p2
+        for t1, p1 in top3(prompt_ids).items()
+        for t2, p2 in top3([*prompt_ids, t1]).items()
+    }
+    # A draft model always drafts (its argmax: accepted with probability p(argmax)).
+    spec = {"method": "draft", "num_speculative_tokens": 1, "model": str(tiny_llama_engine)}
+    llm = LLM(tiny_llama_engine, seed=0, speculative_config=spec)
+    # max_tokens 3: the step after t1 drafts the token after it (room for a bonus token)
+    params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=s)
+              for s in range(1500)]  # fmt: skip
+    outs = llm.generate([prompt] * len(params), params)
+    counts = dict.fromkeys(joint, 0)
+    for out in outs:
+        counts[tuple(out.outputs[0].token_ids[:2])] += 1
+    assert llm.engine.stats().spec_decode_num_draft_tokens > 0
+    keys = sorted(joint)
+    chi2 = _chi_square(
+        np.array([counts[k] for k in keys], float), np.array([joint[k] for k in keys])
+    )
+    assert chi2 < 26.1, (counts, joint)
 
 
 def test_stops_inside_accepted_drafts_end_the_output_where_plain_decoding_does(

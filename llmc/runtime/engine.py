@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llmc.engine.manifest import EngineManifest
 from llmc.errors import EngineConfigError, StepFailedError
 from llmc.runtime.engine_loader import LoadedEngine, load_engine
@@ -18,7 +20,7 @@ from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.spec_decode import verify_greedy
+from llmc.runtime.spec_decode import verify_greedy, verify_sampled
 from llmc.runtime.speculative_config import SpeculativeConfig
 from llmc.runtime.speculator import Speculator
 from llmc.runtime.stats import EngineStats
@@ -335,7 +337,7 @@ class LLMEngine:
                 continue
             if planned.num_draft_tokens:
                 end = row + 1 + planned.num_draft_tokens
-                results[at] = verify_greedy(logits[row:end], planned.seq.draft_token_ids)
+                results[at] = self._verify(planned.seq, logits[row:end])
                 row, at = end, at + 1
                 continue
             for _ in range(1 + len(planned.forks)):  # forks share the row
@@ -355,6 +357,13 @@ class LLMEngine:
         for i, token in zip(sample_at, token_ids, strict=True):
             results[i] = int(token)
         return results
+
+    def _verify(self, seq: Sequence, rows: np.ndarray) -> list[int]:
+        """The tokens a speculating sequence accepts from its 1 + k logits rows."""
+        if seq.params.is_greedy:
+            return verify_greedy(rows, seq.draft_token_ids)
+        probs = Sampler.probabilities(rows.copy(), [seq.params] * len(rows))
+        return verify_sampled(probs, seq.draft_token_ids, seq.generator or self.sampler.generator)
 
 
 def _speculator(

@@ -101,6 +101,11 @@ class Sampler:
         )
         return token_ids
 
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator of rows whose request has no seed of its own."""
+        return self._generator
+
     def _sample_random(
         self,
         logits: np.ndarray,
@@ -108,6 +113,28 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> np.ndarray:
         """logits: [R, V], a private copy (modified in place). Returns [R] int64."""
+        import torch
+
+        probs = self.probabilities(logits, params)
+        num_rows, vocab_size = probs.shape
+        q = torch.empty_like(probs)  # q: [R, V], exponential noise
+        shared = [i for i, g in enumerate(generators) if g is None]
+        if len(shared) == num_rows:
+            q.exponential_(generator=self._generator)
+        else:
+            if shared:
+                noise = torch.empty(len(shared), vocab_size).exponential_(generator=self._generator)
+                q[torch.tensor(shared)] = noise
+            for i, g in enumerate(generators):
+                if g is not None:
+                    q[i].exponential_(generator=g)  # a row view: the draw is the row's own
+        return probs.div_(q).argmax(dim=-1).numpy()
+
+    @staticmethod
+    def probabilities(logits: np.ndarray, params: list[SamplingParams]) -> torch.Tensor:
+        """The distribution each row samples from: [R, V] float32 probabilities of ``logits``
+        ([R, V], modified in place) scaled by the row's temperature (> 0) and masked by its
+        min-p, top-k and top-p, in that order (the class docstring)."""
         import torch
 
         x = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))  # x: [R, V]
@@ -131,19 +158,7 @@ class Sampler:
             p = torch.tensor([params[i].top_p for i in nucleus_rows], dtype=torch.float32)
             x[idx] = _top_k_top_p_mask(x[idx], k, p)
 
-        probs = x.softmax(dim=-1)
-        q = torch.empty_like(probs)  # q: [R, V], exponential noise
-        shared = [i for i, g in enumerate(generators) if g is None]
-        if len(shared) == num_rows:
-            q.exponential_(generator=self._generator)
-        else:
-            if shared:
-                noise = torch.empty(len(shared), vocab_size).exponential_(generator=self._generator)
-                q[torch.tensor(shared)] = noise
-            for i, g in enumerate(generators):
-                if g is not None:
-                    q[i].exponential_(generator=g)  # a row view: the draw is the row's own
-        return probs.div_(q).argmax(dim=-1).numpy()
+        return x.softmax(dim=-1)
 
 
 def _min_p_mask(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
