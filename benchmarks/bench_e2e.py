@@ -262,11 +262,14 @@ def run_all(args: argparse.Namespace) -> dict:
 
 def _speculative_config(form: str, args: argparse.Namespace) -> dict | None:
     """The speculative config of an ``@ngram`` or ``@draft=DIR`` engine form, else None."""
-    k = args.num_speculative_tokens
+    common = {
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "disable_by_batch_size": args.disable_by_batch_size,
+    }
     if form == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+        return {"method": "ngram", "prompt_lookup_max": 4, **common}
     if form.startswith("draft="):
-        return {"method": "draft", "num_speculative_tokens": k, "model": form[len("draft=") :]}
+        return {"method": "draft", "model": form[len("draft=") :], **common}
     return None
 
 
@@ -348,6 +351,9 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write all numbers and machine info here")
     p.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="k of DIR@ngram and DIR@draft=DRAFT_DIR engines")  # fmt: skip
+    p.add_argument("--disable-by-batch-size", type=int, default=None,
+                   help="speculative engines: no speculation in steps with more running "
+                   "requests (default: always speculate)")  # fmt: skip
     p.add_argument("--prompt-style", choices=("text", "extract"), default="text",
                    help="text: a passage to continue; extract: a passage, then an instruction "
                    "to copy it (output that repeats the prompt, as extraction and RAG quoting "

@@ -79,6 +79,7 @@ def test_verify_greedy_accepts_the_agreeing_drafts_then_the_targets_token():
         {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3,
          "prompt_lookup_max": 2},
         {"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1},
+        {"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0},
     ],
 )  # fmt: skip
 def test_bad_speculative_configs_are_refused(values):
@@ -213,7 +214,8 @@ def test_speculative_sampling_on_a_tiny_model_matches_the_targets_distribution(t
         for t2, p2 in top3([*prompt_ids, t1]).items()
     }
     # A draft model always drafts (its argmax: accepted with probability p(argmax)).
-    spec = {"method": "draft", "num_speculative_tokens": 1, "model": str(tiny_llama_engine)}
+    spec = {"method": "draft", "num_speculative_tokens": 1, "model": str(tiny_llama_engine),
+            "disable_by_batch_size": 64}  # fmt: skip
     llm = LLM(tiny_llama_engine, seed=0, speculative_config=spec)
     # max_tokens 3: the step after t1 drafts the token after it (room for a bonus token)
     params = [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=s)
@@ -285,3 +287,18 @@ def test_the_server_speculates_and_reports_vllms_metrics(tiny_llama_engine, runn
     for bad in ('{"method": "ngram"}', "[1]", "not json"):
         with pytest.raises(EngineConfigError, match="speculative_config"):
             EngineLimits(speculative_config=bad)
+
+
+def test_speculation_turns_itself_off_in_wide_steps(tiny_llama_engine, reference):
+    """More running requests than disable_by_batch_size: no step drafts (the output is the same
+    either way); the measured default applies when the key is absent."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 3}
+    llm = LLM(tiny_llama_engine, seed=0, speculative_config=spec)
+    assert _texts(llm, GREEDY) == reference  # 4 requests run at once until the first ends
+    wide = llm.engine.stats().spec_decode_num_drafts
+    assert SpeculativeConfig("draft", 2).max_batch_size == 4
+    assert SpeculativeConfig("ngram", 2, disable_by_batch_size=100).max_batch_size == 100
+    alone = LLM(tiny_llama_engine, seed=0, speculative_config=spec)
+    for prompt in PROMPTS:  # one at a time: every decode step may draft
+        alone.generate(prompt, GREEDY)
+    assert alone.engine.stats().spec_decode_num_drafts > wide

@@ -5,8 +5,9 @@ Per step: `before_schedule` gives each running decode that may speculate its dra
 the tokens themselves; draft model: as many placeholders, so the scheduler allocates the slots
 the draft writes), the scheduler trims them to the step's token budget, then `after_schedule`
 runs the draft model over the scheduled sequences' placeholders. Speculation stays off for a
-step with more than ``disable_by_batch_size`` running sequences (vLLM's option): verifying k
-tokens is nearly free while a step reads weights for few tokens, not when it is already wide.
+step with more running sequences than ``SpeculativeConfig.max_batch_size`` (vLLM's
+``disable_by_batch_size``, with measured defaults): verifying k tokens is nearly free while a
+step reads weights for few tokens, not when it is already wide.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ class Speculator:
         """Set every running sequence's ``draft_token_ids`` for the next step ([] where it may
         not speculate)."""
         k = self.config.num_speculative_tokens
-        limit = self.config.disable_by_batch_size
-        off = limit is not None and len(running) > limit
+        off = len(running) > self.config.max_batch_size
         for seq in running:
             n = 0 if off else num_drafts_allowed(seq, k, self.max_model_len)
             if n == 0:
