@@ -267,7 +267,8 @@ class LLMEngine:
         """
         try:
             if self.speculator is not None:
-                self.speculator.before_schedule(self.scheduler.running)
+                scheduler = self.scheduler
+                self.speculator.before_schedule(scheduler.running, scheduler.num_waiting_seqs)
             scheduler_output = self.scheduler.schedule()
         except Exception as exc:
             raise self._failed(exc, self._abort_all_unwritten()) from exc

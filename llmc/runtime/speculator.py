@@ -52,11 +52,13 @@ class Speculator:
         else:
             self._draft = DraftProposer(draft_runner, max_step_tokens)
 
-    def before_schedule(self, running: list[Sequence]) -> None:
+    def before_schedule(self, running: list[Sequence], num_waiting: int = 0) -> None:
         """Set every running sequence's ``draft_token_ids`` for the next step ([] where it may
-        not speculate)."""
+        not speculate). Off when the running and waiting sequences together are more than
+        ``max_batch_size``: waiting ones join the next steps, and a draft model that started
+        would first have to catch up on every running prompt."""
         k = self.config.num_speculative_tokens
-        off = len(running) > self.config.max_batch_size
+        off = len(running) + num_waiting > self.config.max_batch_size
         for seq in running:
             n = 0 if off else num_drafts_allowed(seq, k, self.max_model_len)
             if n == 0:
