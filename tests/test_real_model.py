@@ -272,3 +272,32 @@ def test_required_tool_call_on_the_real_model_parses_and_streams_the_same(
     assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == [
         (call.function.name, call.function.arguments)
     ]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculative_greedy_output_equals_plain_on_the_real_model(engine_dir, engine, method):
+    """8 prompts, 64 greedy tokens, with speculation (n-gram; the engine as its own draft
+    model): alone and all at once beside two sampling requests, the greedy tokens equal those
+    without speculation (issue 23)."""
+    tok = engine.tokenizer
+    prompt_ids = [tok(p).input_ids for p in PROMPTS]
+    expected = run_alone(engine, prompt_ids)
+    spec = {"method": method, "num_speculative_tokens": 4, "disable_by_batch_size": 16}
+    if method == "draft":
+        spec["model"] = str(engine_dir)
+    spec_engine = LLMEngine.from_engine_dir(engine_dir, speculative_config=spec)
+    assert run_alone(spec_engine, prompt_ids) == expected
+    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=NEW_TOKENS, ignore_eos=True)
+    for i, ids in enumerate(prompt_ids):
+        spec_engine.add_request(f"mixed-{i}", ids, GREEDY)
+    for i in range(2):
+        spec_engine.add_request(f"sampled-{i}", prompt_ids[i], sampled)
+    mixed: dict[str, list[int]] = {}
+    while spec_engine.has_unfinished_requests():
+        for out in spec_engine.step():
+            if out.finished:
+                mixed[out.request_id] = out.outputs[0].token_ids
+    assert [mixed[f"mixed-{i}"] for i in range(len(PROMPTS))] == expected
+    assert all(len(mixed[f"sampled-{i}"]) == NEW_TOKENS for i in range(2))
+    stats = spec_engine.stats()
+    assert stats.spec_decode_num_accepted_tokens > 0

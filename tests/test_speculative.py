@@ -302,3 +302,45 @@ def test_speculation_turns_itself_off_in_wide_steps(tiny_llama_engine, reference
     for prompt in PROMPTS:  # one at a time: every decode step may draft
         alone.generate(prompt, GREEDY)
     assert alone.engine.stats().spec_decode_num_drafts > wide
+
+
+def test_build_with_a_draft_serves_it_and_refuses_a_tampered_one(
+    tiny_llama_dir, tmp_path, reference
+):
+    """`llmc build --draft int8`: the engine directory holds its int8 draft, the manifest
+    records it with its digest, ``{"method": "draft"}`` without a model takes it (greedy output
+    unchanged), and a draft whose manifest changed is refused before it loads."""
+    import shutil
+
+    from llmc.cli import main
+    from llmc.engine.manifest import read_manifest
+    from llmc.errors import EngineConfigError, EngineCorruptError
+    from tests.conftest import TINY_MAX_SEQ_LEN
+
+    out = tmp_path / "engine"
+    args = ["build", str(tiny_llama_dir), "--block-size", "16", "--max-seq-len",
+            str(TINY_MAX_SEQ_LEN), "--draft", "int8", "-o", str(out)]  # fmt: skip
+    assert main(args) == 0
+    record = read_manifest(out).draft
+    assert record["path"] == "draft" and record["quant"] == "int8"
+    assert read_manifest(out / "draft").quant == "int8"
+    spec = {"method": "draft", "num_speculative_tokens": 3}
+    llm = LLM(out, seed=0, speculative_config=spec)
+    assert _texts(llm, GREEDY) == reference
+    assert llm.engine.stats().spec_decode_num_draft_tokens > 0
+
+    manifest = out / "draft" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"int8"', '"int8" ', 1))
+    with pytest.raises(EngineCorruptError):
+        LLM(out, speculative_config=spec)
+    shutil.rmtree(out / "draft")
+    plain = tmp_path / "plain"
+    shutil.copytree(out, plain)
+    data = read_manifest(plain)
+    from dataclasses import replace
+
+    from llmc.engine.manifest import write_manifest
+
+    write_manifest(replace(data, draft=None), plain)
+    with pytest.raises(EngineConfigError, match="--draft"):
+        LLM(plain, speculative_config=spec)

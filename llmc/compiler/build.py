@@ -7,6 +7,10 @@ failed or interrupted build never leaves a half-written engine where the runtime
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+from pathlib import Path
+
 from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.build_stats import BuildStats
 from llmc.compiler.memory_plan import plan_memory
@@ -23,6 +27,9 @@ from llmc.compiler.stages.quantize import quantize, read_texts, sampling_model
 from llmc.compiler.stages.report import report_cpu
 from llmc.compiler.stages.result import BuildResult
 from llmc.compiler.tensorrt.gpu_build import build_gpu
+from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
+from llmc.engine.manifest import read_manifest, write_manifest
+from llmc.errors import BuildConfigError
 from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR
 
 
@@ -36,6 +43,8 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
     """
     config.validate()
     if not config.target.is_cpu:
+        if config.quantization.draft is not None:
+            raise BuildConfigError("--draft builds cpu engines only; build a GPU draft on its own")
         return build_gpu(config, progress)  # TensorRT: portable stage, then the plan
     stats = BuildStats(progress.stage if progress is not None else None)
     stage = stats.stage
@@ -67,6 +76,8 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
             engine = lower_cpu(graph, tmp, config, plan, stage)
             report = report_cpu(engine, reference, model, config, texts, stage, sampler)
             write_cpu_manifest(config, model, graph, engine, report, plan, stage, stats, memory)
+    if config.quantization.draft is not None:
+        build_draft(config, out, progress)
     return publish_result(
         config.destination,
         out,
@@ -76,3 +87,25 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
         engine.quantization,
         report.accuracy,
     )
+
+
+def build_draft(config: BuildConfig, engine_dir: Path, progress: BuildProgress | None) -> None:
+    """Build the draft engine of ``config`` (its checkpoint at ``--quant`` = ``--draft``) into
+    ``engine_dir/draft`` and record it, with its manifest's digest, in the engine's manifest."""
+    quantization = dataclasses.replace(
+        config.quantization, quant=config.quantization.draft, draft=None, exclude=None,
+        weight_only8=None,
+    )  # fmt: skip
+    destination = dataclasses.replace(
+        config.destination, output=str(engine_dir / DRAFT_DIR), registry=None
+    )
+    draft_config = dataclasses.replace(config, quantization=quantization, destination=destination)
+    build(draft_config, progress)
+    raw = (engine_dir / DRAFT_DIR / MANIFEST_NAME).read_bytes()
+    manifest = read_manifest(engine_dir)
+    record = {
+        "path": DRAFT_DIR,
+        "quant": config.quantization.draft,
+        "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+    }
+    write_manifest(dataclasses.replace(manifest, draft=record), engine_dir)

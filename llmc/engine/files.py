@@ -29,6 +29,8 @@ from pathlib import Path, PurePosixPath
 from llmc.errors import EngineCorruptError
 
 MANIFEST_NAME = "manifest.json"
+#: Where ``llmc build --draft`` puts the draft engine inside the engine directory.
+DRAFT_DIR = "draft"
 PLAN_NAME = "plan.json"
 _CHUNK_BYTES = 1 << 20
 
@@ -73,11 +75,16 @@ def list_files(engine_dir: str | Path) -> list[str]:
 
 
 def verify_engine_files(
-    files: dict[str, str], engine_dir: str | Path, todo: str, hash_files: bool = True
+    files: dict[str, str],
+    engine_dir: str | Path,
+    todo: str,
+    hash_files: bool = True,
+    nested: tuple[str, ...] = (),
 ) -> None:
     """Check that ``engine_dir`` holds exactly ``files`` (relative path -> sha256 hex), each
     confined to it, a regular file and, with ``hash_files``, of the listed digest. The listing
-    is compared before any file is hashed, so a wrong directory is refused at once.
+    is compared before any file is hashed, so a wrong directory is refused at once. Files under
+    the ``nested`` folders (a draft engine, checked by its own manifest) are not compared.
 
     Raises:
         EngineCorruptError: the list is empty; a listed path escapes the directory; a file is
@@ -89,7 +96,8 @@ def verify_engine_files(
     if not files:
         raise EngineCorruptError(f"{where} lists no engine files, so none can be checked; {todo}")
     paths = {relative: confine(root, relative, where, todo) for relative in files}
-    unlisted = [f for f in list_files(root) if f not in files]
+    prefixes = tuple(f"{folder}/" for folder in nested)
+    unlisted = [f for f in list_files(root) if f not in files and not f.startswith(prefixes)]
     if unlisted:
         raise EngineCorruptError(
             f"engine file {root / unlisted[0]} is not in the manifest"

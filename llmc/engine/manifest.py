@@ -96,10 +96,13 @@ class EngineManifest(ManifestCore):
     tensorrt: dict | None = None
     # Wall time and peak RSS of the build, whole and per stage (llmc.compiler.build_stats).
     build_stats: dict | None = None
+    # The draft engine built beside it (--draft): {"path", "quant", "manifest_sha256"}; the
+    # runtime loads it for speculative decoding only if its manifest still has that digest.
+    draft: dict | None = None
 
 
 #: Fields added after format 1 shipped: a manifest without them reads as their default.
-_OPTIONAL_FIELDS = {"tensorrt", "provider_selection", "build_stats"}
+_OPTIONAL_FIELDS = {"tensorrt", "provider_selection", "build_stats", "draft"}
 
 
 def write_manifest(m: EngineManifest, engine_dir: str | Path) -> Path:
@@ -197,14 +200,17 @@ def file_digests(engine_dir: str | Path) -> dict[str, str]:
 
 def verify_files(m: EngineManifest, engine_dir: str | Path, hash_files: bool = True) -> None:
     """Check that ``engine_dir`` holds exactly the files ``m.files`` lists, each inside it and,
-    with ``hash_files``, of its sha256 (``llmc.engine.files.verify_engine_files``).
+    with ``hash_files``, of its sha256 (``llmc.engine.files.verify_engine_files``). A recorded
+    draft engine's folder (``m.draft["path"]``) is left to its own manifest, which is checked
+    against the recorded digest when the draft is loaded.
 
     Raises:
         EngineCorruptError: the manifest lists no files; a listed path leaves the directory; a
             file is missing, unlisted, or differs from its digest (the message names the file,
             both digests, and what to rebuild).
     """
-    verify_engine_files(m.files, engine_dir, damaged_hint(m), hash_files)
+    nested = (m.draft["path"],) if m.draft else ()
+    verify_engine_files(m.files, engine_dir, damaged_hint(m), hash_files, nested)
 
 
 def damaged_hint(m: EngineManifest) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from llmc.engine.files import DRAFT_DIR
 from llmc.engine.manifest import EngineManifest
 from llmc.errors import EngineConfigError, StepFailedError
 from llmc.runtime.engine_loader import LoadedEngine, load_engine
@@ -154,8 +155,9 @@ class LLMEngine:
             expected_manifest_sha256: the sha256 (hex) ``manifest.json`` must have, e.g. the
                 registry's (``ResolvedEngine.manifest_sha256``); None: not checked.
             speculative_config: speculative decoding (`SpeculativeConfig` or vLLM's dict);
-                ``"draft"`` loads the draft engine (``model``, else ``draft/`` in ``path``)
-                with this engine's KV blocks.
+                ``"draft"`` loads the draft engine (``model``, else the ``draft/`` that
+                ``llmc build --draft`` wrote, checked against the digest this manifest
+                recorded) with this engine's KV blocks.
 
         Raises:
             ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``
@@ -378,17 +380,30 @@ def _speculator(
 
     Raises:
         ValueError: a bad config (``SpeculativeConfig.from_dict``).
-        EngineConfigError: a draft engine with another block size or vocabulary than the
-            target's.
+        EngineConfigError: no draft engine recorded, or one with another block size or
+            vocabulary than the target's.
+        EngineCorruptError: the recorded draft's manifest no longer has its digest.
         llmc.errors.EngineError: the draft engine cannot be loaded (as ``load_engine``).
     """
     if isinstance(spec, dict):
         spec = SpeculativeConfig.from_dict(spec)
     if spec.method != "draft":
         return Speculator(spec, config.max_model_len)
-    draft_path = Path(spec.model) if spec.model else Path(path) / "draft"
+    expected = None
+    if spec.model:
+        draft_path = Path(spec.model)
+    else:  # the engine's own draft (llmc build --draft), as its manifest recorded it
+        record = loaded.manifest.draft
+        if record is None:
+            raise EngineConfigError(
+                f"{path} has no draft engine: build it with `llmc build MODEL --draft QUANT`, "
+                'or name one in the speculative config ("model": DIR)'
+            )
+        draft_path = Path(path) / DRAFT_DIR
+        expected = record["manifest_sha256"]
     draft = load_engine(draft_path, num_blocks=loaded.runner.num_blocks, threads=threads,
-                        max_model_len=config.max_model_len)  # fmt: skip
+                        max_model_len=config.max_model_len,
+                        expected_manifest_sha256=expected)  # fmt: skip
     for name in ("block_size", "vocab_size"):
         mine, theirs = getattr(loaded.runner, name), getattr(draft.runner, name)
         if mine != theirs:

@@ -73,6 +73,13 @@ class QuantOptions:
         "comma-separated module patterns kept unquantized (fnmatch on checkpoint names, e.g. "
         "'lm_head,*.down_proj'); default per --quant: " + per_quant("exclude") + " ('' for none)",
     )
+    draft: str | None = option(
+        None,
+        "also build a draft engine of the same checkpoint in this --quant format into "
+        "DIR/draft, for speculative decoding (llmc serve --speculative-config "
+        '\'{"method": "draft", "num_speculative_tokens": 4}\'); cpu targets',
+        QUANTS,
+    )
 
     @property
     def quantizes(self) -> bool:
