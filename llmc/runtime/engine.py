@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from llmc.engine.files import DRAFT_DIR
 from llmc.engine.manifest import EngineManifest
-from llmc.errors import EngineConfigError, StepFailedError
-from llmc.runtime.engine_loader import LoadedEngine, load_engine
+from llmc.errors import StepFailedError
+from llmc.runtime.engine_loader import load_engine
 from llmc.runtime.grammar import GrammarCompiler
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
@@ -23,7 +22,7 @@ from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmc.runtime.sequence import Sequence
 from llmc.runtime.spec_decode import verify_greedy, verify_sampled
 from llmc.runtime.speculative_config import SpeculativeConfig
-from llmc.runtime.speculator import Speculator
+from llmc.runtime.speculator import Speculator, load_speculator
 from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
 from llmc.runtime.warmup import warmup_step
@@ -187,7 +186,14 @@ class LLMEngine:
         )
         speculator = None
         if speculative_config is not None:
-            speculator = _speculator(speculative_config, path, loaded, config, threads)
+            speculator = load_speculator(
+                speculative_config,
+                path,
+                loaded,
+                config.max_model_len,
+                config.max_num_batched_tokens,
+                threads,
+            )
         engine = cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids, speculator)
         if warmup:
             engine.warm_up()
@@ -367,51 +373,6 @@ class LLMEngine:
             return verify_greedy(rows, seq.draft_token_ids)
         probs = Sampler.probabilities(rows.copy(), [seq.params] * len(rows))
         return verify_sampled(probs, seq.draft_token_ids, seq.generator or self.sampler.generator)
-
-
-def _speculator(
-    spec: SpeculativeConfig | dict,
-    path: str | Path,
-    loaded: LoadedEngine,
-    config: EngineConfig,
-    threads: int | None,
-) -> Speculator:
-    """The engine's `Speculator`; a draft model is loaded over the target's KV blocks.
-
-    Raises:
-        ValueError: a bad config (``SpeculativeConfig.from_dict``).
-        EngineConfigError: no draft engine recorded, or one with another block size or
-            vocabulary than the target's.
-        EngineCorruptError: the recorded draft's manifest no longer has its digest.
-        llmc.errors.EngineError: the draft engine cannot be loaded (as ``load_engine``).
-    """
-    if isinstance(spec, dict):
-        spec = SpeculativeConfig.from_dict(spec)
-    if spec.method != "draft":
-        return Speculator(spec, config.max_model_len)
-    expected = None
-    if spec.model:
-        draft_path = Path(spec.model)
-    else:  # the engine's own draft (llmc build --draft), as its manifest recorded it
-        record = loaded.manifest.draft
-        if record is None:
-            raise EngineConfigError(
-                f"{path} has no draft engine: build it with `llmc build MODEL --draft QUANT`, "
-                'or name one in the speculative config ("model": DIR)'
-            )
-        draft_path = Path(path) / DRAFT_DIR
-        expected = record["manifest_sha256"]
-    draft = load_engine(draft_path, num_blocks=loaded.runner.num_blocks, threads=threads,
-                        max_model_len=config.max_model_len,
-                        expected_manifest_sha256=expected)  # fmt: skip
-    for name in ("block_size", "vocab_size"):
-        mine, theirs = getattr(loaded.runner, name), getattr(draft.runner, name)
-        if mine != theirs:
-            raise EngineConfigError(
-                f"the draft engine {draft_path} has {name} {theirs}, not {mine}: build the draft "
-                "from the same checkpoint with the same --block-size"
-            )
-    return Speculator(spec, config.max_model_len, draft.runner, config.max_num_batched_tokens)
 
 
 def default_step_tokens(manifest: EngineManifest) -> int:

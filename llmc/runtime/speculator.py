@@ -12,7 +12,12 @@ step reads weights for few tokens, not when it is already wide.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from llmc.engine.files import DRAFT_DIR
+from llmc.errors import EngineConfigError
 from llmc.runtime.draft_proposer import DraftProposer
+from llmc.runtime.engine_loader import LoadedEngine, load_engine
 from llmc.runtime.ngram_proposer import NgramProposer
 from llmc.runtime.runner import Runner
 from llmc.runtime.scheduler_output import SchedulerOutput
@@ -79,3 +84,51 @@ class Speculator:
         planned = [p for p in scheduler_output.scheduled if p.num_draft_tokens]
         if planned:
             self._draft.propose([p.seq for p in planned], [p.num_draft_tokens for p in planned])
+
+
+def load_speculator(
+    spec: SpeculativeConfig | dict,
+    path: str | Path,
+    loaded: LoadedEngine,
+    max_model_len: int,
+    max_step_tokens: int,
+    threads: int | None,
+) -> Speculator:
+    """The `Speculator` of the engine loaded from ``path``; a draft model is loaded over the
+    target's KV blocks (same block ids, ``loaded.runner.num_blocks`` of them), ``threads`` as
+    the target's.
+
+    Raises:
+        ValueError: a bad config (``SpeculativeConfig.from_dict``).
+        EngineConfigError: no draft engine recorded, or one with another block size or
+            vocabulary than the target's.
+        EngineCorruptError: the recorded draft's manifest no longer has its digest.
+        llmc.errors.EngineError: the draft engine cannot be loaded (as ``load_engine``).
+    """
+    if isinstance(spec, dict):
+        spec = SpeculativeConfig.from_dict(spec)
+    if spec.method != "draft":
+        return Speculator(spec, max_model_len)
+    expected = None
+    if spec.model:
+        draft_path = Path(spec.model)
+    else:  # the engine's own draft (llmc build --draft), as its manifest recorded it
+        record = loaded.manifest.draft
+        if record is None:
+            raise EngineConfigError(
+                f"{path} has no draft engine: build it with `llmc build MODEL --draft QUANT`, "
+                'or name one in the speculative config ("model": DIR)'
+            )
+        draft_path = Path(path) / DRAFT_DIR
+        expected = record["manifest_sha256"]
+    draft = load_engine(draft_path, num_blocks=loaded.runner.num_blocks, threads=threads,
+                        max_model_len=max_model_len,
+                        expected_manifest_sha256=expected)  # fmt: skip
+    for name in ("block_size", "vocab_size"):
+        mine, theirs = getattr(loaded.runner, name), getattr(draft.runner, name)
+        if mine != theirs:
+            raise EngineConfigError(
+                f"the draft engine {draft_path} has {name} {theirs}, not {mine}: build the draft "
+                "from the same checkpoint with the same --block-size"
+            )
+    return Speculator(spec, max_model_len, draft.runner, max_step_tokens)
