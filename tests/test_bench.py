@@ -167,7 +167,8 @@ def test_cli_prints_table_and_writes_json(
     assert main(args) == 0
     assert "TTFT" in capsys.readouterr().out
     doc = json.loads(out.read_text())
-    assert set(doc) == {"format_version", "model", "config", "result", "requests"}
+    assert set(doc) == {"format_version", "model", "config", "result", "spec_decode", "requests"}
+    assert doc["spec_decode"]["num_draft_tokens"] == 0  # this server does not speculate
     assert doc["model"] == MODEL and doc["config"]["api_key"] == "***"
     assert doc["config"]["request_rate"] == "inf"
     result = doc["result"]

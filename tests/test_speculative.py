@@ -323,6 +323,7 @@ def test_build_with_a_draft_serves_it_and_refuses_a_tampered_one(
     assert main(args) == 0
     record = read_manifest(out).draft
     assert record["path"] == "draft" and record["quant"] == "int8"
+    assert 0 < record["accuracy_report"]["top1_agreement"] <= 1
     assert read_manifest(out / "draft").quant == "int8"
     spec = {"method": "draft", "num_speculative_tokens": 3}
     llm = LLM(out, seed=0, speculative_config=spec)

@@ -91,7 +91,8 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
 
 def build_draft(config: BuildConfig, engine_dir: Path, progress: BuildProgress | None) -> None:
     """Build the draft engine of ``config`` (its checkpoint at ``--quant`` = ``--draft``) into
-    ``engine_dir/draft`` and record it, with its manifest's digest, in the engine's manifest."""
+    ``engine_dir/draft`` and record it, with its manifest's digest and its accuracy report
+    (against the unquantized model), in the engine's manifest."""
     quantization = dataclasses.replace(
         config.quantization, quant=config.quantization.draft, draft=None, exclude=None,
         weight_only8=None,
@@ -107,5 +108,6 @@ def build_draft(config: BuildConfig, engine_dir: Path, progress: BuildProgress |
         "path": DRAFT_DIR,
         "quant": config.quantization.draft,
         "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+        "accuracy_report": read_manifest(engine_dir / DRAFT_DIR).accuracy_report,
     }
     write_manifest(dataclasses.replace(manifest, draft=record), engine_dir)

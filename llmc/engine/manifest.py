@@ -96,8 +96,9 @@ class EngineManifest(ManifestCore):
     tensorrt: dict | None = None
     # Wall time and peak RSS of the build, whole and per stage (llmc.compiler.build_stats).
     build_stats: dict | None = None
-    # The draft engine built beside it (--draft): {"path", "quant", "manifest_sha256"}; the
-    # runtime loads it for speculative decoding only if its manifest still has that digest.
+    # The draft engine built beside it (--draft): {"path", "quant", "manifest_sha256",
+    # "accuracy_report"}; the runtime loads it for speculative decoding only if its manifest
+    # still has that digest.
     draft: dict | None = None
 
 
