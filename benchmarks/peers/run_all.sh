@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# llmc against llama.cpp's server and OpenVINO GenAI in one run, on one host, one system at a
+# time (issue 21's table): 16 prompts of 128 tokens, 128 new tokens, greedy, EOS ignored,
+# 1 and 16 concurrent requests.
+#
+#   benchmarks/peers/run_all.sh OUT_DIR ENGINE_DIR [ENGINE_DIR ...]
+#
+# Each llmc engine is served by `llmc serve` and loaded by `llmc bench` (a warm-up, then
+# --max-concurrency 1 and 16); then llama_cpp_server.sh and openvino_genai.sh; then table.py
+# prints the Markdown table of OUT_DIR. Run from the repository root with llmc installed.
+set -euo pipefail
+OUT=${1:?usage: run_all.sh OUT_DIR ENGINE_DIR [ENGINE_DIR ...]}
+shift
+HERE=$(cd "$(dirname "$0")" && pwd)
+PORT=${PORT:-8092}
+mkdir -p "$OUT"
+lscpu | grep -E "Model name|Flags" > "$OUT/host.txt"
+for engine in "$@"; do
+    name=$(basename "$engine")
+    llmc serve "$engine" --port "$PORT" > "$OUT/llmc_$name.log" 2>&1 &
+    server=$!
+    for _ in $(seq 300); do
+        curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break
+        sleep 1
+    done
+    llmc bench --base-url "http://127.0.0.1:$PORT" --num-prompts 2 --input-len 128 \
+        --output-len 8 --ignore-eos --tokenizer "$engine" > /dev/null  # warm-up
+    for c in 1 16; do
+        llmc bench --base-url "http://127.0.0.1:$PORT" --num-prompts 16 --input-len 128 \
+            --output-len 128 --ignore-eos --tokenizer "$engine" --max-concurrency "$c" \
+            --json "$OUT/llmc_${name}_c$c.json"
+    done
+    kill "$server"
+    wait "$server" || true
+done
+bash "$HERE/llama_cpp_server.sh" "$OUT" "$1"
+bash "$HERE/openvino_genai.sh" "$OUT"
+python3 "$HERE/table.py" "$OUT"

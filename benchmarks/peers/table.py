@@ -1,0 +1,53 @@
+"""Print the Markdown table of a run_all.sh output directory: per system, S1 TTFT ms, S1 decode
+tok/s, S16 total output tok/s and S16 mean TTFT ms.
+
+    python benchmarks/peers/table.py OUT_DIR
+
+``llmc bench`` JSON pairs (``NAME_c1.json``, ``NAME_c16.json``: llmc engines and llama.cpp)
+give S1 decode as 1000 / mean TPOT; OpenVINO GenAI's JSON (``openvino_*.json``) as measured by
+openvino_genai_bench.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def bench_row(c1: dict, c16: dict) -> tuple[float, float, float, float]:
+    """(S1 TTFT ms, S1 decode tok/s, S16 total tok/s, S16 mean TTFT ms) of two llmc bench runs."""
+    s1, s16 = c1["result"], c16["result"]
+    return (
+        s1["ttft_ms"]["mean"],
+        1000.0 / s1["tpot_ms"]["mean"],
+        s16["output_throughput"],
+        s16["ttft_ms"]["mean"],
+    )
+
+
+def main() -> None:
+    """Print the table."""
+    out = Path(sys.argv[1])
+    rows = []
+    for c1_path in sorted(out.glob("*_c1.json")):
+        name = c1_path.name.removesuffix("_c1.json")
+        c16_path = out / f"{name}_c16.json"
+        if c16_path.exists():
+            rows.append((name, bench_row(json.loads(c1_path.read_text()),
+                                         json.loads(c16_path.read_text()))))  # fmt: skip
+    for path in sorted(out.glob("openvino_*.json")):
+        r = json.loads(path.read_text())
+        row = (r["s1"]["mean_ttft_ms"], r["s1"]["decode_tok_s"], r["s16"]["total_tok_s"],
+               r["s16"]["mean_ttft_ms"])  # fmt: skip
+        rows.append((path.stem, row))
+    host = (out / "host.txt").read_text().splitlines()[0] if (out / "host.txt").exists() else ""
+    print(f"Host: {host}\n")
+    print("| system | S1 TTFT ms | S1 decode tok/s | S16 total tok/s | S16 mean TTFT ms |")
+    print("|---|---|---|---|---|")
+    for name, (ttft, decode, total, mean_ttft) in rows:
+        print(f"| {name} | {ttft:.0f} | {decode:.1f} | {total:.0f} | {mean_ttft:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
