@@ -15,7 +15,7 @@ set -euo pipefail
 OUT=${1:?usage: llama_cpp_server.sh OUT_DIR [TOKENIZER_DIR]}
 TOKENIZER=${2:-engines/gemma-3-270m-cpu-float32-none}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-WORK=${WORK:-/tmp/llmc-peers/llama.cpp}
+WORK=${WORK:-/tmp/llmc-peers}/llama.cpp
 PORT=${PORT:-8091}
 mkdir -p "$OUT" "$WORK"
 
