@@ -39,9 +39,9 @@ for _ in $(seq 120); do
     sleep 1
 done
 llmc bench --base-url "http://127.0.0.1:$PORT" --model gemma --num-prompts 2 --input-len 128 \
-    --output-len 8 --ignore-eos --tokenizer "$TOKENIZER" > /dev/null  # warm-up
-for c in 1 16; do
+    --output-len 8 --ignore-eos --tokenizer "$TOKENIZER" --seed 3 > /dev/null  # warm-up
+for c in 1 16; do  # other prompts per run (--seed): its slots' prompt cache never hits
     llmc bench --base-url "http://127.0.0.1:$PORT" --model gemma --num-prompts 16 \
         --input-len 128 --output-len 128 --ignore-eos --tokenizer "$TOKENIZER" \
-        --max-concurrency "$c" --json "$OUT/llama_cpp_c$c.json"
+        --max-concurrency "$c" --seed "$c" --json "$OUT/llama_cpp_c$c.json"
 done

@@ -96,17 +96,19 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     args = p.parse_args()
+    n = args.num_prompts
     prompts = make_prompts(
-        AutoTokenizer.from_pretrained(args.tokenizer), args.num_prompts + 1, args.prompt_len
+        AutoTokenizer.from_pretrained(args.tokenizer), 2 * n + 1, args.prompt_len
     )
     scheduler = ov_genai.SchedulerConfig()
     scheduler.cache_size = 2  # GB of KV cache
     scheduler.max_num_batched_tokens = 256  # split-fuse prefill budget, OpenVINO's default
+    scheduler.enable_prefix_caching = False
     pipe = ov_genai.ContinuousBatchingPipeline(args.model, scheduler, "CPU")
     run(pipe, prompts[:1], 4, concurrent=False)  # warm-up; its prompt is not reused
     results = {
-        "s1": run(pipe, prompts[1:], args.new_tokens, concurrent=False),
-        "s16": run(pipe, prompts[1:], args.new_tokens, concurrent=True),
+        "s1": run(pipe, prompts[1 : n + 1], args.new_tokens, concurrent=False),
+        "s16": run(pipe, prompts[n + 1 :], args.new_tokens, concurrent=True),
         "openvino_genai": ov_genai.__version__,
     }
     print(json.dumps(results, indent=2))

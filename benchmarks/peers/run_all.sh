@@ -5,8 +5,8 @@
 #
 #   benchmarks/peers/run_all.sh OUT_DIR ENGINE_DIR [ENGINE_DIR ...]
 #
-# Each llmc engine is served by `llmc serve` and loaded by `llmc bench` (a warm-up, then
-# --max-concurrency 1 and 16); then llama_cpp_server.sh and openvino_genai.sh; then table.py
+# Each llmc engine is served by `llmc serve --no-prefix-caching` and loaded by `llmc bench` (a
+# warm-up, then --max-concurrency 1 and 16, each with prompts of its own: no prompt caching); then llama_cpp_server.sh and openvino_genai.sh; then table.py
 # prints the Markdown table of OUT_DIR. Run from the repository root with llmc installed.
 set -euo pipefail
 OUT=${1:?usage: run_all.sh OUT_DIR ENGINE_DIR [ENGINE_DIR ...]}
@@ -17,18 +17,18 @@ mkdir -p "$OUT"
 lscpu | grep -E "Model name|Flags" > "$OUT/host.txt"
 for engine in "$@"; do
     name=$(basename "$engine")
-    llmc serve "$engine" --port "$PORT" > "$OUT/llmc_$name.log" 2>&1 &
+    llmc serve "$engine" --port "$PORT" --no-prefix-caching > "$OUT/llmc_$name.log" 2>&1 &
     server=$!
     for _ in $(seq 300); do
         curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break
         sleep 1
     done
     llmc bench --base-url "http://127.0.0.1:$PORT" --num-prompts 2 --input-len 128 \
-        --output-len 8 --ignore-eos --tokenizer "$engine" > /dev/null  # warm-up
-    for c in 1 16; do
+        --output-len 8 --ignore-eos --tokenizer "$engine" --seed 3 > /dev/null  # warm-up
+    for c in 1 16; do  # other prompts per run (--seed): no run reads another's KV
         llmc bench --base-url "http://127.0.0.1:$PORT" --num-prompts 16 --input-len 128 \
             --output-len 128 --ignore-eos --tokenizer "$engine" --max-concurrency "$c" \
-            --json "$OUT/llmc_${name}_c$c.json"
+            --seed "$c" --json "$OUT/llmc_${name}_c$c.json"
     done
     kill "$server"
     wait "$server" || true
