@@ -28,7 +28,7 @@ from llmc.compiler.stages.report import report_cpu
 from llmc.compiler.stages.result import BuildResult
 from llmc.compiler.tensorrt.gpu_build import build_gpu
 from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
-from llmc.engine.manifest import read_manifest, write_manifest
+from llmc.engine.manifest import parse_manifest, read_manifest, write_manifest
 from llmc.errors import BuildConfigError
 from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR
 
@@ -102,12 +102,12 @@ def build_draft(config: BuildConfig, engine_dir: Path, progress: BuildProgress |
     )
     draft_config = dataclasses.replace(config, quantization=quantization, destination=destination)
     build(draft_config, progress)
-    raw = (engine_dir / DRAFT_DIR / MANIFEST_NAME).read_bytes()
-    manifest = read_manifest(engine_dir)
+    draft_manifest = engine_dir / DRAFT_DIR / MANIFEST_NAME
+    raw = draft_manifest.read_bytes()  # read once: the bytes hashed are the bytes parsed
     record = {
         "path": DRAFT_DIR,
         "quant": config.quantization.draft,
         "manifest_sha256": hashlib.sha256(raw).hexdigest(),
-        "accuracy_report": read_manifest(engine_dir / DRAFT_DIR).accuracy_report,
+        "accuracy_report": parse_manifest(raw, str(draft_manifest)).accuracy_report,
     }
-    write_manifest(dataclasses.replace(manifest, draft=record), engine_dir)
+    write_manifest(dataclasses.replace(read_manifest(engine_dir), draft=record), engine_dir)

@@ -79,10 +79,9 @@ class DraftProposer:
                 pieces.append((i, lo, seq.token_ids(lo, hi), hi == seq.num_tokens))
         last = [0] * len(seqs)
         batch: list[tuple[int, int, list[int], bool]] = []
+        num_batched = 0  # tokens in `batch`
         for piece in [*pieces, None]:
-            full = piece is None or sum(len(p[2]) for p in batch) + len(piece[2]) > (
-                self.max_step_tokens
-            )
+            full = piece is None or num_batched + len(piece[2]) > self.max_step_tokens
             if batch and full:
                 step = pack_step(
                     [p[2] for p in batch],
@@ -94,7 +93,8 @@ class DraftProposer:
                 for (i, _, _, ends), row in zip(batch, logits, strict=True):
                     if ends:
                         last[i] = int(np.argmax(row))
-                batch = []
+                batch, num_batched = [], 0
             if piece is not None:
                 batch.append(piece)
+                num_batched += len(piece[2])
         return last

@@ -164,7 +164,8 @@ class LLMEngine:
             llmc.errors.EngineError: from the loader (no engine, built for another host, corrupt,
                 a KV pool smaller than one ``max_model_len`` sequence).
         """
-
+        if isinstance(speculative_config, dict):  # refused before any weight is read
+            speculative_config = SpeculativeConfig.from_dict(speculative_config)
         loaded = load_engine(
             path,
             num_blocks=num_blocks,

@@ -4,8 +4,8 @@ schedule (spec_decode.py has the rules, the proposers the methods).
 Per step: `before_schedule` gives each running decode that may speculate its drafts (n-gram:
 the tokens themselves; draft model: as many placeholders, so the scheduler allocates the slots
 the draft writes), the scheduler trims them to the step's token budget, then `after_schedule`
-runs the draft model over the scheduled sequences' placeholders. Speculation stays off for a
-step with more running sequences than ``SpeculativeConfig.max_batch_size`` (vLLM's
+runs the draft model over the scheduled sequences' placeholders. Speculation stays off while
+more sequences run and wait than ``SpeculativeConfig.max_batch_size`` (vLLM's
 ``disable_by_batch_size``, with measured defaults): verifying k tokens is nearly free while a
 step reads weights for few tokens, not when it is already wide.
 """
@@ -87,7 +87,7 @@ class Speculator:
 
 
 def load_speculator(
-    spec: SpeculativeConfig | dict,
+    spec: SpeculativeConfig,
     path: str | Path,
     loaded: LoadedEngine,
     max_model_len: int,
@@ -99,14 +99,11 @@ def load_speculator(
     the target's.
 
     Raises:
-        ValueError: a bad config (``SpeculativeConfig.from_dict``).
         EngineConfigError: no draft engine recorded, or one with another block size or
             vocabulary than the target's.
         EngineCorruptError: the recorded draft's manifest no longer has its digest.
         llmc.errors.EngineError: the draft engine cannot be loaded (as ``load_engine``).
     """
-    if isinstance(spec, dict):
-        spec = SpeculativeConfig.from_dict(spec)
     if spec.method != "draft":
         return Speculator(spec, max_model_len)
     expected = None
