@@ -81,8 +81,9 @@ def _config(root, ckpt, data, name: str, **kw) -> BuildConfig:
 
 
 def test_the_registry_holds_one_module_per_format():
-    assert list(FORMATS) == ["none", "fp8", "int8", "int4", "int8_weight_only"]
-    assert list(QUANTS) == ["none", "fp8", "int8", "int4"]  # the weight-only form: per module
+    assert list(FORMATS) == ["none", "fp8", "int8", "int4", "nvfp4", "mxfp8", "int8_weight_only"]
+    # the weight-only form: per module
+    assert list(QUANTS) == ["none", "fp8", "int8", "int4", "nvfp4", "mxfp8"]
     assert WEIGHT_ONLY8 in FORMATS and WEIGHT_ONLY8 not in QUANTS
     for name, fmt in FORMATS.items():
         assert fmt.name == name and isinstance(fmt, QuantFormat)

@@ -16,7 +16,7 @@ from llmc.calibration.accuracy import AccuracyReport
 from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.verify import VerifyConfig, VerifyError, verify_engine
+from llmc.compiler.verify import VerifyConfig, VerifyError, result_tables, verify_engine
 from llmc.engine.manifest import read_manifest, write_manifest
 from llmc.engine.plan import load_plan
 from llmc.errors import ModelSourceError
@@ -55,7 +55,13 @@ def test_float32_engine_passes_every_segment(engines, tmp_path):
     shutil.copytree(good, engine)
     m = read_manifest(engine)
     stored = AccuracyReport(str(SHAKESPEARE.resolve()), 1, 23, 500.0, 500.0, 0.0, 0.0, 1.0)
-    write_manifest(dataclasses.replace(m, accuracy_report=stored.to_dict()), engine)
+    anchor = AccuracyReport(stored.data, 1, 23, 500.0, 510.0, 0.02, 0.125, 0.75)
+    record = {"name": "rtn", "label": "round-to-nearest", "report": anchor.to_dict()}
+    quantization = {"spec": {"anchor": record}}
+    write_manifest(
+        dataclasses.replace(m, accuracy_report=stored.to_dict(), quantization=quantization),
+        engine,
+    )
 
     result = verify_engine(engine, VerifyConfig(**FAST))
     assert result.passed
@@ -65,6 +71,9 @@ def test_float32_engine_passes_every_segment(engines, tmp_path):
         assert s.passed and s.note is None and s.outputs, s
         assert s.max_abs_error < 1e-4
     assert result.stored_accuracy == stored
+    assert result.anchor == record
+    printed = "\n".join(str(part) for part in result_tables(result))
+    assert "round-to-nearest" in printed and "75.00%" in printed and "0.125" in printed
     report = result.accuracy
     assert report.data == str(SHAKESPEARE.resolve())
     assert (report.num_windows, report.num_tokens) == (2, 46)

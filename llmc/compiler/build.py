@@ -16,6 +16,7 @@ from llmc.compiler.build_stats import BuildStats
 from llmc.compiler.memory_plan import plan_memory
 from llmc.compiler.progress import BuildProgress
 from llmc.compiler.provider_choice import check_requested
+from llmc.compiler.quantize.search import AccuracyTargetError
 from llmc.compiler.staged_dir import scratch_dir, staged_dir
 from llmc.compiler.stages.export import export
 from llmc.compiler.stages.host import plan_cpu
@@ -75,6 +76,7 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
         with staged_dir(out) as tmp:
             engine = lower_cpu(graph, tmp, config, plan, stage)
             report = report_cpu(engine, reference, model, config, texts, stage, sampler)
+            check_accuracy_target(config, report.accuracy)
             write_cpu_manifest(config, model, graph, engine, report, plan, stage, stats, memory)
     if config.quantization.draft is not None:
         build_draft(config, out, progress)
@@ -89,13 +91,26 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
     )
 
 
+def check_accuracy_target(config: BuildConfig, accuracy) -> None:
+    """Raise AccuracyTargetError when the engine's own accuracy report (``accuracy``) misses
+    ``--accuracy-target`` (the search scored the Q/DQ graph, the report the fused engine)."""
+    target = config.quantization.target
+    if target is None or accuracy is None or target.met(accuracy):
+        return
+    raise AccuracyTargetError(
+        f"the engine's accuracy report gives {target.metric} {target.measure(accuracy):.4g}, "
+        f"missing --accuracy-target {target} that its Q/DQ graph kept in the search; rebuild "
+        "with a stricter target (the fused kernels lost the margin)"
+    )
+
+
 def build_draft(config: BuildConfig, engine_dir: Path, progress: BuildProgress | None) -> None:
     """Build the draft engine of ``config`` (its checkpoint at ``--quant`` = ``--draft``) into
     ``engine_dir/draft`` and record it, with its manifest's digest and its accuracy report
     (against the unquantized model), in the engine's manifest."""
     quantization = dataclasses.replace(
         config.quantization, quant=config.quantization.draft, draft=None, exclude=None,
-        weight_only8=None,
+        weight_only8=None, accuracy_target=None,
     )  # fmt: skip
     destination = dataclasses.replace(
         config.destination, output=str(engine_dir / DRAFT_DIR), registry=None

@@ -116,7 +116,7 @@ class BuildConfig:
         error = FORMATS[quant].target_error(arch, self.quant_spec())
         if error:
             raise BuildConfigError(error)
-        if self.quantization.kv_cache_dtype == "fp8" and arch not in FP8_TARGETS:
+        if self.kv_cache_dtype == "fp8" and arch not in FP8_TARGETS:
             raise BuildConfigError(
                 "--kv-cache-dtype fp8 needs FP8 tensor cores "
                 f"(sm{FORMATS['fp8'].min_sm} or newer); {arch} has none: use int8 or int4, "
@@ -150,10 +150,17 @@ class BuildConfig:
         return self.calibration.method_for(self.quantization.quant)
 
     @property
-    def kv_cache_storage(self) -> str:
-        """The KV cache's dtype as the engine stores it: ``--kv-cache-dtype``, or for ``auto``
-        float32 on cpu (whatever the compute dtype) and the compute dtype on GPUs."""
+    def kv_cache_dtype(self) -> str:
+        """``--kv-cache-dtype``, its ``auto`` resolved to the default of ``--quant`` (fp8 for
+        nvfp4 and mxfp8; "auto", the compute dtype, for the others)."""
         kv = self.quantization.kv_cache_dtype
+        return self.quantization.defaults.kv_cache_dtype if kv == "auto" else kv
+
+    @property
+    def kv_cache_storage(self) -> str:
+        """The KV cache's dtype as the engine stores it: ``kv_cache_dtype``, or for ``auto``
+        float32 on cpu (whatever the compute dtype) and the compute dtype on GPUs."""
+        kv = self.kv_cache_dtype
         if kv != "auto":
             return kv
         return "float32" if self.target.is_cpu else str(self.source.dtype)
@@ -172,7 +179,7 @@ class BuildConfig:
             weight_rounding=q.weight_rounding,
             weight_only8=q.weight_only8_patterns,
             exclude=q.exclude_patterns,
-            kv_cache_dtype=q.kv_cache_dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             bound_pairs=bound_pairs,
         )
 

@@ -60,6 +60,7 @@ class VerifyResult:
     rtol: float
     atol: float
     renamed: dict[str, str] = field(default_factory=dict)  # see ``match_names``
+    anchor: dict | None = None  # the build's accuracy anchor (``anchors``), from the manifest
 
     @property
     def passed(self) -> bool:
@@ -150,9 +151,11 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
             del ref_model
             tick(i + 1, len(plan.segments))
     logits = next(i for i, s in enumerate(plan.segments) if plan.logits in s.outputs)
+    anchor = (manifest.quantization or {}).get("spec", {}).get("anchor")
     return VerifyResult(
-        engine_dir, report, stored, tuple(segments), logits, config.rtol, config.atol, renamed
-    )
+        engine_dir, report, stored, tuple(segments), logits, config.rtol, config.atol, renamed,
+        anchor,
+    )  # fmt: skip
 
 
 def _checkpoint(manifest, model: str | None):
@@ -186,6 +189,10 @@ def result_tables(result: VerifyResult) -> list:
     parts: list = [Text(result.accuracy.format())]
     if result.stored_accuracy is not None:
         parts.append(Text("as recorded at build time:\n" + result.stored_accuracy.format()))
+        if result.anchor is not None:
+            from llmc.compiler.quantize.anchors import format_anchor
+
+            parts.append(Text(format_anchor(result.stored_accuracy.to_dict(), result.anchor)))
     else:
         parts.append(Text("no accuracy report in the manifest (an unquantized build)"))
     table = Table(title=f"Polygraphy, per segment (rtol {result.rtol:g}, atol {result.atol:g})")

@@ -46,6 +46,9 @@ class QuantSpec:
     kv_cache_dtype: str = "auto"
     weight_rounding: str = "nearest"  # "nearest" | "gptq"
     bound_pairs: bool = False  # int8 weight pairs within 128, for GEMMs without VNNI (grids)
+    # Per-module formats chosen by ``--accuracy-target`` ((module, format name) pairs; "none"
+    # keeps the module float); they override ``quant`` and ``weight_only8`` for those modules.
+    assignment: tuple[tuple[str, str], ...] = ()
 
 
 class ActivationStats(Protocol):
@@ -86,13 +89,15 @@ class QuantizedLinear:
 
 @dataclass(frozen=True)
 class FormatDefaults:
-    """A format's defaults: the activation observer (``--calib-method``) and the module patterns
+    """A format's defaults: the activation observer (``--calib-method``), the module patterns
     given 8-bit weight-only weights (``--weight-only8``) or kept float (``--exclude``),
-    comma-separated as on the command line."""
+    comma-separated as on the command line, and what ``--kv-cache-dtype auto`` stores ("auto":
+    the compute dtype; or "fp8", "int8")."""
 
     calib_method: str = "max"
     weight_only8: str = ""
     exclude: str = ""
+    kv_cache_dtype: str = "auto"
 
 
 def sm_of(name: str) -> int | None:
@@ -118,6 +123,9 @@ class QuantFormat(Protocol):
     weight_bytes: float = 4.0  # engine bytes per weight of a module in this format, scales in
     ort_session_config: Mapping[str, str] = {}  # session entries its CPU engines need
     min_sm: int = 80  # oldest GPU arch (compute capability x 10) TensorRT runs it on
+    # The formats ``--accuracy-target`` may give a module instead, cheapest first (float, the
+    # last resort, is implied).
+    fallbacks: tuple[str, ...] = ("int8_weight_only",)
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec

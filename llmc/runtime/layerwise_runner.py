@@ -14,7 +14,7 @@ session options and attention kernel, fed the same tensors; each window is one p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,10 @@ class LayerwiseRunner:
             (removed once the session has loaded it) and returns the graph to run. The build
             widens a float graph's 16-bit stored weights this way
             (``llmc.compiler.stored_weights.widen_segment``).
+        engine_kernels: optimize each segment as the CPU lowering does (ORT_ENABLE_ALL, so
+            Q/DQ MatMuls fuse into the kernels an engine runs) with ``session_config``'s
+            entries, instead of ORT_ENABLE_BASIC; for scoring quantized graphs as the engine
+            would compute them.
 
     Raises ValueError as ``split_at_plugins`` does (no plugin node, an unknown extra output).
     """
@@ -76,8 +80,11 @@ class LayerwiseRunner:
         external_data_dir: Path | None = None,
         logits: bool = True,
         prepare: Callable[[Any, str], Any] | None = None,
+        engine_kernels: bool = False,
+        session_config: Mapping[str, str] | None = None,
     ):
         self._segments, self.plan = split_at_plugins(model, extra_outputs=extra_outputs)
+        self._engine_kernels, self._session_config = engine_kernels, dict(session_config or {})
         self._prepare = prepare
         self._extra = frozenset(extra_outputs)
         self._with_logits = logits
@@ -141,7 +148,16 @@ class LayerwiseRunner:
         # each constant B beside the memory-mapped original (twice a segment's weights; 0.5 GB
         # more for a 151,936-word vocabulary projection). Packing per run costs little at
         # prefill sizes, and the numbers are the same.
-        opts.add_session_config_entry("session.disable_prepacking", "1")
+        # Engine kernels pack their weights: MatMulNBits computes at its accuracy level (int8
+        # activations at level 4) only from packed weights.
+        if self._engine_kernels:
+            import onnxruntime as ort
+
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        else:
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+        for key, value in self._session_config.items():
+            opts.add_session_config_entry(key, value)
         plugins = self.plan.plugins
         for i in range(self.num_segments):
             segment, inputs, outputs = self.segment_to_run(i)

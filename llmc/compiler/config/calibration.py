@@ -34,6 +34,12 @@ class CalibrationOptions:
         "20%, else model samples of another seed)",
     )
     eval_samples: int = option(16, "accuracy report windows (of --calib-seq-len tokens)")
+    anchor: str = option(
+        "auto",
+        "auto: score an anchor beside the accuracy report (llama.cpp's Q8_0 of the same weights "
+        "for a GGUF checkpoint, else round-to-nearest of the same formats); none: skip it",
+        ("auto", "none"),
+    )
     cache_dir: str = option("~/.cache/llmc", "where calibration statistics are cached")
 
     def method_for(self, quant: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmc.compiler.config.option import check_choices, option
+from llmc.compiler.quantize.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.formats import FORMATS, QuantChoices
 from llmc.errors import BuildConfigError
 from llmc.quant.protocol import FormatDefaults
@@ -31,6 +32,15 @@ def per_quant(default: str) -> str:
     return "; ".join(f"{q}: {v or 'none'}" for q, v in values)
 
 
+def _kv_auto() -> str:
+    """Which --quant choices store the KV cache in another dtype for ``auto``, for the help."""
+    by_dtype: dict[str, list[str]] = {}
+    for q in QUANTS:
+        if format_defaults(q).kv_cache_dtype != "auto":
+            by_dtype.setdefault(format_defaults(q).kv_cache_dtype, []).append(q)
+    return "; ".join(f"{kv} with --quant {' and '.join(qs)}" for kv, qs in by_dtype.items())
+
+
 def _patterns(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 
@@ -46,7 +56,9 @@ class QuantOptions:
         QUANTS,
     )
     kv_cache_dtype: str = option(
-        "auto", "KV cache storage: auto (compute dtype), fp8, int8", KV_CACHE_DTYPES
+        "auto",
+        f"KV cache storage: fp8, int8, or auto: the compute dtype ({_kv_auto()})",
+        KV_CACHE_DTYPES,
     )
     int4_block_size: int = option(128, "int4: input channels per weight scale", INT4_BLOCK_SIZES)
     int4_method: str = option("awq", "int4: AWQ activation-aware scales or plain RTN", INT4_METHODS)
@@ -73,6 +85,13 @@ class QuantOptions:
         "comma-separated module patterns kept unquantized (fnmatch on checkpoint names, e.g. "
         "'lm_head,*.down_proj'); default per --quant: " + per_quant("exclude") + " ('' for none)",
     )
+    accuracy_target: str | None = option(
+        None,
+        "METRIC=VALUE (top1=0.95, kl=0.01, ppl_change=0.02): choose each decoder layer's format "
+        "among --quant's, its fallbacks (8-bit weight-only, ...) and float, the cheapest "
+        "assignment whose held-out accuracy keeps the target (per-layer sensitivity on the "
+        "calibration text); fails the build when only float would",
+    )
     draft: str | None = option(
         None,
         "also build a draft engine of the same checkpoint in this --quant format into "
@@ -85,6 +104,12 @@ class QuantOptions:
     def quantizes(self) -> bool:
         """Whether ``--quant`` rewrites the graph (every format but ``none``)."""
         return FORMATS[self.quant].quantizes
+
+    @property
+    def target(self) -> AccuracyTarget | None:
+        """``--accuracy-target`` parsed (None when unset). Raises BuildConfigError as
+        ``AccuracyTarget.parse``."""
+        return None if self.accuracy_target is None else AccuracyTarget.parse(self.accuracy_target)
 
     @property
     def defaults(self) -> FormatDefaults:
@@ -127,6 +152,11 @@ class QuantOptions:
         """Raise BuildConfigError for an unknown choice or an alpha outside [0, 1]."""
         check_choices(self)
         _ = self.smoothquant_alphas  # BuildConfigError if the grid does not parse
+        if self.target is not None and not self.quantizes:
+            raise BuildConfigError(
+                "--accuracy-target chooses among a format's fallbacks: give a --quant "
+                "(fp8, int8, int4, ...)"
+            )
         if not 0.0 <= self.smoothquant_alpha <= 1.0:
             raise BuildConfigError(
                 f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}"

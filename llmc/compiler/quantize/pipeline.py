@@ -92,6 +92,8 @@ def quantize(
     bound_pairs: bool = False,
     weights_dir: Path | None = None,
     work_dir: Path | None = None,
+    heldout_source: TextSource | None = None,
+    gguf_types=None,
 ) -> tuple[onnx.ModelProto, QuantReport]:
     """Calibrate (or read cached statistics) and quantize one segment at a time; return the Q/DQ
     graph and its report. ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without
@@ -105,7 +107,15 @@ def quantize(
     (``float_model`` holding external-data references to ``weights_dir / FLOAT_GRAPH.data``)
     is read from disk and the quantized graph written to ``work_dir`` with its weights as
     external data; the returned proto then references them. ``hf_model`` is only read to
-    sample calibration text (no ``--calib-data``)."""
+    sample calibration text (no ``--calib-data``).
+
+    With ``--accuracy-target``, every module is quantized in each format of its ladder while
+    its statistics are in memory, the assignment is searched (``targeted``; its held-out
+    windows come from ``heldout_source``), and the graph is written with the one chosen; the
+    search is recorded in the report's ``spec["accuracy_target"]``. With ``--accuracy-anchor
+    auto`` the anchor (``anchors``: llama.cpp's Q8_0 for a GGUF checkpoint, whose stored types
+    are ``gguf_types``, else round-to-nearest) is scored on the same held-out windows and
+    recorded in ``spec["anchor"]``."""
     import onnx_ir as ir
 
     from llmc.calibration.collect import calibration_key
@@ -137,6 +147,18 @@ def quantize(
         raise ValueError("a streamed graph is quantized into a work directory")
     # A streamed build's quantized weights go to disk as they are made (``TensorSpill``).
     spill = TensorSpill(work_dir / QUANTIZED_SPILL) if weights_dir is not None else None
+    target = config.quantization.target
+    targeted = anchors = None
+    if target is not None:
+        from llmc.compiler.quantize.targeted import TargetedQuantization
+
+        targeted = TargetedQuantization(graph, spec, config.target.arch, str(config.source.dtype))
+    if calib.anchor == "auto":
+        from llmc.compiler.quantize.anchors import AnchorQuantization
+
+        anchors = AnchorQuantization(graph, spec, gguf_types)
+    if (targeted or anchors) and heldout_source is None:
+        raise ValueError("--accuracy-target and the accuracy anchor need held-out text")
     quantizer = GraphQuantizer(graph, spec, spill)
     cached = bool(tensors) and cache.is_complete()
     windows: list = []
@@ -166,23 +188,57 @@ def quantize(
             )
             parts = _calibrate(runner, tensors, windows, gram_keys, cache, tick)
         for _, stats in parts:
-            quantizer.quantize(stats)
+            if anchors is not None:
+                anchors.add(stats)
+            if targeted is None:
+                quantizer.quantize(stats)
+            else:
+                targeted.add(stats)
             del stats
             release_freed_memory()  # the segment's statistics and quantization temporaries
-        report = quantizer.finish()
-        report.spec["calibration"] = {
-            "data": calib_source.describe(),
-            "samples": calib.calib_samples,
-            "seq_len": calib.calib_seq_len,
-            "cache_key": key,
-        }
-        if weights_dir is None:
-            return ir.to_proto(graph), report
+        if targeted is None:
+            report = quantizer.finish()
+    if targeted is not None or anchors is not None:
+        from llmc.compiler.quantize.heldout_scoring import score_heldout
+
+        def load(source: TextSource, num: int) -> list[np.ndarray]:
+            return windows_of(source, hf_model, tokenizer, num, calib.calib_seq_len)
+
+        texts = (calib_source, heldout_source, load, windows)
+        graph_run = (float_model, weights_dir, _widener(weights_dir), session_config(spec.quant))
+        with stage(_scoring_title(target, anchors)) as tick:
+            result, anchor = score_heldout(config, targeted, anchors, texts, graph_run, tick)
+            if result is not None:
+                quantizer = GraphQuantizer(
+                    graph, targeted.spec_for(result), spill, targeted.precomputed
+                )
+                quantizer.quantize(targeted.kv_stats)
+                report = quantizer.finish()
+                report.spec["accuracy_target"] = result.to_dict()
+            if anchor is not None:
+                report.spec["anchor"] = anchor
+        del targeted, anchors, quantizer  # the weights of the formats and anchors not chosen
+        release_freed_memory()
+    report.spec["calibration"] = {
+        "data": calib_source.describe(),
+        "samples": calib.calib_samples,
+        "seq_len": calib.calib_seq_len,
+        "cache_key": key,
+    }
+    if weights_dir is None:
+        return ir.to_proto(graph), report
     with stage("write the quantized graph"), spill:
         path = work_dir / QUANTIZED_GRAPH
         ir.save(graph, path, external_data=QUANTIZED_GRAPH + ".data", max_in_flight_bytes=256 << 20)
         spill.path.unlink()  # copied into the graph's external data
         return onnx.load(str(path), load_external_data=False), report
+
+
+def _scoring_title(target, anchors) -> str:
+    parts = ([f"accuracy target search ({target})"] if target is not None else []) + (
+        [f"accuracy anchor ({anchors.name})"] if anchors is not None else []
+    )
+    return ", ".join(parts)
 
 
 def _calibrate(runner, tensors, windows, gram_keys, cache, progress):
@@ -267,6 +323,7 @@ def accuracy_report(
     import tempfile
 
     from llmc.calibration.accuracy import check_windows, score_logits
+    from llmc.compiler.quantize.assignment_eval import spill_logits
     from llmc.runtime.cpu_runner import cpu_runner
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.runtime.step_inputs import single_prefill
@@ -281,7 +338,7 @@ def accuracy_report(
         prepare=_widener(external_data_dir),
     )
     with tempfile.TemporaryFile(dir=external_data_dir) as spill:
-        shapes = _spill_logits(ref, windows, spill, progress)
+        shapes = spill_logits(ref, windows, spill, progress)
         del ref
         release_freed_memory()  # the reference's last segment (vocabulary projection, logits)
         engine = cpu_runner(engine_dir, -(-calib.calib_seq_len // block_size), threads, provider)
@@ -293,17 +350,3 @@ def accuracy_report(
                 yield want, engine.execute(single_prefill(window, block_size, all_logits=True))
 
         return score_logits(pairs(), windows, source.describe())
-
-
-def _spill_logits(runner, windows: list[np.ndarray], spill, progress) -> list[tuple[int, int]]:
-    """Write the logits [T, V] float32 of each window, run by ``runner`` (a
-    ``LayerwiseRunner``), to the binary file ``spill`` in window order; return their shapes.
-    No window's logits outlive this call."""
-    shapes = []
-    last = runner.num_segments - 1
-    for out in runner.run(windows, progress):
-        if out.segment == last and out.window is not None:
-            logits = np.ascontiguousarray(out.tensors[runner.logits], np.float32)
-            spill.write(memoryview(logits).cast("B"))
-            shapes.append(logits.shape)
-    return shapes

@@ -20,12 +20,14 @@ import numpy as np
 import onnx_ir as ir
 
 from llmc.calibration.observers import TensorStats
+from llmc.compiler.quantize import microscaling_graph
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.quantize.targets import QuantTarget, find_targets, is_excluded
 from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.engine.plugin import DOMAIN, OP_TYPE
-from llmc.quant.grids import FP8_E4M3, INT8, Grid, QuantizedWeight
-from llmc.quant.protocol import QuantFormat, QuantizedLinear, QuantSpec
+from llmc.quant.grids import FP8_E4M3, INT8, QuantizedWeight
+from llmc.quant.microscaling import BlockActivationQuant, MicroscaledWeight
+from llmc.quant.protocol import ActivationQuant, QuantFormat, QuantizedLinear, QuantSpec
 
 #: The grid of each quantized KV-cache dtype (the scales of ``_set_kv_scales``).
 _KV_GRIDS = {"fp8": FP8_E4M3, "int8": INT8}
@@ -69,7 +71,7 @@ def calibration_tensors(model: ir.Model, spec: QuantSpec) -> dict[str, str]:
     names = {
         t.module: t.activation
         for t in find_targets(model)
-        if not is_excluded(t.module, spec.exclude) and (gptq or _format(t, spec).needs_stats)
+        if not kept_float(t.module, spec) and (gptq or _format(t, spec).needs_stats)
     }
     if spec.kv_cache_dtype in ("fp8", "int8"):
         for node in _plugins(model.graph):
@@ -84,19 +86,28 @@ def gptq_keys(model: ir.Model, spec: QuantSpec) -> frozenset[str]:
     ``spec.weight_rounding`` is "gptq")."""
     if spec.weight_rounding != "gptq":
         return frozenset()
-    return frozenset(
-        t.module for t in find_targets(model) if not is_excluded(t.module, spec.exclude)
-    )
+    return frozenset(t.module for t in find_targets(model) if not kept_float(t.module, spec))
 
 
 def _plugins(graph: ir.Graph) -> list[ir.Node]:
     return [n for n in graph if n.domain == DOMAIN and n.op_type == OP_TYPE]
 
 
+def kept_float(module: str, spec: QuantSpec) -> bool:
+    """``module`` stays float: it matches ``spec.exclude`` or its assignment is "none"."""
+    return is_excluded(module, spec.exclude) or dict(spec.assignment).get(module) == "none"
+
+
+def base_format(module: str, spec: QuantSpec) -> str:
+    """The format name a module gets without an assignment: 8-bit weight-only where
+    ``weight_only8`` says, else ``spec.quant``."""
+    return WEIGHT_ONLY8 if is_excluded(module, spec.weight_only8) else spec.quant
+
+
 def _format(t: QuantTarget, spec: QuantSpec) -> QuantFormat:
-    """The format of one (not excluded) target: 8-bit weight-only where ``weight_only8`` says,
-    else ``spec.quant``'s."""
-    return FORMATS[WEIGHT_ONLY8 if is_excluded(t.module, spec.weight_only8) else spec.quant]
+    """The format of one (not kept float) target: its ``spec.assignment`` entry, else
+    ``base_format``."""
+    return FORMATS[dict(spec.assignment).get(t.module) or base_format(t.module, spec)]
 
 
 def quantize_graph(model: ir.Model, stats: dict[str, TensorStats], spec: QuantSpec) -> QuantReport:
@@ -116,9 +127,18 @@ class GraphQuantizer:
     Each target's float weight is read when it is quantized and released after
     (``QuantTarget.release``), so a streamed graph's float weights are never all in memory;
     with a ``spill``, the quantized weights go to its file as they are made, so the quantized
-    ones are not either. Raises ValueError on an unknown format."""
+    ones are not either. ``precomputed`` holds ``QuantizedLinear``s already made, by (module,
+    format name) (``--accuracy-target`` quantizes every module in each candidate format while
+    its statistics are in memory); they are written as they are. Raises ValueError on an
+    unknown format."""
 
-    def __init__(self, model: ir.Model, spec: QuantSpec, spill: TensorSpill | None = None):
+    def __init__(
+        self,
+        model: ir.Model,
+        spec: QuantSpec,
+        spill: TensorSpill | None = None,
+        precomputed: dict[tuple[str, str], QuantizedLinear] | None = None,
+    ):
         if spec.quant not in FORMATS or not FORMATS[spec.quant].quantizes:
             raise ValueError(f"cannot quantize to {spec.quant!r}")
         self.model, self.spec = model, spec
@@ -127,12 +147,13 @@ class GraphQuantizer:
         self._names = _Names(model.graph, spill)
         self._pending = {t.module: t for t in find_targets(model)}
         self._kv_stats: dict[str, TensorStats] = {}
+        self._precomputed = precomputed or {}
 
     def quantize(self, stats: dict[str, TensorStats]) -> None:
         """Quantize the pending targets ``stats`` has statistics for (by module key), and keep
         its KV-cache statistics (``kv_key``) for ``finish``."""
         self._kv_stats.update({k: s for k, s in stats.items() if is_kv_key(k)})
-        self._quantize(stats, set(stats))
+        self._quantize(stats, set(stats) | {m for m, _ in self._precomputed})
 
     def _quantize(self, stats: dict[str, TensorStats], modules: set[str] | None) -> None:
         """Quantize the pending targets among ``modules`` (None: all pending). Raises
@@ -142,13 +163,15 @@ class GraphQuantizer:
             if modules is not None and module not in modules:
                 continue
             del self._pending[module]
-            if is_excluded(module, spec.exclude):
+            if kept_float(module, spec):
                 self.report.excluded.append(module)
                 continue
             fmt = _format(target, spec)
-            if fmt.needs_stats and module not in stats:
-                raise ValueError(f"no calibration statistics for {module!r}")
-            ql = fmt.quantize(target.weight(), stats.get(module), spec)
+            ql = self._precomputed.get((module, fmt.name))
+            if ql is None:
+                if fmt.needs_stats and module not in stats:
+                    raise ValueError(f"no calibration statistics for {module!r}")
+                ql = fmt.quantize(target.weight(), stats.get(module), spec)
             target.release()
             _write_linear(self.model.graph, target, ql, self._names)
             entry = {"shape": list(target.shape), **ql.record}
@@ -172,8 +195,7 @@ def _write_linear(graph: ir.Graph, t: QuantTarget, ql: QuantizedLinear, names: _
     """Q/DQ nodes around ``t``'s MatMul as ``ql`` says: smoothing, activation Q/DQ, weight DQ."""
     x = _smooth_input(graph, t, ql.smoothing, names)
     if ql.activation is not None:
-        act = ql.activation
-        x = _fake_quant_activation(graph, t.node, x, act.amax, act.grid, f"{t.module}.input", names)
+        x = _fake_quant_activation(graph, t.node, x, ql.activation, f"{t.module}.input", names)
     _replace_weight(graph, t, x, ql.weight, names)
 
 
@@ -203,9 +225,12 @@ def _smooth_input(graph: ir.Graph, t: QuantTarget, s: np.ndarray | None, names: 
 
 
 def _fake_quant_activation(
-    graph: ir.Graph, before: ir.Node, x: ir.Value, amax: float, grid: Grid, prefix: str, names
+    graph: ir.Graph, before: ir.Node, x: ir.Value, act: ActivationQuant, prefix: str, names
 ) -> ir.Value:
-    scale = names.initializer(f"{prefix}.scale", np.array(grid.scale(amax), np.float32))
+    if isinstance(act, BlockActivationQuant):  # NVFP4, MXFP8: TensorRT's dynamic quantizers
+        return microscaling_graph.write_activation(graph, before, x, act, prefix, names)
+    grid = act.grid
+    scale = names.initializer(f"{prefix}.scale", np.array(grid.scale(act.amax), np.float32))
     zero = names.initializer(f"{prefix}.zero_point", np.zeros((), grid.dtype))
     q = ir.node("QuantizeLinear", [x, scale, zero], name=names.node(f"{prefix}/Q"))
     dq = ir.node("DequantizeLinear", [q.outputs[0], scale, zero], name=names.node(f"{prefix}/DQ"))
@@ -216,6 +241,11 @@ def _fake_quant_activation(
 def _replace_weight(
     graph: ir.Graph, t: QuantTarget, x: ir.Value, qw: QuantizedWeight, names: _Names
 ) -> None:
+    if isinstance(qw, MicroscaledWeight):  # NVFP4, MXFP8: their two-level or E8M0 scales
+        w = microscaling_graph.write_weight(graph, t.node, t.module, qw, names)
+        t.node.replace_input_with(0, x)
+        t.node.replace_input_with(1, w)
+        return
     data = names.initializer(f"{t.module}.weight_quantized", qw.data)
     scale = names.initializer(f"{t.module}.weight_scale", qw.scale)
     inputs = [data, scale]

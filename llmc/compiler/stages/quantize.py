@@ -79,6 +79,8 @@ def quantize(
         bound_pairs=bound_pairs,
         weights_dir=graph.weights_dir,
         work_dir=work_dir,
+        heldout_source=texts.heldout,
+        gguf_types=_gguf_types(resolved.source),
     )
     return EngineGraph(proto, graph.pass_report, report, work_dir if graph.weights_dir else None)
 
@@ -104,3 +106,12 @@ def sampling_model(
         config.target.threads,
         work_dir=graph.weights_dir,
     )
+
+
+def _gguf_types(source):
+    """The stored types of a GGUF checkpoint (``anchors.SourceTypes``), None for others."""
+    if not source.gguf_file:
+        return None
+    from llmc.compiler.quantize.anchors import gguf_source_types
+
+    return gguf_source_types(source.directory / source.gguf_file)

@@ -34,8 +34,18 @@ class BuildResult:
                 for op, r in self.quantization.get("fast_path", {}).items()
             )
             lines.append(f"quantized: {counts}; fused kernels: {fast}")
+            record = self.quantization.get("spec", {}).get("accuracy_target")
+            if record is not None:
+                from llmc.compiler.quantize.search import format_record
+
+                lines.append(format_record(record))
         if self.accuracy_report is not None:
             lines.append(self.accuracy_report.format())
+            anchor = (self.quantization or {}).get("spec", {}).get("anchor")
+            if anchor is not None:
+                from llmc.compiler.quantize.anchors import format_anchor
+
+                lines.append(format_anchor(self.accuracy_report.to_dict(), anchor))
         lines.append(f"engine: {self.engine_dir}")
         if self.registry_entry is not None:
             entry = self.registry_entry

@@ -13,6 +13,8 @@ Run by every GPU-target build (before the portable stage is written, and again b
   data, e.g. from a NonZero output or from a graph input's values;
 - Q/DQ (``lint_qdq.py``): symmetric, signed types, constant positive scales, INT4 weight-only and
   block-wise, per-tensor activations, FP8/FP4 only on targets that have them;
+- microscaling (``lint_microscaling.py``): NVFP4 and MXFP8 as TensorRT's ``trt``-domain dynamic
+  quantizers and two-level dequantization, their blocks, scales and targets;
 - plugins (``lint_plugin.py``): every ``llmc::PagedAttention`` node complete;
 - plugin I/O (``lint_plugin_io.py``): output count, aliased cache outputs, the AOT choice, every
   plugin field, string fields as the parser delivers them;
@@ -32,8 +34,10 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
+from llmc.compiler.quantize.microscaling_graph import TRT_DOMAIN
 from llmc.compiler.tensorrt import support_table as st
 from llmc.compiler.tensorrt.lint_kernel import check_kernels
+from llmc.compiler.tensorrt.lint_microscaling import check_microscaling, type_standins
 from llmc.compiler.tensorrt.lint_ops import check_ops, check_opsets, check_order, check_shape_inputs
 from llmc.compiler.tensorrt.lint_plugin import check_plugins
 from llmc.compiler.tensorrt.lint_plugin_io import check_plugin_io
@@ -111,6 +115,7 @@ def lint_model(
     findings += check_ops(view)
     findings += check_shape_inputs(view)
     findings += check_qdq(view, target)
+    findings += check_microscaling(view, target)
     findings += check_plugins(view)
     findings += check_plugin_io(view)
     findings += check_kernels(view, target)
@@ -135,9 +140,10 @@ def raise_on_errors(report: LintReport, what: str) -> None:
 
 
 def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelProto:
-    """Strict type inference on a light copy: large initializers become typed graph inputs and
+    """Strict type inference on a light copy: large initializers become typed graph inputs,
     plugin nodes become Identity(q) for their output (same type and shape, DESIGN §3) and, on
-    TensorRT graphs, Identity(cache) for the aliased cache outputs."""
+    TensorRT graphs, Identity(cache) for the aliased cache outputs, and ``trt``-domain nodes
+    Casts to their outputs' types (``lint_microscaling.type_standins``)."""
     g = model.graph
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
@@ -157,6 +163,8 @@ def _infer_types(model: onnx.ModelProto, findings: list[Finding]) -> onnx.ModelP
             for i, (src, dst) in enumerate(zip(sources, n.output, strict=False)):
                 if dst:
                     lg.node.append(helper.make_node("Identity", [src], [dst], f"{n.name}/{i}"))
+        elif n.domain == TRT_DOMAIN:
+            lg.node.extend(type_standins(n))
         else:
             lg.node.append(n)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from llmc.compiler.quantize.microscaling_graph import TRT_DOMAIN
 from llmc.compiler.tensorrt import support_table as st
 from llmc.compiler.tensorrt.lint_view import Finding, GraphView, node_finding
 from llmc.engine.plugin import DOMAIN
@@ -14,7 +15,8 @@ from llmc.engine.plugin import DOMAIN
 
 def check_opsets(model: onnx.ModelProto) -> list[Finding]:
     """An error for each default-domain opset outside the parser's range
-    (``support_table.OPSET_MIN``..``OPSET_MAX``)."""
+    (``support_table.OPSET_MIN``..``OPSET_MAX``) and each custom domain other than llmc's
+    plugin and TensorRT's own ``trt`` (its ops: ``lint_microscaling``)."""
     out = []
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx") and not st.OPSET_MIN <= o.version <= st.OPSET_MAX:
@@ -28,7 +30,7 @@ def check_opsets(model: onnx.ModelProto) -> list[Finding]:
                     f"{st.OPSET_MIN}-{st.OPSET_MAX}",
                 )
             )
-        elif o.domain not in ("", "ai.onnx", DOMAIN):
+        elif o.domain not in ("", "ai.onnx", DOMAIN, TRT_DOMAIN):
             msg = f"opset domain {o.domain!r}: TensorRT has no importer or llmc plugin for it"
             out.append(Finding("error", "opset", None, None, msg))
     return out

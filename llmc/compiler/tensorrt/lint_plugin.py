@@ -12,6 +12,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from llmc.compiler.quantize.microscaling_graph import TRT_DOMAIN
 from llmc.compiler.tensorrt.lint_view import node_finding
 from llmc.engine.kv_cache import KV_CACHE_DTYPES
 from llmc.engine.plugin import (
@@ -36,10 +37,11 @@ _CACHE_TYPES = {"fp8": "FP8", "int8": "INT8"}
 
 
 def check_plugins(view) -> list:
-    """Findings for every custom-domain node of ``view`` (a ``lint.GraphView``)."""
+    """Findings for every custom-domain node of ``view`` (a ``lint.GraphView``) but TensorRT's
+    own ``trt`` ops, which its parser imports natively (``lint_microscaling``)."""
     out = []
     for n in view.model.graph.node:
-        if n.domain in ("", "ai.onnx"):
+        if n.domain in ("", "ai.onnx", TRT_DOMAIN):
             continue
         err = node_finding(n)
         if n.domain != DOMAIN or n.op_type != OP_TYPE:

@@ -8,7 +8,8 @@ NVFP4 sm100+):
 
 - zero points, when present, are constants equal to 0 (symmetric), of a signed type;
 - scales are constants, finite and > 0 (a float16 scale that underflowed is an error), of the
-  quantized input's type (TensorRT's Quantize operator: input and scale are both T1);
+  quantized input's type (TensorRT's Quantize operator: input and scale are both T1); but for
+  NVFP4's two-level dequantization (``lint_microscaling.is_double_quant_scale``);
 - quantized types are INT8, FP8 E4M3FN, INT4 or FP4: no UINT8/UINT4 (asymmetric grids);
 - activations (non-constant Q inputs) use one scale (per-tensor) and INT8 or FP8;
 - INT4 is weight-only: a DequantizeLinear of a constant, block-wise with a block size of 64 or
@@ -29,6 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from llmc.compiler.quantize.formats import int4
+from llmc.compiler.tensorrt.lint_microscaling import is_double_quant_scale
 from llmc.compiler.tensorrt.lint_view import node_finding
 from llmc.compiler.tensorrt.support_table import TYPE_NAMES
 from llmc.engine.targets import TARGETS
@@ -107,6 +109,8 @@ def _name_of(elem_type: int) -> str:
 
 def _check_scale(view, n, err, warn) -> list:
     name = n.input[1] if len(n.input) > 1 else ""
+    if name and not view.is_constant(name) and is_double_quant_scale(view, n):
+        return []  # its inner DequantizeLinear's scale is checked as any other
     if not name or not view.is_constant(name):
         return [err("qdq", f"scale {name!r} must be a constant initializer")]
     scale = view.array(name)

@@ -17,8 +17,8 @@ from llmc.compiler.tensorrt import support_table as st
 @dataclass(frozen=True)
 class Finding:
     """One lint result: ``severity`` "error" | "warning"; ``check`` opset | graph | op | types |
-    shape | qdq | int4 | block-dq | plugin | outputs | alias | aot | fields | strings | smem |
-    ptx; the node's name and op type when it is about one node."""
+    shape | qdq | int4 | block-dq | microscaling | plugin | outputs | alias | aot | fields |
+    strings | smem | ptx; the node's name and op type when it is about one node."""
 
     severity: str
     check: str

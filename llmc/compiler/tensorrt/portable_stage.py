@@ -115,9 +115,7 @@ def _streamed_stage(
         sampler = sampling_model(model, reference, texts, config)
         graph = quantize(reference, model, config, texts, stage, work_dir=work, sampler=sampler)
         with stage(f"lower to TensorRT ({dtype})"):
-            lowered = lower_streamed(
-                graph.proto, graph.weights_dir, dtype, config.quantization.kv_cache_dtype
-            )
+            lowered = lower_streamed(graph.proto, graph.weights_dir, dtype, config.kv_cache_dtype)
         with staged_dir(out) as tmp:
             path = tmp / st.MODEL_FILE
             with stage("write the stage's weights"):
@@ -166,7 +164,7 @@ def lower_tensorrt(graph: EngineGraph, config: BuildConfig, stage: Stage) -> lin
     raises TensorRTLintError when it finds errors."""
     dtype = config.source.dtype
     with stage(f"lower to TensorRT ({dtype})"):
-        lower_for_tensorrt(graph.proto, dtype, config.quantization.kv_cache_dtype)
+        lower_for_tensorrt(graph.proto, dtype, config.kv_cache_dtype)
     with stage("TensorRT lint"):
         report = lint.lint_model(graph.proto, config.target.arch)
         lint.raise_on_errors(report, "the lowered engine graph")

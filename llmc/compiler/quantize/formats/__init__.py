@@ -10,11 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from llmc.compiler.quantize.formats import fp8, int4, int8, int8_weight_only, none
+from llmc.compiler.quantize.formats import fp8, int4, int8, int8_weight_only, mxfp8, none, nvfp4
 from llmc.quant.protocol import QuantFormat
 
 FORMATS: dict[str, QuantFormat] = {
-    f.name: f for f in (none.FORMAT, fp8.FORMAT, int8.FORMAT, int4.FORMAT, int8_weight_only.FORMAT)
+    f.name: f
+    for f in (
+        none.FORMAT,
+        fp8.FORMAT,
+        int8.FORMAT,
+        int4.FORMAT,
+        nvfp4.FORMAT,
+        mxfp8.FORMAT,
+        int8_weight_only.FORMAT,
+    )
 }
 #: The format ``--weight-only8`` gives its modules.
 WEIGHT_ONLY8 = int8_weight_only.FORMAT.name

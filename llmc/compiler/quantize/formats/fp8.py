@@ -74,9 +74,13 @@ def emulate_fp8_weights(model: onnx.ModelProto) -> int:
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     fp8 = onnx.TensorProto.FLOAT8E4M3FN
+    # FP8 tensors dequantized into another DQ's scale are NVFP4's block scales (its rewrite)
+    scales = {n.input[1] for n in g.node if n.op_type == "DequantizeLinear"}
     done = 0
     for node in list(g.node):
         if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
+            continue
+        if node.output[0] in scales:
             continue
         data = inits[node.input[0]]
         if data.data_type != fp8:

@@ -41,6 +41,7 @@ class Int8WeightOnly(QuantFormat):
     needs_stats = False
     cpu_kernel = "MatMulNBits"
     weight_bytes = 1.0 + 4 / 128  # a float32 scale per 128
+    fallbacks = ()
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec

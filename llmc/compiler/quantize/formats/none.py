@@ -15,6 +15,7 @@ class NoQuantization(QuantFormat):
     summary = "float"
     quantizes = False
     needs_stats = False
+    fallbacks = ()
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec

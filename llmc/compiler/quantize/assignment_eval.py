@@ -1,0 +1,188 @@
+"""Score per-module format assignments without building engines (``--accuracy-target``).
+
+The float graph runs segment by segment over token windows (``LayerwiseRunner``), as for the
+accuracy report's reference; before each segment's session is made, the modules the assignment
+quantizes get their Q/DQ nodes written into that segment (the ``QuantizedLinear``s made once
+per module and format while calibration statistics were in memory), and each format's CPU
+rewrite (FP8 emulation, ...) runs on it. So an assignment costs one pass over the windows, the
+float model's weights are read one segment at a time, and the numbers are those of the Q/DQ
+graph the build would write. Logits are scored against the float graph's, computed once per
+window set and kept in a temporary file (``spill_logits``).
+
+Segments are optimized as the CPU lowering optimizes them, so quantized MatMuls run on the
+engine's fused kernels. Not modelled: a quantized KV cache (``--kv-cache-dtype``); the engine's
+own accuracy report confirms the choice.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from llmc.calibration.accuracy import AccuracyReport, score_logits
+from llmc.compiler.quantize.assignment import FLOAT
+from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.qdq import _drop_dead, _Names, _write_linear
+from llmc.compiler.quantize.targets import find_targets
+from llmc.quant.protocol import QuantizedLinear
+
+Assignment = tuple[tuple[str, str], ...]
+Prepare = Callable[[onnx.ModelProto, str], onnx.ModelProto]
+
+
+class AssignmentScorer:
+    """Scores assignments of ``precomputed`` quantized modules on named window sets.
+
+    Args:
+        float_model: the float engine graph (weights in it, or external data in
+            ``weights_dir``).
+        precomputed: {(module, format name): QuantizedLinear} for every pair an assignment
+            may name.
+        windows: {set name: [T] int64 token windows}, e.g. "sensitivity" and "heldout".
+        labels: {set name: the text's origin, as the accuracy report records it}.
+        threads: ORT intra-op threads.
+        weights_dir: where the float graph's external data is.
+        prepare: the float graph's own segment preparation (widening 16-bit stored weights,
+            ``pipeline._widener``), run first.
+        session_config: the engine's ONNX Runtime session entries (``pipeline.session_config``):
+            assignments run with the engine's fused kernels (``LayerwiseRunner``'s
+            ``engine_kernels``), e.g. MatMulNBits at the engine's accuracy level.
+    """
+
+    def __init__(
+        self,
+        float_model: onnx.ModelProto,
+        precomputed: dict[tuple[str, str], QuantizedLinear],
+        windows: dict[str, list[np.ndarray]],
+        labels: dict[str, str],
+        threads: int | None,
+        weights_dir: Path | None = None,
+        prepare: Prepare | None = None,
+        session_config: dict[str, str] | None = None,
+    ):
+        self.float_model, self.precomputed = float_model, precomputed
+        self.session_config = session_config or {}
+        self.windows, self.labels = windows, labels
+        self.threads, self.weights_dir, self.prepare = threads, weights_dir, prepare
+        self._spills: dict[str, tuple[tempfile._TemporaryFileWrapper, list]] = {}
+        self.runs = 0
+
+    def close(self) -> None:
+        """Remove the reference logits' temporary files."""
+        for spill, _ in self._spills.values():
+            spill.close()
+        self._spills.clear()
+
+    def __enter__(self) -> AssignmentScorer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def score(self, assignment: Assignment, which: str) -> AccuracyReport:
+        """The accuracy report of the float graph with ``assignment``'s (module, format) pairs
+        quantized ("none" stays float), on window set ``which``, against the float graph."""
+        from llmc.runtime.layerwise_runner import LayerwiseRunner
+
+        spill, shapes = self._reference(which)
+        runner = LayerwiseRunner(
+            self.float_model,
+            threads=self.threads,
+            external_data_dir=self.weights_dir,
+            prepare=self._quantizing(assignment),
+            engine_kernels=True,
+            session_config=self.session_config,
+        )
+        windows = self.windows[which]
+        last = runner.num_segments - 1
+        self.runs += 1
+
+        def pairs():
+            spill.seek(0)
+            for out in runner.run(windows):
+                if out.segment == last and out.window is not None:
+                    shape = shapes[out.window]
+                    want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
+                    yield want, out.tensors[runner.logits]
+
+        return score_logits(pairs(), windows, self.labels[which])
+
+    def _reference(self, which: str):
+        """(file, shapes) of the float graph's logits on window set ``which``, made once."""
+        if which not in self._spills:
+            from llmc.runtime.layerwise_runner import LayerwiseRunner
+
+            runner = LayerwiseRunner(
+                self.float_model,
+                threads=self.threads,
+                external_data_dir=self.weights_dir,
+                prepare=self.prepare,
+            )
+            spill = tempfile.TemporaryFile(dir=self.weights_dir)
+            shapes = spill_logits(runner, self.windows[which], spill, None)
+            self._spills[which] = (spill, shapes)
+        return self._spills[which]
+
+    def _quantizing(self, assignment: Assignment) -> Prepare:
+        """A ``LayerwiseRunner`` ``prepare`` writing ``assignment``'s Q/DQ into each segment."""
+        wanted = {module: fmt for module, fmt in assignment if fmt != FLOAT}
+        missing = [pair for pair in wanted.items() if pair not in self.precomputed]
+        if missing:
+            raise ValueError(f"no quantized weights for {missing[0]}")
+
+        def prepare(segment: onnx.ModelProto, scratch: str) -> onnx.ModelProto:
+            if self.prepare is not None:
+                segment = self.prepare(segment, scratch)
+            return quantize_segment(segment, wanted, self.precomputed, self.weights_dir)
+
+        return prepare
+
+
+def quantize_segment(
+    segment: onnx.ModelProto,
+    wanted: dict[str, str],
+    precomputed: dict[tuple[str, str], QuantizedLinear],
+    data_dir: Path | None,
+) -> onnx.ModelProto:
+    """``segment`` with each target module in ``wanted`` ({module: format name, or
+    ``"<anchor>:<format name>"`` for an anchor's weights}) replaced by its
+    ``precomputed`` Q/DQ form and the formats' CPU rewrites applied; ``segment`` itself when
+    it has none. External data stays referenced (resolved in ``data_dir``)."""
+    model = ir.from_proto(segment)
+    if data_dir is not None:
+        ir.external_data.set_base_dir(model.graph, data_dir)
+    names = _Names(model.graph)
+    used: Counter = Counter()
+    for target in find_targets(model):
+        fmt = wanted.get(target.module)
+        if fmt is None:
+            continue
+        _write_linear(model.graph, target, precomputed[(target.module, fmt)], names)
+        used[fmt] += 1
+    if not used:
+        return segment
+    _drop_dead(model.graph)
+    proto = ir.to_proto(model)
+    for fmt in used:  # an anchor's key is "<anchor>:<format>"
+        FORMATS[fmt.rpartition(":")[2]].rewrite_for_cpu(proto)
+    return proto
+
+
+def spill_logits(runner, windows: list[np.ndarray], spill, progress) -> list[tuple[int, int]]:
+    """Write the logits [T, V] float32 of each window, run by ``runner`` (a
+    ``LayerwiseRunner``), to the binary file ``spill`` in window order; return their shapes.
+    No window's logits outlive this call."""
+    shapes = []
+    last = runner.num_segments - 1
+    for out in runner.run(windows, progress):
+        if out.segment == last and out.window is not None:
+            logits = np.ascontiguousarray(out.tensors[runner.logits], np.float32)
+            spill.write(memoryview(logits).cast("B"))
+            shapes.append(logits.shape)
+    return shapes

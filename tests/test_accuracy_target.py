@@ -1,0 +1,205 @@
+"""``--accuracy-target``: the target's parsing, the order units leave the cheap format, the
+search on made-up scores, and a tiny Gemma 3 built to a target through ``build``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmc.calibration.accuracy import AccuracyReport
+from llmc.compiler.build import build
+from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.quantize.accuracy_target import AccuracyTarget
+from llmc.compiler.quantize.assignment import Unit, make_units, upgrade_path
+from llmc.compiler.quantize.search import AccuracyTargetError, search
+from llmc.engine.manifest import read_manifest
+from llmc.errors import BuildConfigError
+from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
+
+LADDER = ("fp8", "int8_weight_only", "none")
+
+
+def _report(kl: float, top1: float = 0.9) -> AccuracyReport:
+    return AccuracyReport("test", 1, 10, 10.0, 10.0 * (1 + kl), kl, kl, top1)
+
+
+@pytest.mark.parametrize(
+    ("text", "metric", "value"),
+    [("top1=0.95", "top1", 0.95), ("kl=0.01", "kl", 0.01), ("ppl-change=0.02", "ppl_change", 0.02)],
+)
+def test_target_parses(text, metric, value):
+    assert AccuracyTarget.parse(text) == AccuracyTarget(metric, value)
+
+
+@pytest.mark.parametrize("text", ["top1", "top5=0.9", "top1=1.5", "top1=0", "kl=-1", "kl=abc"])
+def test_bad_target_is_refused(text):
+    with pytest.raises(BuildConfigError, match="--accuracy-target"):
+        AccuracyTarget.parse(text)
+
+
+def test_target_direction():
+    top1, kl = AccuracyTarget("top1", 0.9), AccuracyTarget("kl", 0.01)
+    assert top1.met(_report(0.5, top1=0.9)) and not top1.met(_report(0.0, top1=0.89))
+    assert kl.met(_report(0.01)) and not kl.met(_report(0.011))
+
+
+def _units() -> list[Unit]:
+    # Three layers of 100 weights; fp8 costs 1 byte a weight, 8-bit weight-only 1.03125, float 4.
+    params = {f"model.layers.{i}.mlp.down_proj": 100 for i in range(3)}
+    return make_units(params, dict.fromkeys(params, "fp8"), LADDER)
+
+
+def test_units_group_layers_and_start_where_the_default_is():
+    params = {"model.layers.0.a": 10, "model.layers.0.b": 20, "lm_head": 30}
+    starts = {"model.layers.0.a": "fp8", "model.layers.0.b": "fp8", "lm_head": "int8_weight_only"}
+    units = make_units(params, starts, LADDER)
+    assert [(u.name, u.ladder) for u in units] == [
+        ("model.layers.0", LADDER),
+        ("lm_head", ("int8_weight_only", "none")),
+    ]
+    assert units[0].weight_bytes("fp8", 4.0) == 30.0
+    assert units[0].weight_bytes("none", 4.0) == 120.0
+
+
+def test_upgrade_path_takes_most_kl_per_byte_first():
+    # Moving a layer fp8 -> w8 adds 3.125 bytes; -> float adds 300.
+    sens = {
+        "model.layers.0": {"fp8": 0.10, "int8_weight_only": 0.001},  # w8 removes 0.099
+        "model.layers.1": {"fp8": 0.02, "int8_weight_only": 0.019},  # w8 removes 0.001
+        "model.layers.2": {"fp8": 0.05, "int8_weight_only": 0.0},  # w8 removes 0.05
+    }
+    path = upgrade_path(_units(), sens, 4.0)
+    steps = [(m.unit, m.new) for m in path]
+    # Per byte: layer 0 to w8 (0.0317), layer 2 to w8 (0.016), layer 1 to w8 (0.00032); then
+    # float: layer 1 (0.019/296.9), layer 0 (0.001/296.9); layer 2's float removes nothing.
+    assert steps == [
+        ("model.layers.0", "int8_weight_only"),
+        ("model.layers.2", "int8_weight_only"),
+        ("model.layers.1", "int8_weight_only"),
+        ("model.layers.1", "none"),
+        ("model.layers.0", "none"),
+        ("model.layers.2", "none"),
+    ]
+    assert path[0].weight_bytes == pytest.approx(300 + 3.125)
+    assert path[-1].weight_bytes == pytest.approx(1200)
+
+
+class _Additive:
+    """Scores as if each unit's KL added up (the search's own assumption, made exact)."""
+
+    def __init__(self, kl: dict[str, dict[str, float]]):
+        self.kl, self.heldout_calls, self.sensitivity_calls = kl, 0, 0
+
+    def total(self, assignment) -> float:
+        from llmc.compiler.quantize.assignment import unit_name
+
+        rungs = {unit_name(m): f for m, f in assignment}
+        return sum(self.kl[u].get(r, 0.0) for u, r in rungs.items())
+
+    def sensitivity(self, assignment) -> float:
+        self.sensitivity_calls += 1
+        return self.total(assignment)
+
+    def heldout(self, assignment) -> AccuracyReport:
+        self.heldout_calls += 1
+        return _report(self.total(assignment))
+
+
+def test_search_finds_the_cheapest_prefix_that_keeps_the_target():
+    kl = {
+        "model.layers.0": {"fp8": 0.10, "int8_weight_only": 0.001},
+        "model.layers.1": {"fp8": 0.02, "int8_weight_only": 0.019},
+        "model.layers.2": {"fp8": 0.05, "int8_weight_only": 0.0},
+    }
+    scores = _Additive(kl)
+    # Flat: 0.17. After layer 0 -> w8: 0.071; after layer 2 -> w8: 0.021; after layer 1 -> w8:
+    # 0.020. A target of 0.0205 needs three moves.
+    result = search(AccuracyTarget("kl", 0.0205), _units(), 4.0, scores.sensitivity, scores.heldout)
+    assert result.rungs == dict.fromkeys(kl, "int8_weight_only")
+    assert result.report.mean_kl == pytest.approx(0.020)
+    assert result.flat.mean_kl == pytest.approx(0.17)
+    assert scores.sensitivity_calls == 6
+    assert scores.heldout_calls <= 1 + 4  # flat, then a binary search over 5 candidates
+    result = search(AccuracyTarget("kl", 0.05), _units(), 4.0, scores.sensitivity, scores.heldout)
+    assert result.rungs == {
+        "model.layers.0": "int8_weight_only",
+        "model.layers.1": "fp8",
+        "model.layers.2": "int8_weight_only",
+    }
+
+
+def test_search_keeps_the_flat_assignment_when_it_meets_the_target():
+    scores = _Additive({f"model.layers.{i}": {"fp8": 0.01} for i in range(3)})
+    result = search(AccuracyTarget("kl", 0.05), _units(), 4.0, scores.sensitivity, scores.heldout)
+    assert set(result.rungs.values()) == {"fp8"}
+    assert scores.sensitivity_calls == 0 and scores.heldout_calls == 1
+
+
+def test_search_fails_naming_the_best_reached():
+    kl = {f"model.layers.{i}": {"fp8": 0.1, "int8_weight_only": 0.05} for i in range(3)}
+    scores = _Additive(kl)
+    with pytest.raises(AccuracyTargetError, match=r"reaches kl 0\.05.*flat --quant fp8 0\.3"):
+        search(AccuracyTarget("kl", 0.01), _units(), 4.0, scores.sensitivity, scores.heldout)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("target")
+    ckpt = make_tiny_gemma3(root / "ckpt", seed=1, sharp=True)
+    data = root / "calib.txt"
+    data.write_text(SHAKESPEARE.read_text()[:60_000])
+    return root, ckpt, data
+
+
+def _config(root, ckpt, data, name, **kw) -> BuildConfig:
+    return BuildConfig.of(
+        model=str(ckpt),
+        quant="fp8",
+        block_size=8,
+        max_seq_len=128,
+        calib_data=str(data),
+        calib_samples=4,
+        calib_seq_len=64,
+        eval_samples=4,
+        cache_dir=str(root / "cache"),
+        output=str(root / name),
+        **kw,
+    )
+
+
+def test_tiny_build_meets_a_target_the_flat_format_misses(tiny):
+    root, ckpt, data = tiny
+    flat = read_manifest(build(_config(root, ckpt, data, "flat")).engine_dir)
+    flat_kl = flat.accuracy_report["mean_kl"]
+    target = flat_kl / 4
+    result = build(_config(root, ckpt, data, "targeted", accuracy_target=f"kl={target}"))
+    m = read_manifest(result.engine_dir)
+    assert m.accuracy_report["mean_kl"] <= target
+    record = m.quantization["spec"]["accuracy_target"]
+    assert record["flat_report"]["mean_kl"] > target  # the search saw the flat one miss it
+    rungs = record["rungs"]
+    assert set(rungs) == {"model.layers.0", "model.layers.1", "lm_head"}
+    assert any(r != "fp8" for u, r in rungs.items() if u != "lm_head")
+    # The engine's modules carry the formats the search chose.
+    labels = {"fp8": "fp8_w8a8", "int8_weight_only": "int8_weight_only"}
+    for module, entry in m.quantization["modules"].items():
+        unit = "lm_head" if module == "lm_head" else ".".join(module.split(".")[:3])
+        assert entry["format"] == labels[rungs[unit]], module
+    float_units = {u for u, r in rungs.items() if r == "none"}
+    excluded = {".".join(x.split(".")[:3]) for x in m.quantization["excluded"]}
+    assert float_units <= excluded
+    assert "--accuracy-target kl <=" in result.format()
+    json.dumps(record)  # the manifest's record is plain JSON
+
+
+def test_tiny_build_fails_cleanly_when_only_float_would_do(tiny):
+    root, ckpt, data = tiny
+    with pytest.raises(AccuracyTargetError, match="not kept by any assignment"):
+        build(_config(root, ckpt, data, "impossible", accuracy_target="kl=1e-12"))
+    assert not (root / "impossible").exists()
+
+
+def test_accuracy_target_needs_a_quant():
+    with pytest.raises(BuildConfigError, match="--accuracy-target"):
+        BuildConfig.of(model="x", quant="none", accuracy_target="top1=0.9").validate()
