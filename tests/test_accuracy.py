@@ -126,3 +126,24 @@ def test_bad_inputs(models):
         evaluate_accuracy(runners[0], runners[1], [windows[0][:1]], BLOCK, "x")
     with pytest.raises(ValueError, match="no windows"):
         evaluate_accuracy(runners[0], runners[1], [], BLOCK, "x")
+
+
+def test_scoring_a_subset_of_positions_scores_those_rows():
+    """``positions`` picks rows: the same numbers as scoring a window cut to those rows."""
+    from llmc.calibration.accuracy import score_logits
+
+    rng = np.random.default_rng(0)
+    window = rng.integers(0, 50, 9)
+    ref = rng.standard_normal((9, 50)).astype(np.float32)
+    cand = ref + 0.3 * rng.standard_normal((9, 50)).astype(np.float32)
+    rows = np.array([0, 3, 6], np.int64)
+    sub = score_logits([(ref[rows], cand[rows])], [window], "x", positions=[rows])
+    assert sub.num_tokens == 3
+    # Each row alone, as a 2-token window whose second token is the row's target.
+    singles = [
+        score_logits([(ref[[r]], cand[[r]])], [window[[r, r + 1]]], "x").mean_kl for r in rows
+    ]
+    assert sub.mean_kl == pytest.approx(np.mean(singles), rel=1e-12)
+    whole = score_logits([(ref, cand)], [window], "x")
+    every = score_logits([(ref[:8], cand[:8])], [window], "x", positions=[np.arange(8)])
+    assert every == whole

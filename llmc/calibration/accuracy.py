@@ -139,12 +139,15 @@ def score_logits(
     windows: list[np.ndarray],
     data: str,
     progress: Callable[[int, int], None] | None = None,
+    positions: list[np.ndarray] | None = None,
 ) -> AccuracyReport:
     """The report from (reference, candidate) logits [T, V] float32 of each window in order
     (all T positions of window i's prefill); positions 0..T-2 are scored against the token
-    that follows. Log-softmax is taken in float64, ``_ROWS_PER_CHUNK`` rows at a time. ``data``
-    is recorded as the text's origin. Raises ValueError as ``check_windows``, or when the two
-    logits of a window differ in shape."""
+    that follows. With ``positions`` (per window, [L] int64 positions below T - 1), the logits
+    are [L, V], those positions' rows, and only they are scored. Log-softmax is taken in
+    float64, ``_ROWS_PER_CHUNK`` rows at a time. ``data`` is recorded as the text's origin.
+    Raises ValueError as ``check_windows``, or when the two logits of a window differ in
+    shape."""
     check_windows(windows)
     totals = np.zeros(4)  # reference NLL, candidate NLL, KL, top-1 agreements (sums over rows)
     num_tokens = 0
@@ -152,9 +155,11 @@ def score_logits(
         t = int(window.shape[0])
         if ref.shape != cand.shape:
             raise ValueError(f"logits shapes differ: reference {ref.shape}, engine {cand.shape}")
-        targets = np.asarray(window[1:], dtype=np.int64)  # [T-1]
-        totals += _window_sums(ref[: t - 1], cand[: t - 1], targets)
-        num_tokens += t - 1
+        rows = np.arange(t - 1) if positions is None else np.asarray(positions[i], np.int64)
+        targets = np.asarray(window, dtype=np.int64)[rows + 1]  # [rows]
+        n = len(rows)
+        totals += _window_sums(ref[:n], cand[:n], targets)
+        num_tokens += n
         del ref, cand  # [T, V] each: freed before the next window's pair is made
         if progress is not None:
             progress(i + 1, len(windows))

@@ -15,7 +15,7 @@ session options and attention kernel, fed the same tensors; each window is one p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,15 +132,22 @@ class LayerwiseRunner:
         self,
         windows: list[np.ndarray],
         progress: Callable[[int, int], None] | None = None,
+        logits_indices: list[np.ndarray] | None = None,
     ) -> Iterator[SegmentOutputs]:
         """Yield each segment's outputs for each window, segment-major, each segment closed by a
         record with window None: (0, w0), (0, w1), ..., (0, None), (1, w0), ... ``windows``:
-        [T] int64 token ids each (T >= 1). ``progress(done, total)`` counts segments. Raises
-        ValueError for no windows."""
+        [T] int64 token ids each (T >= 1). ``progress(done, total)`` counts segments.
+        ``logits_indices``: per window, the positions ([L] int64) whose logits are computed
+        (default: all T). Raises ValueError for no windows."""
 
         if not windows:
             raise ValueError("no windows to run")
         steps: list[StepInputs] = [single_prefill(w, self.block_size) for w in windows]
+        if logits_indices is not None:
+            steps = [
+                replace(step, logits_indices=np.asarray(rows, np.int64))
+                for step, rows in zip(steps, logits_indices, strict=True)
+            ]
         envs = [step_feed(step) for step in steps]
         max_blocks = max(int(s.block_tables.shape[1]) for s in steps)
         opts = graph_session_options(self._threads, self._external_data_dir)

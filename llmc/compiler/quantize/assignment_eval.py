@@ -30,6 +30,7 @@ from llmc.compiler.quantize.assignment import FLOAT
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import _drop_dead, _Names, _write_linear
 from llmc.compiler.quantize.targets import find_targets
+from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
 
 Assignment = tuple[tuple[str, str], ...]
@@ -53,6 +54,10 @@ class AssignmentScorer:
         session_config: the engine's ONNX Runtime session entries (``pipeline.session_config``):
             assignments run with the engine's fused kernels (``LayerwiseRunner``'s
             ``engine_kernels``), e.g. MatMulNBits at the engine's accuracy level.
+        strides: {set name: k}: score only every k-th position of that set's windows (its
+            logits are computed for those positions only: the vocabulary projection and the
+            float64 log-softmax, most of a scoring's time at a 262,144-token vocabulary, shrink
+            k times). Sets not named score every position.
     """
 
     def __init__(
@@ -65,8 +70,10 @@ class AssignmentScorer:
         weights_dir: Path | None = None,
         prepare: Prepare | None = None,
         session_config: dict[str, str] | None = None,
+        strides: dict[str, int] | None = None,
     ):
         self.float_model, self.precomputed = float_model, precomputed
+        self.strides = strides or {}
         self.session_config = session_config or {}
         self.windows, self.labels = windows, labels
         self.threads, self.weights_dir, self.prepare = threads, weights_dir, prepare
@@ -100,18 +107,28 @@ class AssignmentScorer:
             session_config=self.session_config,
         )
         windows = self.windows[which]
+        positions = self._positions(which)
         last = runner.num_segments - 1
         self.runs += 1
 
         def pairs():
             spill.seek(0)
-            for out in runner.run(windows):
+            for out in runner.run(windows, logits_indices=positions):
                 if out.segment == last and out.window is not None:
                     shape = shapes[out.window]
                     want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
                     yield want, out.tensors[runner.logits]
 
-        return score_logits(pairs(), windows, self.labels[which])
+        report = score_logits(pairs(), windows, self.labels[which], positions=positions)
+        release_freed_memory()  # a scoring's logits and sessions, before the next one
+        return report
+
+    def _positions(self, which: str) -> list[np.ndarray] | None:
+        """The scored positions of each window of set ``which`` (None: all)."""
+        k = self.strides.get(which)
+        if k is None:
+            return None
+        return [np.arange(0, int(w.shape[0]) - 1, k, dtype=np.int64) for w in self.windows[which]]
 
     def _reference(self, which: str):
         """(file, shapes) of the float graph's logits on window set ``which``, made once."""
@@ -125,7 +142,7 @@ class AssignmentScorer:
                 prepare=self.prepare,
             )
             spill = tempfile.TemporaryFile(dir=self.weights_dir)
-            shapes = spill_logits(runner, self.windows[which], spill, None)
+            shapes = spill_logits(runner, self.windows[which], spill, None, self._positions(which))
             self._spills[which] = (spill, shapes)
         return self._spills[which]
 
@@ -174,13 +191,15 @@ def quantize_segment(
     return proto
 
 
-def spill_logits(runner, windows: list[np.ndarray], spill, progress) -> list[tuple[int, int]]:
+def spill_logits(
+    runner, windows: list[np.ndarray], spill, progress, logits_indices=None
+) -> list[tuple[int, int]]:
     """Write the logits [T, V] float32 of each window, run by ``runner`` (a
     ``LayerwiseRunner``), to the binary file ``spill`` in window order; return their shapes.
-    No window's logits outlive this call."""
+    No window's logits outlive this call. ``logits_indices``: as ``LayerwiseRunner.run``'s."""
     shapes = []
     last = runner.num_segments - 1
-    for out in runner.run(windows, progress):
+    for out in runner.run(windows, progress, logits_indices):
         if out.segment == last and out.window is not None:
             logits = np.ascontiguousarray(out.tensors[runner.logits], np.float32)
             spill.write(memoryview(logits).cast("B"))

@@ -22,7 +22,7 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress):
     came from the cache), everything else on the held-out windows of the accuracy report.
     ``progress(done, total)`` counts scorings. Raises AccuracyTargetError as
     ``search.search``."""
-    from llmc.compiler.quantize.targeted import SENSITIVITY_WINDOWS
+    from llmc.compiler.quantize.targeted import SENSITIVITY_STRIDE, SENSITIVITY_WINDOWS
 
     calib_source, heldout_source, load, windows = texts
     calib = config.calibration
@@ -41,7 +41,7 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress):
     float_model, weights_dir, prepare, session_config = graph_run
     scorer = AssignmentScorer(
         float_model, precomputed, sets, labels, config.target.threads, weights_dir, prepare,
-        session_config,
+        session_config, {"sensitivity": SENSITIVITY_STRIDE},
     )  # fmt: skip
     done, total = itertools.count(1), _scorings(targeted) + (anchors is not None)
     tick = lambda _=None: progress(next(done), total)  # noqa: E731

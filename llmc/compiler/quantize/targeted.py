@@ -24,8 +24,10 @@ from llmc.compiler.quantize.search import SearchResult, search
 from llmc.compiler.quantize.targets import find_targets
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
 
-#: Calibration windows the per-unit sensitivities are scored on.
+#: Calibration windows the per-unit sensitivities are scored on, at every k-th position (the
+#: forward runs every token; the logits and their KL are taken at 1 in SENSITIVITY_STRIDE).
 SENSITIVITY_WINDOWS = 4
+SENSITIVITY_STRIDE = 4
 #: Bytes per float weight of the compute dtype.
 FLOAT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 

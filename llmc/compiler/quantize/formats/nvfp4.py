@@ -58,6 +58,7 @@ class Nvfp4(QuantFormat):
     cpu_kernel = MARKER  # emulation: one QuantizeLinear (its FP8 block scales) per module
     weight_bytes = 0.5 + 1 / 16  # 4 bits, an 8-bit scale per 16
     min_sm = 100
+    fallbacks = ("fp8", "int8_weight_only")  # --accuracy-target: FP8 before 8-bit weight-only
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec
