@@ -133,12 +133,15 @@ class LayerwiseRunner:
         windows: list[np.ndarray],
         progress: Callable[[int, int], None] | None = None,
         logits_indices: list[np.ndarray] | None = None,
+        prepare: Callable[[Any, str], Any] | None = None,
     ) -> Iterator[SegmentOutputs]:
         """Yield each segment's outputs for each window, segment-major, each segment closed by a
         record with window None: (0, w0), (0, w1), ..., (0, None), (1, w0), ... ``windows``:
         [T] int64 token ids each (T >= 1). ``progress(done, total)`` counts segments.
         ``logits_indices``: per window, the positions ([L] int64) whose logits are computed
-        (default: all T). Raises ValueError for no windows."""
+        (default: all T). ``prepare`` replaces the constructor's for this run (the graph is
+        split once; each run may prepare its segments differently). Raises ValueError for no
+        windows."""
 
         if not windows:
             raise ValueError("no windows to run")
@@ -168,7 +171,7 @@ class LayerwiseRunner:
         plugins = self.plan.plugins
         for i in range(self.num_segments):
             segment, inputs, outputs = self.segment_to_run(i)
-            session = self._session(segment, i, opts) if outputs else None
+            session = self._session(segment, i, opts, prepare) if outputs else None
             caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None
             for w, (step, env) in enumerate(zip(steps, envs, strict=True)):
                 if session is not None:
@@ -186,18 +189,19 @@ class LayerwiseRunner:
                 progress(i + 1, self.num_segments)
             yield SegmentOutputs(i, None, {})
 
-    def _session(self, segment, i: int, opts):
+    def _session(self, segment, i: int, opts, prepare=None):
         import onnxruntime as ort
 
         scratch = f"segment_{i:03d}.prepared.data"
-        if self._prepare is not None:
-            segment = self._prepare(segment, scratch)
+        prepare = prepare or self._prepare
+        if prepare is not None:
+            segment = prepare(segment, scratch)
         try:
             return ort.InferenceSession(
                 segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]
             )
         finally:  # loaded (or mapped: the mapping outlives the name) by now
-            if self._prepare is not None and self._external_data_dir is not None:
+            if prepare is not None and self._external_data_dir is not None:
                 (self._external_data_dir / scratch).unlink(missing_ok=True)
 
 

@@ -78,6 +78,7 @@ class AssignmentScorer:
         self.windows, self.labels = windows, labels
         self.threads, self.weights_dir, self.prepare = threads, weights_dir, prepare
         self._spills: dict[str, tuple[tempfile._TemporaryFileWrapper, list]] = {}
+        self._layerwise = None
         self.runs = 0
 
     def close(self) -> None:
@@ -85,6 +86,7 @@ class AssignmentScorer:
         for spill, _ in self._spills.values():
             spill.close()
         self._spills.clear()
+        self._layerwise = None  # its segments: a copy of the float graph's weights
 
     def __enter__(self) -> AssignmentScorer:
         return self
@@ -95,25 +97,17 @@ class AssignmentScorer:
     def score(self, assignment: Assignment, which: str) -> AccuracyReport:
         """The accuracy report of the float graph with ``assignment``'s (module, format) pairs
         quantized ("none" stays float), on window set ``which``, against the float graph."""
-        from llmc.runtime.layerwise_runner import LayerwiseRunner
-
         spill, shapes = self._reference(which)
-        runner = LayerwiseRunner(
-            self.float_model,
-            threads=self.threads,
-            external_data_dir=self.weights_dir,
-            prepare=self._quantizing(assignment),
-            engine_kernels=True,
-            session_config=self.session_config,
-        )
+        runner = self._runner()
         windows = self.windows[which]
         positions = self._positions(which)
         last = runner.num_segments - 1
         self.runs += 1
+        prepare = self._quantizing(assignment)
 
         def pairs():
             spill.seek(0)
-            for out in runner.run(windows, logits_indices=positions):
+            for out in runner.run(windows, logits_indices=positions, prepare=prepare):
                 if out.segment == last and out.window is not None:
                     shape = shapes[out.window]
                     want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
@@ -130,19 +124,29 @@ class AssignmentScorer:
             return None
         return [np.arange(0, int(w.shape[0]) - 1, k, dtype=np.int64) for w in self.windows[which]]
 
-    def _reference(self, which: str):
-        """(file, shapes) of the float graph's logits on window set ``which``, made once."""
-        if which not in self._spills:
+    def _runner(self):
+        """The float graph split into segments once (``LayerwiseRunner``), run with the
+        engine's kernels; each run prepares its segments (``prepare``) its own way."""
+        if self._layerwise is None:
             from llmc.runtime.layerwise_runner import LayerwiseRunner
 
-            runner = LayerwiseRunner(
+            self._layerwise = LayerwiseRunner(
                 self.float_model,
                 threads=self.threads,
                 external_data_dir=self.weights_dir,
                 prepare=self.prepare,
+                engine_kernels=True,
+                session_config=self.session_config,
             )
+        return self._layerwise
+
+    def _reference(self, which: str):
+        """(file, shapes) of the float graph's logits on window set ``which``, made once (with
+        the same kernels as the scorings: ORT's float fusions move logits by ~1e-6)."""
+        if which not in self._spills:
             spill = tempfile.TemporaryFile(dir=self.weights_dir)
-            shapes = spill_logits(runner, self.windows[which], spill, None, self._positions(which))
+            positions = self._positions(which)
+            shapes = spill_logits(self._runner(), self.windows[which], spill, None, positions)
             self._spills[which] = (spill, shapes)
         return self._spills[which]
 
