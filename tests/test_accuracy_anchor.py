@@ -14,7 +14,7 @@ from llmc.engine.manifest import read_manifest
 from llmc.quant.ggml_q8_0 import quantize_q8_0
 from llmc.quant.grids import dequantize
 from tests.test_gguf_streaming import write_tiny_gguf
-from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
+from tests.tiny_models import calibration_text, make_tiny_gemma3, quant_config
 
 
 def _gguf_q8_0(w: np.ndarray) -> np.ndarray:
@@ -46,22 +46,8 @@ def test_q8_0_refuses_partial_blocks():
 
 
 def _config(model, root, name, quant, **kw) -> BuildConfig:
-    data = root / "calib.txt"
-    data.write_text(SHAKESPEARE.read_text()[:60_000])
-    return BuildConfig.of(
-        model=str(model),
-        quant=quant,
-        block_size=8,
-        max_seq_len=128,
-        calib_data=str(data),
-        calib_samples=4,
-        calib_seq_len=64,
-        eval_samples=3,
-        int4_block_size=32,
-        cache_dir=str(root / "cache"),
-        output=str(root / name),
-        **kw,
-    )
+    data = calibration_text(root)
+    return quant_config(model, root, data, quant, name, eval_samples=3, int4_block_size=32, **kw)
 
 
 def test_safetensors_build_scores_round_to_nearest_beside_its_report(tmp_path):

@@ -15,7 +15,7 @@ from llmc.compiler.quantize.assignment import Unit, make_units, upgrade_path
 from llmc.compiler.quantize.search import AccuracyTargetError, search
 from llmc.engine.manifest import read_manifest
 from llmc.errors import BuildConfigError
-from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
+from tests.tiny_models import calibration_text, make_tiny_gemma3, quant_config
 
 LADDER = ("fp8", "int8_weight_only", "none")
 
@@ -146,26 +146,11 @@ def test_search_fails_naming_the_best_reached():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("target")
-    ckpt = make_tiny_gemma3(root / "ckpt", seed=1, sharp=True)
-    data = root / "calib.txt"
-    data.write_text(SHAKESPEARE.read_text()[:60_000])
-    return root, ckpt, data
+    return root, make_tiny_gemma3(root / "ckpt", seed=1, sharp=True), calibration_text(root)
 
 
 def _config(root, ckpt, data, name, **kw) -> BuildConfig:
-    return BuildConfig.of(
-        model=str(ckpt),
-        quant="fp8",
-        block_size=8,
-        max_seq_len=128,
-        calib_data=str(data),
-        calib_samples=4,
-        calib_seq_len=64,
-        eval_samples=4,
-        cache_dir=str(root / "cache"),
-        output=str(root / name),
-        **kw,
-    )
+    return quant_config(ckpt, root, data, "fp8", name, eval_samples=4, **kw)
 
 
 def test_tiny_build_meets_a_target_the_flat_format_misses(tiny):

@@ -29,7 +29,7 @@ from llmc.quant import microscaling as ms
 from llmc.quant.grids import dequantize
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
 from llmc.runtime.ort_env import session_options
-from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
+from tests.tiny_models import calibration_text, make_tiny_gemma3, quant_config
 
 # --- references from the specs: grids enumerated, ties to the even code (even index) ---------
 
@@ -371,26 +371,11 @@ def test_defaults_and_target_rules(quant):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("microscaling")
-    ckpt = make_tiny_gemma3(root / "ckpt", seed=1, sharp=True)
-    data = root / "calib.txt"
-    data.write_text(SHAKESPEARE.read_text()[:60_000])
-    return root, ckpt, data
+    return root, make_tiny_gemma3(root / "ckpt", seed=1, sharp=True), calibration_text(root)
 
 
 def _config(root, ckpt, data, quant: str, name: str, **kw) -> BuildConfig:
-    return BuildConfig.of(
-        model=str(ckpt),
-        quant=quant,
-        block_size=8,
-        max_seq_len=128,
-        calib_data=str(data),
-        calib_samples=4,
-        calib_seq_len=64,
-        eval_samples=2,
-        cache_dir=str(root / "cache"),
-        output=str(root / name),
-        **kw,
-    )
+    return quant_config(ckpt, root, data, quant, name, **kw)
 
 
 def _engine_weights(engine_dir) -> list[np.ndarray]:

@@ -131,3 +131,30 @@ def bfloat16_copy(ckpt: Path, out: Path) -> Path:
         loc.dtype.name for loc in index_safetensors(list(out.glob("*.safetensors"))).values()
     } == {"BFLOAT16"}
     return out
+
+
+def calibration_text(root: Path) -> Path:
+    """A calibration/held-out text file (the first 60,000 characters of tinyshakespeare) in
+    ``root``."""
+    data = root / "calib.txt"
+    data.write_text(SHAKESPEARE.read_text()[:60_000])
+    return data
+
+
+def quant_config(model: Path, root: Path, data: Path, quant: str, name: str, **kw):
+    """A small quantized build of ``model`` into ``root / name``: 8-token blocks, 4 calibration
+    windows of 64 tokens from ``data``, 2 held-out windows, statistics cached in ``root``;
+    ``kw`` sets or overrides any other option by its flat name."""
+    from llmc.compiler.build_config import BuildConfig
+
+    options = {
+        "block_size": 8,
+        "max_seq_len": 128,
+        "calib_samples": 4,
+        "calib_seq_len": 64,
+        "eval_samples": 2,
+        "cache_dir": str(root / "cache"),
+    } | kw
+    return BuildConfig.of(
+        model=str(model), quant=quant, calib_data=str(data), output=str(root / name), **options
+    )
