@@ -188,3 +188,33 @@ def test_tiny_build_fails_cleanly_when_only_float_would_do(tiny):
 def test_accuracy_target_needs_a_quant():
     with pytest.raises(BuildConfigError, match="--accuracy-target"):
         BuildConfig.of(model="x", quant="none", accuracy_target="top1=0.9").validate()
+
+
+def test_gpu_stage_records_a_mixed_assignment_that_passes_the_lint(tiny):
+    """sm100, nvfp4 with its fp8 and 8-bit fallbacks: the search runs on the cpu emulation, the
+    stage records it, and TensorRT's lint takes the mixed graph."""
+    from llmc.compiler.tensorrt.gpu_build import TensorRTUnavailableError
+    from llmc.engine.stage import read_stage
+
+    root, ckpt, data = tiny
+
+    def stage_record(name: str, target: str) -> dict:
+        with pytest.raises(TensorRTUnavailableError):
+            build(
+                quant_config(
+                    ckpt, root, data, "nvfp4", name, arch="sm100", eval_samples=4,
+                    accuracy_target=target,
+                )
+            )  # fmt: skip
+        return read_stage(root / name).quantization["spec"]["accuracy_target"]
+
+    # A target any assignment keeps: the search stops at the flat one and records its KL.
+    flat = stage_record("nvfp4-flat", "kl=10")
+    assert set(flat["rungs"].values()) == {"nvfp4", "int8_weight_only"}
+    flat_kl = flat["flat_value"]
+    record = stage_record("nvfp4-target", f"kl={flat_kl / 4}")
+    out = root / "nvfp4-target"
+    assert read_stage(out).lint["errors"] == 0
+    assert record["value"] <= flat_kl / 4 < flat_kl == pytest.approx(record["flat_value"])
+    assert set(record["rungs"].values()) <= {"nvfp4", "fp8", "int8_weight_only", "none"}
+    assert any(r != "nvfp4" for u, r in record["rungs"].items() if u != "lm_head")
