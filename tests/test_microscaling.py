@@ -19,7 +19,7 @@ from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.quantize import microscaling_cpu
 from llmc.compiler.quantize.formats import FORMATS, fp8, mxfp8, nvfp4
-from llmc.compiler.quantize.qdq import _Names, _write_linear
+from llmc.compiler.quantize.qdq import UniqueNames, write_linear
 from llmc.compiler.tensorrt.gpu_build import TensorRTUnavailableError
 from llmc.compiler.tensorrt.lint import lint_file, lint_model
 from llmc.engine.manifest import read_manifest
@@ -290,7 +290,7 @@ def test_cpu_emulation_of_the_activations_is_bit_exact(kind, dims, tmp_path):
 
 
 class _Target:
-    """What ``_write_linear`` reads of a ``QuantTarget``."""
+    """What ``write_linear`` reads of a ``QuantTarget``."""
 
     def __init__(self, node: ir.Node, module: str):
         self.node, self.module = node, module
@@ -298,11 +298,11 @@ class _Target:
 
 def _three_projections(fmt) -> tuple[onnx.ModelProto, list, np.ndarray]:
     """x [T, 64] -> three MatMuls reading it (as q/k/v), each quantized by ``fmt`` through
-    ``qdq._write_linear``; returns the graph, the QuantizedLinears and the float weights."""
+    ``qdq.write_linear``; returns the graph, the QuantizedLinears and the float weights."""
     rng = np.random.default_rng(4)
     x = ir.Value(name="x", shape=ir.Shape(["T", 64]), type=ir.TensorType(ir.DataType.FLOAT))
     graph = ir.Graph([x], [], nodes=[], opset_imports={"": 23}, name="projections")
-    names = _Names(graph)
+    names = UniqueNames(graph)
     calib = rng.standard_normal((256, 64)).astype(np.float32)
     quantized = []
     for i in range(3):
@@ -314,7 +314,7 @@ def _three_projections(fmt) -> tuple[onnx.ModelProto, list, np.ndarray]:
         graph.append(matmul)
         graph.outputs.append(matmul.outputs[0])
         ql = fmt.quantize(w, _stats(calib), QuantSpec(quant=fmt.name))
-        _write_linear(graph, _Target(matmul, f"proj{i}"), ql, names)
+        write_linear(graph, _Target(matmul, f"proj{i}"), ql, names)
         quantized.append(ql)
         del graph.initializers[f"w{i}"]
     return ir.to_proto(ir.Model(graph, ir_version=10)), quantized, calib

@@ -28,7 +28,7 @@ import onnx_ir as ir
 from llmc.calibration.accuracy import AccuracyReport, score_logits
 from llmc.compiler.quantize.assignment import FLOAT
 from llmc.compiler.quantize.formats import FORMATS
-from llmc.compiler.quantize.qdq import _drop_dead, _Names, _write_linear
+from llmc.compiler.quantize.qdq import UniqueNames, drop_dead, write_linear
 from llmc.compiler.quantize.targets import find_targets
 from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
@@ -178,17 +178,17 @@ def quantize_segment(
     model = ir.from_proto(segment)
     if data_dir is not None:
         ir.external_data.set_base_dir(model.graph, data_dir)
-    names = _Names(model.graph)
+    names = UniqueNames(model.graph)
     used: Counter = Counter()
     for target in find_targets(model):
         fmt = wanted.get(target.module)
         if fmt is None:
             continue
-        _write_linear(model.graph, target, precomputed[(target.module, fmt)], names)
+        write_linear(model.graph, target, precomputed[(target.module, fmt)], names)
         used[fmt] += 1
     if not used:
         return segment
-    _drop_dead(model.graph)
+    drop_dead(model.graph)
     proto = ir.to_proto(model)
     for fmt in used:  # an anchor's key is "<anchor>:<format>"
         FORMATS[fmt.rpartition(":")[2]].rewrite_for_cpu(proto)

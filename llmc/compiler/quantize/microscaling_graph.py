@@ -63,7 +63,7 @@ def write_weight(
     graph: ir.Graph, before: ir.Node, prefix: str, qw: MicroscaledWeight, names
 ) -> ir.Value:
     """Write ``qw``'s dequantization (module docstring) before ``before``; return the float
-    weight [K, N]. ``names`` makes unique initializer and node names (``qdq._Names``)."""
+    weight [K, N]. ``names`` makes unique initializer and node names (``qdq.UniqueNames``)."""
     data = names.initializer(f"{prefix}.weight_quantized", qw.data)
     block_scale = names.initializer(f"{prefix}.weight_block_scale", qw.block_scale)
     attrs = {"axis": qw.axis, "block_size": qw.block_size}

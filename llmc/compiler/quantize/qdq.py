@@ -144,7 +144,7 @@ class GraphQuantizer:
         self.model, self.spec = model, spec
         self.report = QuantReport(spec=spec.__dict__ | {"exclude": list(spec.exclude)})
         self._counts: Counter = Counter()
-        self._names = _Names(model.graph, spill)
+        self._names = UniqueNames(model.graph, spill)
         self._pending = {t.module: t for t in find_targets(model)}
         self._kv_stats: dict[str, TensorStats] = {}
         self._precomputed = precomputed or {}
@@ -173,7 +173,7 @@ class GraphQuantizer:
                     raise ValueError(f"no calibration statistics for {module!r}")
                 ql = fmt.quantize(target.weight(), stats.get(module), spec)
             target.release()
-            _write_linear(self.model.graph, target, ql, self._names)
+            write_linear(self.model.graph, target, ql, self._names)
             entry = {"shape": list(target.shape), **ql.record}
             entry.setdefault("format", fmt.label)
             self.report.modules[module] = entry
@@ -186,12 +186,12 @@ class GraphQuantizer:
         self._quantize({}, None)
         if self.spec.kv_cache_dtype in ("fp8", "int8"):
             self.report.kv_cache = _set_kv_scales(self.model.graph, self._kv_stats, self.spec)
-        _drop_dead(self.model.graph)
+        drop_dead(self.model.graph)
         self.report.counts = dict(sorted(self._counts.items()))
         return self.report
 
 
-def _write_linear(graph: ir.Graph, t: QuantTarget, ql: QuantizedLinear, names: _Names) -> None:
+def write_linear(graph: ir.Graph, t: QuantTarget, ql: QuantizedLinear, names: UniqueNames) -> None:
     """Q/DQ nodes around ``t``'s MatMul as ``ql`` says: smoothing, activation Q/DQ, weight DQ."""
     x = _smooth_input(graph, t, ql.smoothing, names)
     if ql.activation is not None:
@@ -199,7 +199,9 @@ def _write_linear(graph: ir.Graph, t: QuantTarget, ql: QuantizedLinear, names: _
     _replace_weight(graph, t, x, ql.weight, names)
 
 
-def _smooth_input(graph: ir.Graph, t: QuantTarget, s: np.ndarray | None, names: _Names) -> ir.Value:
+def _smooth_input(
+    graph: ir.Graph, t: QuantTarget, s: np.ndarray | None, names: UniqueNames
+) -> ir.Value:
     """X / s: folded into a preceding RMSNormalization's scale when possible, else a Mul."""
     x = t.node.inputs[0]
     if s is None:
@@ -239,7 +241,7 @@ def _fake_quant_activation(
 
 
 def _replace_weight(
-    graph: ir.Graph, t: QuantTarget, x: ir.Value, qw: QuantizedWeight, names: _Names
+    graph: ir.Graph, t: QuantTarget, x: ir.Value, qw: QuantizedWeight, names: UniqueNames
 ) -> None:
     if isinstance(qw, MicroscaledWeight):  # NVFP4, MXFP8: their two-level or E8M0 scales
         w = microscaling_graph.write_weight(graph, t.node, t.module, qw, names)
@@ -275,7 +277,7 @@ def _set_kv_scales(graph: ir.Graph, stats: dict[str, TensorStats], spec: QuantSp
     return out
 
 
-def _drop_dead(graph: ir.Graph) -> None:
+def drop_dead(graph: ir.Graph) -> None:
     """Remove nodes whose outputs nobody reads (a tied projection's Transpose) and unused
     initializers (the float weights replaced by quantized ones)."""
     changed = True
@@ -290,7 +292,7 @@ def _drop_dead(graph: ir.Graph) -> None:
             del graph.initializers[name]
 
 
-class _Names:
+class UniqueNames:
     """Unique initializer and node names in one graph; new initializers' large arrays go to
     ``spill`` when one is given."""
 
