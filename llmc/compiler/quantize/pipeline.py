@@ -112,7 +112,7 @@ def quantize(
     With ``--accuracy-target``, every module is quantized in each format of its ladder while
     its statistics are in memory, the assignment is searched (``targeted``; its held-out
     windows come from ``heldout_source``), and the graph is written with the one chosen; the
-    search is recorded in the report's ``spec["accuracy_target"]``. With ``--accuracy-anchor
+    search is recorded in the report's ``spec["accuracy_target"]``. With ``--anchor
     auto`` the anchor (``anchors``: llama.cpp's Q8_0 for a GGUF checkpoint, whose stored types
     are ``gguf_types``, else round-to-nearest) is scored on the same held-out windows and
     recorded in ``spec["anchor"]``."""
