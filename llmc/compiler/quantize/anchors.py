@@ -91,10 +91,8 @@ class AnchorQuantization:
 
     def _make(self, stats: dict[str, TensorStats], modules: set[str] | None) -> None:
         for module, fmt in self.formats.items():
-            if (modules is not None and module not in modules) or (
-                module,
-                self.key(module),
-            ) in self.precomputed:
+            done = (module, self.key(module)) in self.precomputed
+            if done or (modules is not None and module not in modules):
                 continue
             fmt_obj = FORMATS[fmt]
             if self.name == RTN and fmt_obj.needs_stats and module not in stats:

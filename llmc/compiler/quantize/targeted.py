@@ -45,13 +45,13 @@ class TargetedQuantization:
         self.units: list[Unit] = make_units(
             params, {m: base_format(m, spec) for m in quantized}, ladder
         )
-        self.needed = {
-            (m, f)
-            for u in self.units
-            for rung in u.ladder[:-1]
-            for m, f in u.formats(rung).items()
-            if f != FLOAT
-        }
+        # {module: the formats below float it may take}, made once per module and format
+        self.needed: dict[str, set[str]] = {}
+        for u in self.units:
+            for rung in u.ladder[:-1]:
+                for m, f in u.formats(rung).items():
+                    if f != FLOAT:
+                        self.needed.setdefault(m, set()).add(f)
         self.precomputed: dict[tuple[str, str], QuantizedLinear] = {}
         self.kv_stats: dict[str, TensorStats] = {}
 
@@ -67,10 +67,10 @@ class TargetedQuantization:
         self._quantize({}, None)
 
     def _quantize(self, stats: dict[str, TensorStats], modules: set[str] | None) -> None:
-        for module in sorted({m for m, _ in self.needed}):
+        for module, formats in self.needed.items():
             if modules is not None and module not in modules:
                 continue
-            todo = [f for m, f in self.needed if m == module and (m, f) not in self.precomputed]
+            todo = [f for f in formats if (module, f) not in self.precomputed]
             if not todo:
                 continue
             target = self.targets[module]
