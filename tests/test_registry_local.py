@@ -15,8 +15,9 @@ import pytest
 
 from llmc.cli import main
 from llmc.compiler.build_config import BuildConfig
+from llmc.engine.files import verify_engine_files
 from llmc.engine.isa import FEATURES, detect_host_isa
-from llmc.engine.manifest import EngineManifest, file_digests, write_manifest
+from llmc.engine.manifest import EngineManifest, file_digests, read_manifest, write_manifest
 from llmc.errors import (
     BlobCorruptError,
     EngineCorruptError,
@@ -24,6 +25,7 @@ from llmc.errors import (
     RegistryError,
     SignatureError,
 )
+from llmc.registry.entry import check_entry_agrees
 from llmc.registry.local import LocalRegistry
 from llmc.registry.resolve import engine_dir_for, resolve_local
 from llmc.registry.signing import generate_keypair, sign_entry
@@ -237,3 +239,57 @@ def test_engine_dir_for_and_build_config(tmp_path: Path):
     assert resolved.model_name == "toy" and resolved.path.parent.name == "checkouts"
     # where an engine is published does not change what it is
     assert BuildConfig.of(registry="x").hash() == BuildConfig().hash()
+
+
+def engine_with_draft(root: Path, draft_payload: bytes = b"draft weights") -> Path:
+    """A fake engine with a fake draft engine in ``draft/``, recorded as `llmc build --draft`
+    records it (the draft's files are not in the engine's own list)."""
+    fake_engine(root, payload=b"target weights")
+    fake_engine(root / "draft", payload=draft_payload, quant="int4")
+    raw = (root / "draft" / "manifest.json").read_bytes()
+    record = {"path": "draft", "quant": "int4", "manifest_sha256": sha(raw)}
+    write_manifest(replace(read_manifest(root), draft=record), root)
+    return root
+
+
+def test_publish_keeps_the_draft_engine_and_checks_it(tmp_path: Path):
+    reg = LocalRegistry(tmp_path / "reg")
+    built = engine_with_draft(tmp_path / "e")
+    entry = reg.publish(built)
+    draft_raw = (built / "draft" / "manifest.json").read_bytes()
+    assert entry.draft_files == {
+        "draft/manifest.json": sha(draft_raw),
+        "draft/model.onnx": sha(b"draft weights"),
+        "draft/tokenizer/tokenizer.json": sha(SHARED),
+    }
+    checkout = reg.checkout(reg.find(entry.model_id)[0])
+    assert (checkout / "draft" / "model.onnx").read_bytes() == b"draft weights"
+    assert (checkout / "draft" / "manifest.json").read_bytes() == draft_raw
+    draft = read_manifest(checkout / "draft")  # the checks the loader runs on the draft
+    verify_engine_files(draft.files, checkout / "draft", "rebuild")
+    assert reg.verify() == []
+    # a draft file replaced in the checkout (its blob intact) is found, with the file named
+    (checkout / "draft" / "model.onnx").unlink()
+    (checkout / "draft" / "model.onnx").write_bytes(b"tampered")
+    problems = reg.verify()
+    assert len(problems) == 1 and "model.onnx" in problems[0].message
+
+
+def test_publish_refuses_a_draft_that_is_not_the_recorded_one(tmp_path: Path):
+    built = engine_with_draft(tmp_path / "e")
+    fake_engine(tmp_path / "other", payload=b"another draft")
+    (built / "draft" / "manifest.json").write_bytes(
+        (tmp_path / "other" / "manifest.json").read_bytes()
+    )
+    reg = LocalRegistry(tmp_path / "reg")
+    with pytest.raises(EngineCorruptError, match="records"):
+        reg.publish(built)
+    assert reg.entries() == []
+
+
+def test_an_entry_whose_draft_was_swapped_is_refused(tmp_path: Path):
+    reg = LocalRegistry(tmp_path / "reg")
+    entry = reg.publish(engine_with_draft(tmp_path / "e"))
+    swapped = replace(entry, draft_files={**entry.draft_files, "draft/manifest.json": "d" * 64})
+    with pytest.raises(EngineCorruptError, match="draft manifest"):
+        check_entry_agrees(swapped, reg.manifest_bytes(entry), "the entry")

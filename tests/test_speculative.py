@@ -309,7 +309,8 @@ def test_build_with_a_draft_serves_it_and_refuses_a_tampered_one(
 ):
     """`llmc build --draft int8`: the engine directory holds its int8 draft, the manifest
     records it with its digest, ``{"method": "draft"}`` without a model takes it (greedy output
-    unchanged), and a draft whose manifest changed is refused before it loads."""
+    unchanged), also from a registry's checkout of the engine, and a draft whose manifest
+    changed is refused before it loads."""
     import shutil
 
     from llmc.cli import main
@@ -329,6 +330,14 @@ def test_build_with_a_draft_serves_it_and_refuses_a_tampered_one(
     llm = LLM(out, seed=0, speculative_config=spec)
     assert _texts(llm, GREEDY) == reference
     assert llm.engine.stats().spec_decode_num_draft_tokens > 0
+    # published to a registry and checked out, the engine keeps its draft
+    from llmc.registry.local import LocalRegistry
+
+    registry = LocalRegistry(tmp_path / "registry")
+    checkout = registry.checkout(registry.publish(out))
+    served = LLM(checkout, seed=0, speculative_config=spec)
+    assert _texts(served, GREEDY) == reference
+    assert served.engine.stats().spec_decode_num_draft_tokens > 0
 
     manifest = out / "draft" / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"int8"', '"int8" ', 1))

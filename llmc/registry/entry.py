@@ -15,6 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 
+from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
 from llmc.engine.manifest import parse_manifest
 from llmc.errors import EngineCorruptError, RegistryError
 from llmc.registry.integrity import is_digest
@@ -33,6 +34,9 @@ _NAMES += ("execution_provider",)
 _VERSIONS = ("llmc_version", "backend_version", "execution_provider_version")
 _DIGESTS = ("checkpoint_digest", "build_config_hash", "manifest_digest")
 _UNSIGNED = ("signature", "size_bytes")
+#: Where a draft engine's files sit in an engine directory and in ``draft_files``.
+DRAFT_PREFIX = f"{DRAFT_DIR}/"
+DRAFT_MANIFEST = f"{DRAFT_DIR}/{MANIFEST_NAME}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,9 +45,12 @@ class IndexEntry:
 
     Digests are sha256 hex. ``manifest_digest`` names the ``manifest.json`` blob and identifies
     the entry; ``files`` maps each engine file (POSIX path in the engine directory) to its blob,
-    exactly as the manifest lists them. ``signature`` is an Ed25519 signature (base64) of
-    ``signed_payload()``, or None for an unsigned engine. ``size_bytes`` is the manifest's and
-    files' bytes.
+    exactly as the manifest lists them. ``draft_files`` does the same for the draft engine built
+    beside it (``llmc build --draft``), under ``draft/``, its ``draft/manifest.json`` included
+    (the manifest records that one's digest, ``check_entry_agrees`` checks the link, the loader
+    checks the draft's files against it). ``signature`` is an Ed25519 signature (base64) of
+    ``signed_payload()``, or None for an unsigned engine. ``size_bytes`` is the bytes of every
+    blob.
 
     Raises:
         RegistryError: a field is of the wrong type or holds a value outside its character set
@@ -66,6 +73,7 @@ class IndexEntry:
     build_config_hash: str
     manifest_digest: str
     files: dict[str, str] = field(default_factory=dict)
+    draft_files: dict[str, str] = field(default_factory=dict)
     size_bytes: int = 0
     created_at: str
     signature: str | None = None
@@ -86,6 +94,9 @@ class IndexEntry:
         for feature in self.isa:
             _check("isa", feature, _NAME)
         _check_files(self.files)
+        _check_files(self.draft_files, "draft_files")
+        if any(not p.startswith(DRAFT_PREFIX) for p in self.draft_files):
+            _refuse("draft_files", list(self.draft_files), f"paths under {DRAFT_PREFIX}")
         if type(self.size_bytes) is not int or self.size_bytes < 0:
             _refuse("size_bytes", self.size_bytes, "a byte count (an integer >= 0)")
         _check_created_at(self.created_at)
@@ -127,8 +138,11 @@ class IndexEntry:
 
     @property
     def blobs(self) -> list[str]:
-        """Every blob the entry needs: its manifest first, then its files'."""
-        return [self.manifest_digest, *dict.fromkeys(self.files.values())]
+        """Every blob the entry needs: its manifest first, then its files' and its draft's."""
+        return [
+            self.manifest_digest,
+            *dict.fromkeys([*self.files.values(), *self.draft_files.values()]),
+        ]
 
     def matches(self, ref: str) -> bool:
         """Whether ``ref`` names this entry: its model id, a prefix (6+ hex digits) of its
@@ -140,10 +154,13 @@ class IndexEntry:
 
     def signed_payload(self) -> bytes:
         """The bytes a signature covers: ``SIGNATURE_SCHEME`` then every field but
-        ``signature`` and ``size_bytes`` as JSON with sorted keys, no whitespace, ASCII only.
-        Every one of them is copied from the manifest or is its digest, so the same bytes come
-        from the manifest alone (``entry_from_manifest``)."""
+        ``signature`` and ``size_bytes`` (and ``draft_files`` when empty) as JSON with sorted
+        keys, no whitespace, ASCII only. Every one of them is copied from the manifest, is its
+        digest, or is the draft's (its digests), so the same bytes come from the engine directory
+        alone (``entry_from_manifest``)."""
         data = {k: v for k, v in self.to_dict().items() if k not in _UNSIGNED}
+        if not data["draft_files"]:  # so entries without a draft sign as they always did
+            del data["draft_files"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return SIGNATURE_SCHEME + text.encode("ascii")
 
@@ -166,9 +183,14 @@ class IndexEntry:
 
 
 def entry_from_manifest(
-    manifest, manifest_digest: str, size_bytes: int, signature: str | None = None
+    manifest,
+    manifest_digest: str,
+    size_bytes: int,
+    signature: str | None = None,
+    draft_files: dict[str, str] | None = None,
 ) -> IndexEntry:
-    """The index entry of an engine, from its ``EngineManifest`` and manifest blob digest.
+    """The index entry of an engine, from its ``EngineManifest`` and manifest blob digest, with
+    its draft engine's ``draft_files`` (see ``IndexEntry``) when it has one.
 
     Raises:
         RegistryError: a manifest field is not valid in an entry (see ``IndexEntry``).
@@ -190,6 +212,7 @@ def entry_from_manifest(
         build_config_hash=manifest.build_config_hash,
         manifest_digest=manifest_digest,
         files=dict(manifest.files),
+        draft_files=dict(draft_files or {}),
         size_bytes=size_bytes,
         created_at=manifest.created_at,
         signature=signature,
@@ -206,14 +229,22 @@ def check_entry_agrees(entry: IndexEntry, manifest_raw: bytes, what: str) -> Non
 
     manifest = parse_manifest(manifest_raw, what)
     for name in (f.name for f in fields(IndexEntry)):
-        if name in ("manifest_digest", *_UNSIGNED):
-            continue
+        if name in ("manifest_digest", "draft_files", *_UNSIGNED):
+            continue  # not manifest fields; the draft's link is checked below
         ours, theirs = getattr(entry, name), getattr(manifest, name)
         if ours != theirs:
             raise EngineCorruptError(
                 f"{what}: the entry's {name} is {ours!r} but its manifest's is {theirs!r}; the "
                 "entry was edited. Refusing it: `llmc registry rm` it and re-publish or re-pull"
             )
+    recorded = (manifest.draft or {}).get("manifest_sha256")
+    listed = entry.draft_files.get(DRAFT_MANIFEST)
+    if recorded != listed or (recorded is None and entry.draft_files):
+        raise EngineCorruptError(
+            f"{what}: the entry's draft manifest is {listed!r} but its manifest records "
+            f"{recorded!r}; the entry was edited. Refusing it: `llmc registry rm` it and "
+            "re-publish or re-pull"
+        )
 
 
 def _check(name: str, value: object, pattern: re.Pattern) -> None:
@@ -222,20 +253,20 @@ def _check(name: str, value: object, pattern: re.Pattern) -> None:
         _refuse(name, value, f"1-{MAX_NAME} characters of {chars}, not '.' or '..'")
 
 
-def _check_files(files: object) -> None:
+def _check_files(files: object, name: str = "files") -> None:
     if not isinstance(files, dict) or len(files) > MAX_FILES:
-        _refuse("files", type(files).__name__, f"a mapping of at most {MAX_FILES} paths")
+        _refuse(name, type(files).__name__, f"a mapping of at most {MAX_FILES} paths")
     for path, digest in files.items():
         parts = path.split("/") if isinstance(path, str) else [None]
         if len(parts) > MAX_DEPTH or any(not _is_name(p) for p in parts):
             _refuse(
-                "files",
+                name,
                 path,
                 f"a relative POSIX path of at most {MAX_DEPTH} names, each 1-{MAX_NAME} "
                 "characters of [A-Za-z0-9._-], not '.' or '..'",
             )
         if not isinstance(digest, str) or not is_digest(digest):
-            _refuse(f"files[{path!r}]", digest, "a sha256 digest (64 lowercase hex digits)")
+            _refuse(f"{name}[{path!r}]", digest, "a sha256 digest (64 lowercase hex digits)")
 
 
 def _is_name(part: object) -> bool:

@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from llmc.engine.files import verify_engine_files
+from llmc.engine.files import DRAFT_DIR, verify_engine_files
 from llmc.engine.manifest import MANIFEST_NAME, parse_manifest, read_manifest
 from llmc.errors import BlobCorruptError, EngineCorruptError, EngineError, RegistryError
 from llmc.registry.blobs import BlobStore
-from llmc.registry.entry import check_entry_agrees
+from llmc.registry.entry import DRAFT_PREFIX, check_entry_agrees
 from llmc.registry.index import Index, IndexEntry, entry_from_manifest
 from llmc.registry.integrity import check_checkout, check_digest, write_stream_atomic
 from llmc.registry.paths import confined, remove_tree
@@ -98,7 +98,9 @@ class LocalRegistry:
         """Store a built engine directory's files and manifest as blobs and index it.
 
         Only the files the manifest lists are stored, each checked against its digest while it
-        is copied. An entry with the same key (see ``IndexEntry.key``) is replaced.
+        is copied, and the draft engine's (``llmc build --draft``), checked against the digest
+        the manifest records for the draft's manifest and against that manifest. An entry with
+        the same key (see ``IndexEntry.key``) is replaced.
 
         Raises:
             EngineNotFoundError, EngineCorruptError, EngineMismatchError: no valid manifest.
@@ -111,8 +113,9 @@ class LocalRegistry:
         raw = (engine_dir / MANIFEST_NAME).read_bytes()
         manifest = parse_manifest(raw, str(engine_dir / MANIFEST_NAME))
         digest = hashlib.sha256(raw).hexdigest()
-        entry = entry_from_manifest(manifest, digest, 0, signature)  # validates, before writes
-        for relative, file_digest in entry.files.items():
+        draft = draft_files(engine_dir, manifest)
+        entry = entry_from_manifest(manifest, digest, 0, signature, draft)  # validates first
+        for relative, file_digest in {**entry.files, **entry.draft_files}.items():
             self.blobs.put_file(engine_dir / relative, file_digest)
         self._put_manifest(raw)
         return self.add(entry)
@@ -129,7 +132,7 @@ class LocalRegistry:
             raise RegistryError(f"cannot index {entry.model_id}: blobs {missing} are not stored")
         size = sum(
             self.blobs.path(d).stat().st_size
-            for d in [entry.manifest_digest, *entry.files.values()]
+            for d in [entry.manifest_digest, *entry.files.values(), *entry.draft_files.values()]
         )
         entry = replace(entry, size_bytes=size)
         self.index.update(lambda es: [e for e in es if e.key != entry.key] + [entry])
@@ -177,7 +180,7 @@ class LocalRegistry:
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
-            links = {**entry.files, MANIFEST_NAME: entry.manifest_digest}
+            links = {**entry.files, **entry.draft_files, MANIFEST_NAME: entry.manifest_digest}
             for relative, digest in links.items():
                 target = staging / _safe_relative(relative, staging)
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -257,7 +260,15 @@ class LocalRegistry:
         try:
             confined(checkout, self.root)
             check_checkout(checkout, entry.manifest_digest, f"{entry.model_id}@{entry.short_id}")
-            verify_engine_files(entry.files, checkout, todo)
+            verify_engine_files(
+                entry.files, checkout, todo, nested=(DRAFT_DIR,) * bool(entry.draft_files)
+            )
+            if entry.draft_files:
+                draft = {p.removeprefix(DRAFT_PREFIX): d for p, d in entry.draft_files.items()}
+                check_checkout(
+                    checkout / DRAFT_DIR, draft.pop(MANIFEST_NAME), f"the draft of {entry.model_id}"
+                )
+                verify_engine_files(draft, checkout / DRAFT_DIR, todo)
         except (EngineError, RegistryError) as error:
             return [VerifyProblem(entry, str(error))]
         return []
@@ -319,3 +330,34 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
+
+
+def draft_files(engine_dir: Path, manifest) -> dict[str, str]:
+    """The draft engine's files of ``engine_dir`` (``IndexEntry.draft_files``): its manifest,
+    which must have the digest ``manifest`` records for it, and the files that one lists; {}
+    without a draft.
+
+    Raises:
+        EngineCorruptError: the draft's manifest is missing, not one, or not the one recorded.
+    """
+    if manifest.draft is None:
+        return {}
+    path = engine_dir / DRAFT_DIR / MANIFEST_NAME
+    todo = f"rebuild the engine with `llmc build ... --draft {manifest.draft.get('quant')}`"
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise EngineCorruptError(
+            f"the draft engine's manifest {path} cannot be read ({error}); {todo}"
+        ) from error
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != manifest.draft.get("manifest_sha256"):
+        raise EngineCorruptError(
+            f"the draft engine's manifest {path} has sha256 {digest}, but "
+            f"{engine_dir / MANIFEST_NAME} records {manifest.draft.get('manifest_sha256')}; {todo}"
+        )
+    files = parse_manifest(raw, str(path)).files
+    return {
+        f"{DRAFT_PREFIX}{MANIFEST_NAME}": digest,
+        **{DRAFT_PREFIX + k: v for k, v in files.items()},
+    }
