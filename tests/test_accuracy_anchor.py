@@ -4,6 +4,8 @@ a GGUF checkpoint)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -78,3 +80,38 @@ def test_gguf_build_scores_llama_cpp_q8_0(tmp_path):
     assert 0 < anchor["report"]["mean_kl"]
     assert anchor["report"]["num_tokens"] == m.accuracy_report["num_tokens"]
     assert "llama.cpp Q8_0" in result.format()
+
+
+def test_anchor_weights_go_to_disk_as_they_are_made(tmp_path):
+    """With a spill directory (a streamed build) each anchor weight is a read-only memory map of
+    a file there, equal to the one made in memory: a build holds one layer's anchor, not the
+    model's."""
+    import onnx_ir as ir
+
+    from llmc.compiler.quantize.anchors import AnchorQuantization
+    from llmc.quant.protocol import QuantSpec
+
+    rng = np.random.default_rng(0)
+    x = ir.Value(name="x", shape=ir.Shape([2, 64]), type=ir.TensorType(ir.DataType.FLOAT))
+    nodes, value = [], x
+    for i in range(2):
+        w = ir.Value(
+            name=f"w{i}", const_value=ir.tensor(rng.normal(size=(64, 64)).astype(np.float32))
+        )
+        w.shape, w.type = w.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
+        nodes.append(ir.node("MatMul", [value, w], name=f"model.layers.{i}.mlp.down_proj"))
+        value = nodes[-1].outputs[0]
+    graph = ir.Graph([x], [value], nodes=nodes, opset_imports={"": 21}, name="g")
+    for node in nodes:
+        graph.register_initializer(node.inputs[1])
+    spec = QuantSpec(quant="int4", weight_only8=("*.down_proj",), int4_block_size=32)
+    in_memory = AnchorQuantization(ir.Model(graph, ir_version=10), spec, None)
+    spilled = AnchorQuantization(ir.Model(graph, ir_version=10), spec, None, tmp_path)
+    for anchors in (in_memory, spilled):
+        anchors.finish()  # 8-bit weight-only needs no statistics
+    assert len(spilled.precomputed) == 2
+    for key, ql in spilled.precomputed.items():
+        assert isinstance(ql.weight.data, np.memmap) and not ql.weight.data.flags.writeable
+        assert Path(ql.weight.data.filename).parent == tmp_path
+        np.testing.assert_array_equal(ql.weight.data, in_memory.precomputed[key].weight.data)
+        np.testing.assert_array_equal(ql.weight.scale, in_memory.precomputed[key].weight.scale)

@@ -64,7 +64,15 @@ def _narrowed(src: ir.TensorProtocol, dtype: ir.DataType, name: str) -> ir.Tenso
 
 def _widened(src: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
     def read() -> ir.TensorProtocol:
-        return ir.tensor(src.numpy().astype(np.float32), name=name)
+        wide = src.numpy().astype(np.float32)  # a copy: nothing of the stored bytes is kept
+        # Unmap the stored bytes once read: the lazy tensor is read again when needed, and an
+        # ExternalTensor keeps its memory map (and the pages read) until released, so whoever
+        # holds this tensor would otherwise hold the weight's pages (a 3B bfloat16 graph:
+        # 6.4 GB resident once every weight has been read).
+        release = getattr(src, "release", None)
+        if release is not None:
+            release()
+        return ir.tensor(wide, name=name)
 
     return ir.LazyTensor(read, dtype=ir.DataType.FLOAT, shape=src.shape, name=name)
 

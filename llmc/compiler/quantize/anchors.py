@@ -9,8 +9,10 @@ scored on the same held-out windows as the engine, printed beside its report.
   from max |w|, no GPTQ, no AWQ search; SmoothQuant and activation ranges as the engine's), so
   the report shows what the calibration algorithms bought.
 
-The anchors' weights are made while each segment's statistics are in memory (``add``), and
-scored as assignments (``assignment_eval.AssignmentScorer``) under keys ``"<anchor>:<format>"``.
+The anchors' weights are made while each segment's statistics are in memory (``add``), written
+to disk as they are made in a streamed build (so its memory holds one layer's, not the model's:
+a 3B model's round-to-nearest int4 codes are 3.3 GB as numpy arrays), and scored as assignments
+(``assignment_eval.AssignmentScorer``) under keys ``"<anchor>:<format>"``.
 Only weights are anchored: llama.cpp's own kernels (Q8 activations in its dot products) are not.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import onnx_ir as ir
 
@@ -25,6 +28,7 @@ from llmc.calibration.observers import TensorStats
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import base_format, kept_float
 from llmc.compiler.quantize.targets import find_targets
+from llmc.compiler.quantize.tensor_spill import SPILL_THRESHOLD_BYTES, spill_array
 from llmc.quant.ggml_q8_0 import QK8_0, quantize_q8_0
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
 
@@ -58,10 +62,18 @@ def gguf_source_types(path) -> SourceTypes:
 
 class AnchorQuantization:
     """The anchors of one quantized build of ``graph`` with ``spec``: Q8_0 when the checkpoint
-    came from GGUF (``gguf``: its ``SourceTypes``), else round-to-nearest."""
+    came from GGUF (``gguf``: its ``SourceTypes``), else round-to-nearest. With ``spill_dir``
+    (an existing directory) each anchor weight is written there as it is made and kept as a
+    read-only memory map."""
 
-    def __init__(self, graph: ir.Model, spec: QuantSpec, gguf: SourceTypes | None):
-        self.gguf = gguf
+    def __init__(
+        self,
+        graph: ir.Model,
+        spec: QuantSpec,
+        gguf: SourceTypes | None,
+        spill_dir: Path | None = None,
+    ):
+        self.gguf, self.spill_dir = gguf, spill_dir
         self.name = Q8_0 if gguf is not None else RTN
         self.targets = {
             t.module: t for t in find_targets(graph) if not kept_float(t.module, spec)
@@ -105,6 +117,8 @@ class AnchorQuantization:
                 ql = QuantizedLinear(quantize_q8_0(weight), record={"format": "q8_0"})
             else:
                 ql = fmt_obj.quantize(weight, stats.get(module), self.rtn_spec)
+            if self.spill_dir is not None:
+                ql = _spilled(ql, self.spill_dir / f"anchor_{len(self.precomputed)}")
             self.precomputed[(module, self.key(module))] = ql
             del weight  # no view of the memory-mapped weight may outlive its release
             target.release()
@@ -119,6 +133,15 @@ class AnchorQuantization:
         if self.gguf is not None:
             out["source_types"] = self.gguf.counts
         return out
+
+
+def _spilled(ql: QuantizedLinear, stem: Path) -> QuantizedLinear:
+    """``ql`` with its codes (and a large smoothing vector) on disk at ``stem.*``."""
+    weight = replace(ql.weight, data=spill_array(ql.weight.data, stem.with_suffix(".codes")))
+    smoothing = ql.smoothing
+    if smoothing is not None and smoothing.nbytes >= SPILL_THRESHOLD_BYTES:
+        smoothing = spill_array(smoothing, stem.with_suffix(".smoothing"))
+    return replace(ql, weight=weight, smoothing=smoothing)
 
 
 def format_anchor(engine: dict, anchor: dict) -> str:

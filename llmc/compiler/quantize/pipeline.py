@@ -9,6 +9,7 @@ overlap. With no file, both are sampled from the model itself, with different se
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from llmc.heap import release_freed_memory
 QUANTIZED_GRAPH = "quantized.onnx"
 #: Its quantized weights as they are made, before the graph is written (``TensorSpill``).
 QUANTIZED_SPILL = "quantized.spill"
+#: Where a streamed build's anchor weights are written as they are made (``anchors``).
+ANCHOR_SPILL_DIR = "anchor.spill"
 
 CALIBRATION_SEED = 0
 HELDOUT_SEED = 1
@@ -148,7 +151,7 @@ def quantize(
     # A streamed build's quantized weights go to disk as they are made (``TensorSpill``).
     spill = TensorSpill(work_dir / QUANTIZED_SPILL) if weights_dir is not None else None
     target = config.quantization.target
-    targeted = anchors = None
+    targeted = anchors = anchor_dir = None
     if target is not None:
         from llmc.compiler.quantize.targeted import TargetedQuantization
 
@@ -156,7 +159,10 @@ def quantize(
     if calib.anchor == "auto":
         from llmc.compiler.quantize.anchors import AnchorQuantization
 
-        anchors = AnchorQuantization(graph, spec, gguf_types)
+        if work_dir is not None and weights_dir is not None:  # streamed: anchors go to disk
+            anchor_dir = work_dir / ANCHOR_SPILL_DIR
+            anchor_dir.mkdir(exist_ok=True)
+        anchors = AnchorQuantization(graph, spec, gguf_types, anchor_dir)
     if (targeted or anchors) and heldout_source is None:
         raise ValueError("--accuracy-target and the accuracy anchor need held-out text")
     quantizer = GraphQuantizer(graph, spec, spill)
@@ -218,6 +224,8 @@ def quantize(
             if anchor is not None:
                 report.spec["anchor"] = anchor
         del targeted, anchors, quantizer  # the weights of the formats and anchors not chosen
+        if anchor_dir is not None:
+            shutil.rmtree(anchor_dir)
         release_freed_memory()
     report.spec["calibration"] = {
         "data": calib_source.describe(),

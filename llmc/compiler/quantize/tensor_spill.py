@@ -59,3 +59,14 @@ class TensorSpill:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def spill_array(array: np.ndarray, path: Path) -> np.ndarray:
+    """``array`` written to ``path`` (raw bytes, replacing any file there) and memory-mapped
+    back read-only: same dtype (an ``ml_dtypes`` one included), shape and values, its pages
+    read from disk when used. Raises OSError when the file cannot be written."""
+    contiguous = np.ascontiguousarray(array)
+    contiguous.tofile(path)
+    if contiguous.size == 0:
+        return contiguous
+    return np.memmap(path, dtype=contiguous.dtype, mode="r", shape=contiguous.shape)
