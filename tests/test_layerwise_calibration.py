@@ -56,6 +56,24 @@ def test_layerwise_logits_equal_whole_graph(tiny):
         np.testing.assert_array_equal(got[i], want)
 
 
+def test_engine_kernels_give_the_same_logits_without_packed_weights(tiny):
+    """A float graph run with the engine's kernels without ONNX Runtime's packed copies of its
+    weights (the accuracy scorer's reference run) computes the same logits, bit for bit."""
+    proto, windows = tiny
+    runner = LayerwiseRunner(proto, engine_kernels=True)
+    last = runner.num_segments - 1
+
+    def logits(prepacking: bool) -> list[np.ndarray]:
+        return [
+            out.tensors[runner.logits]
+            for out in runner.run(windows, prepacking=prepacking)
+            if out.segment == last and out.window is not None
+        ]
+
+    for packed, unpacked in zip(logits(True), logits(False), strict=True):
+        np.testing.assert_array_equal(unpacked, packed)
+
+
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_statistics_by_segment_equal_all_at_once(tiny, quant):
     proto, windows = tiny

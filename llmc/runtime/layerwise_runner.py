@@ -134,13 +134,16 @@ class LayerwiseRunner:
         progress: Callable[[int, int], None] | None = None,
         logits_indices: list[np.ndarray] | None = None,
         prepare: Callable[[Any, str], Any] | None = None,
+        prepacking: bool = True,
     ) -> Iterator[SegmentOutputs]:
         """Yield each segment's outputs for each window, segment-major, each segment closed by a
         record with window None: (0, w0), (0, w1), ..., (0, None), (1, w0), ... ``windows``:
         [T] int64 token ids each (T >= 1). ``progress(done, total)`` counts segments.
         ``logits_indices``: per window, the positions ([L] int64) whose logits are computed
         (default: all T). ``prepare`` replaces the constructor's for this run (the graph is
-        split once; each run may prepare its segments differently). Raises ValueError for no
+        split once; each run may prepare its segments differently). ``prepacking=False`` keeps
+        ONNX Runtime from packing copies of the weights with ``engine_kernels`` too (for a run
+        of a float graph: MatMulNBits needs its packed weights). Raises ValueError for no
         windows."""
 
         if not windows:
@@ -164,7 +167,7 @@ class LayerwiseRunner:
             import onnxruntime as ort
 
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        else:
+        if not self._engine_kernels or not prepacking:
             opts.add_session_config_entry("session.disable_prepacking", "1")
         for key, value in self._session_config.items():
             opts.add_session_config_entry(key, value)

@@ -146,7 +146,11 @@ class AssignmentScorer:
         if which not in self._spills:
             spill = tempfile.TemporaryFile(dir=self.weights_dir)
             positions = self._positions(which)
-            shapes = spill_logits(self._runner(), self.windows[which], spill, None, positions)
+            # The float graph has no MatMulNBits: no packed copies of its weights (a float
+            # vocabulary projection's would be 0.54 GB more at Qwen2.5-0.5B's, over the
+            # build's one-layer memory bound); the same kernels, the same numbers.
+            runner = self._runner()
+            shapes = spill_logits(runner, self.windows[which], spill, None, positions, False)
             self._spills[which] = (spill, shapes)
         return self._spills[which]
 
@@ -196,14 +200,15 @@ def quantize_segment(
 
 
 def spill_logits(
-    runner, windows: list[np.ndarray], spill, progress, logits_indices=None
+    runner, windows: list[np.ndarray], spill, progress, logits_indices=None, prepacking=True
 ) -> list[tuple[int, int]]:
     """Write the logits [T, V] float32 of each window, run by ``runner`` (a
     ``LayerwiseRunner``), to the binary file ``spill`` in window order; return their shapes.
-    No window's logits outlive this call. ``logits_indices``: as ``LayerwiseRunner.run``'s."""
+    No window's logits outlive this call. ``logits_indices``, ``prepacking``: as
+    ``LayerwiseRunner.run``'s."""
     shapes = []
     last = runner.num_segments - 1
-    for out in runner.run(windows, progress, logits_indices):
+    for out in runner.run(windows, progress, logits_indices, prepacking=prepacking):
         if out.segment == last and out.window is not None:
             logits = np.ascontiguousarray(out.tensors[runner.logits], np.float32)
             spill.write(memoryview(logits).cast("B"))
