@@ -89,6 +89,7 @@ def test_anchor_weights_go_to_disk_as_they_are_made(tmp_path):
     import onnx_ir as ir
 
     from llmc.compiler.quantize.anchors import AnchorQuantization
+    from llmc.compiler.quantize.tensor_spill import drop_pages
     from llmc.quant.protocol import QuantSpec
 
     rng = np.random.default_rng(0)
@@ -115,3 +116,6 @@ def test_anchor_weights_go_to_disk_as_they_are_made(tmp_path):
         assert Path(ql.weight.data.filename).parent == tmp_path
         np.testing.assert_array_equal(ql.weight.data, in_memory.precomputed[key].weight.data)
         np.testing.assert_array_equal(ql.weight.scale, in_memory.precomputed[key].weight.scale)
+        drop_pages(ql.weight.data)  # once written into a segment: read from disk again if used
+        np.testing.assert_array_equal(ql.weight.data, in_memory.precomputed[key].weight.data)
+    drop_pages(np.ones(3))  # not a memory map: left alone

@@ -30,6 +30,7 @@ from llmc.compiler.quantize.assignment import FLOAT
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import UniqueNames, drop_dead, write_linear
 from llmc.compiler.quantize.targets import find_targets
+from llmc.compiler.quantize.tensor_spill import drop_pages
 from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
 
@@ -178,22 +179,28 @@ def quantize_segment(
     """``segment`` with each target module in ``wanted`` ({module: format name, or
     ``"<anchor>:<format name>"`` for an anchor's weights}) replaced by its
     ``precomputed`` Q/DQ form and the formats' CPU rewrites applied; ``segment`` itself when
-    it has none. External data stays referenced (resolved in ``data_dir``)."""
+    it has none. External data stays referenced (resolved in ``data_dir``). Spilled weights
+    (memory maps) give their pages back once copied into the segment."""
     model = ir.from_proto(segment)
     if data_dir is not None:
         ir.external_data.set_base_dir(model.graph, data_dir)
     names = UniqueNames(model.graph)
     used: Counter = Counter()
+    written: list[QuantizedLinear] = []
     for target in find_targets(model):
         fmt = wanted.get(target.module)
         if fmt is None:
             continue
-        write_linear(model.graph, target, precomputed[(target.module, fmt)], names)
+        written.append(precomputed[(target.module, fmt)])
+        write_linear(model.graph, target, written[-1], names)
         used[fmt] += 1
     if not used:
         return segment
     drop_dead(model.graph)
-    proto = ir.to_proto(model)
+    proto = ir.to_proto(model)  # a copy of the weights: spilled ones need no pages any more
+    for ql in written:
+        drop_pages(ql.weight.data)
+        drop_pages(ql.smoothing)
     for fmt in used:  # an anchor's key is "<anchor>:<format>"
         FORMATS[fmt.rpartition(":")[2]].rewrite_for_cpu(proto)
     return proto

@@ -8,6 +8,7 @@ pointing into the spill file, which ``ir.save`` copies into the engine's externa
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -70,3 +71,12 @@ def spill_array(array: np.ndarray, path: Path) -> np.ndarray:
     if contiguous.size == 0:
         return contiguous
     return np.memmap(path, dtype=contiguous.dtype, mode="r", shape=contiguous.shape)
+
+
+def drop_pages(array: object) -> None:
+    """Give back the resident pages of a ``spill_array`` memory map (read again from disk if
+    the array is used again); anything else is left alone. A mapped file's pages count in the
+    process's resident memory once read, for as long as the mapping lives."""
+    mapping = getattr(array, "_mmap", None)
+    if isinstance(mapping, mmap.mmap):
+        mapping.madvise(mmap.MADV_DONTNEED)
