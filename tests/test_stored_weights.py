@@ -143,3 +143,6 @@ def test_a_folded_weight_read_leaves_nothing_of_its_stored_bytes_mapped(tmp_path
     assert source.raw is None  # unmapped once read
     np.testing.assert_array_equal(wide.const_value.numpy(), w)  # and read again when asked
     assert source.raw is None
+    held = source.numpy()  # a reader holding a view of the stored bytes keeps them mapped
+    np.testing.assert_array_equal(wide.const_value.numpy(), w)
+    np.testing.assert_array_equal(held.astype(np.float32), w)

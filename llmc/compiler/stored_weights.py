@@ -71,7 +71,10 @@ def _widened(src: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
         # 6.4 GB resident once every weight has been read).
         release = getattr(src, "release", None)
         if release is not None:
-            release()
+            try:
+                release()
+            except BufferError:  # another reader holds a view of the mapping: it stays
+                pass
         return ir.tensor(wide, name=name)
 
     return ir.LazyTensor(read, dtype=ir.DataType.FLOAT, shape=src.shape, name=name)
