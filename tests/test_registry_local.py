@@ -293,3 +293,9 @@ def test_an_entry_whose_draft_was_swapped_is_refused(tmp_path: Path):
     swapped = replace(entry, draft_files={**entry.draft_files, "draft/manifest.json": "d" * 64})
     with pytest.raises(EngineCorruptError, match="draft manifest"):
         check_entry_agrees(swapped, reg.manifest_bytes(entry), "the entry")
+    plain = reg.publish(fake_engine(tmp_path / "plain", model_id="other"))
+    grafted = replace(plain, draft_files=entry.draft_files)  # a draft its manifest never had
+    with pytest.raises(EngineCorruptError, match="draft manifest"):
+        check_entry_agrees(grafted, reg.manifest_bytes(plain), "the entry")
+    # an entry published before entries kept their drafts still agrees with its manifest
+    check_entry_agrees(replace(entry, draft_files={}), reg.manifest_bytes(entry), "the entry")

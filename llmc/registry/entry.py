@@ -237,9 +237,12 @@ def check_entry_agrees(entry: IndexEntry, manifest_raw: bytes, what: str) -> Non
                 f"{what}: the entry's {name} is {ours!r} but its manifest's is {theirs!r}; the "
                 "entry was edited. Refusing it: `llmc registry rm` it and re-publish or re-pull"
             )
+    # An entry without draft files (published before they were kept) checks out without the
+    # draft, which the loader then refuses to speculate with; one with them must name the
+    # draft manifest the engine's manifest records.
     recorded = (manifest.draft or {}).get("manifest_sha256")
     listed = entry.draft_files.get(DRAFT_MANIFEST)
-    if recorded != listed or (recorded is None and entry.draft_files):
+    if entry.draft_files and listed != recorded:
         raise EngineCorruptError(
             f"{what}: the entry's draft manifest is {listed!r} but its manifest records "
             f"{recorded!r}; the entry was edited. Refusing it: `llmc registry rm` it and "
