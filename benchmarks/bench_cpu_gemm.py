@@ -170,6 +170,9 @@ def measure(runtime: str, path: Path, rows: list[int], hidden: int, seconds: flo
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time every (part, form, runtime) cell at each ``--rows`` count and print a Markdown
+    table of median ms and GMAC/s (``--json`` also writes them, ms keyed by row count). A
+    runtime that cannot compile a form is printed as failed and the rest go on. Returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--runtimes", default=",".join(RUNTIMES))

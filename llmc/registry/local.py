@@ -261,7 +261,7 @@ class LocalRegistry:
             confined(checkout, self.root)
             check_checkout(checkout, entry.manifest_digest, f"{entry.model_id}@{entry.short_id}")
             verify_engine_files(
-                entry.files, checkout, todo, nested=(DRAFT_DIR,) * bool(entry.draft_files)
+                entry.files, checkout, todo, nested=(DRAFT_DIR,) if entry.draft_files else ()
             )
             if entry.draft_files:
                 draft = {p.removeprefix(DRAFT_PREFIX): d for p, d in entry.draft_files.items()}

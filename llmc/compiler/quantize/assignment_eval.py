@@ -147,9 +147,9 @@ class AssignmentScorer:
         if which not in self._spills:
             spill = tempfile.TemporaryFile(dir=self.weights_dir)
             positions = self._positions(which)
-            # The float graph has no MatMulNBits: no packed copies of its weights (a float
-            # vocabulary projection's would be 0.54 GB more at Qwen2.5-0.5B's, over the
-            # build's one-layer memory bound); the same kernels, the same numbers.
+            # The float graph has no MatMulNBits, so it runs without packed copies of its
+            # weights (a float vocabulary projection's copy is 0.54 GB at Qwen2.5-0.5B's):
+            # the same kernels, the same numbers (tests/test_layerwise_calibration.py).
             runner = self._runner()
             shapes = spill_logits(runner, self.windows[which], spill, None, positions, False)
             self._spills[which] = (spill, shapes)
