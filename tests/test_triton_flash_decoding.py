@@ -118,19 +118,18 @@ def test_num_splits_must_be_positive() -> None:
 
 
 def test_choose_num_splits() -> None:
-    # Enough programs already (>= 80% of the SMs): no split.
-    assert choose_num_splits(16, 8, 32768, 132) == 1
-    assert choose_num_splits(106, 1, 32768, 132) == 1
-    # Gemma 3 (1 KV head): batch 16 at 4096 keys -> 7 (112 programs = 0.85 of a wave).
-    assert choose_num_splits(16, 1, 4096, 132) == 7
-    assert choose_num_splits(64, 1, 4096, 132) == 2
-    assert choose_num_splits(1, 1, 32768, 132) == 55
-    # Llama-3-8B (8 KV heads) at batch 1: 15 slices; short contexts cap it (256 keys a slice).
-    assert choose_num_splits(1, 8, 32768, 132) == 15
+    # The smallest power of two reaching 4 programs per SM (528 on 132 SMs): Llama-3-8B
+    # (8 KV heads) at batch 16 has 128 programs -> 8 splits; batch 64 (512) -> 2.
+    assert choose_num_splits(16, 8, 32768, 132) == 8
+    assert choose_num_splits(64, 8, 4096, 132) == 2
+    assert choose_num_splits(66, 8, 32768, 132) == 1
+    # Gemma 3 (1 KV head): batch 64 at 4096 keys wants 9 -> 16, which 256-key slices allow.
+    assert choose_num_splits(64, 1, 4096, 132) == 16
+    # Bounded by MAX_SPLITS (64) and by 256 keys a slice, as a power of two (3000 // 256 = 11).
+    assert choose_num_splits(1, 1, 32768, 132) == 64
+    assert choose_num_splits(1, 8, 3000, 132) == 8
     assert choose_num_splits(1, 8, 512, 132) == 2
     assert choose_num_splits(1, 8, 255, 132) == 1
-    # One "SM" (the CPU interpreter's default): never split.
-    assert choose_num_splits(1, 1, 1 << 20, 1) == 1
 
 
 def test_choose_block_m_widens_the_tile_for_prefill_heavy_steps() -> None:

@@ -141,11 +141,11 @@ def paged_attention_triton(
     from llmc.plugins.paged_attention.triton_kernel import paged_attention_kernel
 
     if num_splits is None:
-        num_sms = 1  # the interpreter: one program at a time, a split only adds work
+        num_splits = 1  # the interpreter: one program at a time, a split only adds work
         if q.is_cuda:
             num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        max_context_len = block_tables.shape[1] * key_cache.shape[1]
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
+            max_context_len = block_tables.shape[1] * key_cache.shape[1]
+            num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
     constants = kernel_constants(
         config,
         **a._asdict(),

@@ -6,7 +6,6 @@ the TensorRT lint, so that each sees the kernel the same way. Imports neither tr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -128,41 +127,45 @@ def shared_memory_bytes(head_dim: int, dtype: torch.dtype | str, config: KernelC
     return size * tiles + (64 if size == 4 else 0)
 
 
-#: Flash-decoding: fewest keys per split the heuristic allows, and the most splits.
+#: Flash-decoding: fewest keys per split the heuristic allows, and the most splits (the reduce
+#: kernel's padded split axis).
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 64
+#: Programs per streaming multiprocessor a decode step should launch (see ``choose_num_splits``).
+TARGET_WAVES = 4
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, num_sms: int) -> int:
     """How many slices to split each decode token's context into (flash-decoding).
 
-    Without a split, decode runs ``num_seqs * num_kv_heads`` programs. When that fills at least
-    80% of the GPU's ``num_sms`` streaming multiprocessors, there is no split. Otherwise the
-    rule of FlashAttention's ``num_splits_heuristic`` (Dao-AILab/flash-attention,
-    ``csrc/flash_attn/flash_api.cpp``): among 1..``most`` splits, the fewest whose wave
-    efficiency ``w / ceil(w)`` (``w = programs * splits / num_sms``, the waves of programs) is
-    within 85% of the best, where ``most = min(MAX_SPLITS, num_sms, max_context_len //
-    MIN_KEYS_PER_SPLIT)`` keeps each split at least ``MIN_KEYS_PER_SPLIT`` keys long (the
-    second kernel's cost and the partials' memory grow with the split count; FlashAttention
-    bounds by key blocks instead and skips counts that leave the blocks per split unchanged,
-    which a per-sequence slice length has no use for). Examples on 132
-    SMs: Gemma 3 (1 KV head) batch 16 at 4096 keys -> 7 splits; Llama-3-8B (8 KV heads) batch 1
-    at 32768 keys -> 15; batch 16 and more of Llama -> 1.
+    Without a split, decode runs ``num_seqs * num_kv_heads`` programs, each reading its
+    sequence's whole context for one KV head. The split count is the smallest power of two
+    that launches at least ``TARGET_WAVES`` programs per SM (``num_sms`` streaming
+    multiprocessors), bounded by the largest power of two that keeps each slice at least
+    ``MIN_KEYS_PER_SPLIT`` keys long and by ``MAX_SPLITS``.
+
+    Why: a decode step is bound by the KV cache bytes it reads, and one program per SM
+    does not keep enough loads in flight to reach the memory's bandwidth. Measured on an H100
+    (132 SMs; ``benchmarks/bench_triton_splits.py``, bf16, RESULTS.md "Paged-attention
+    kernels"): Llama-3-8B at batch 16 and 32768 keys (128 programs, about one wave) takes
+    3.61 ms unsplit and 1.01 ms at 4 or 8 splits; more splits past about 4 waves gain nothing
+    (batch 64, 512 programs: 4.34 ms unsplit, 3.98 at 2, 3.94 at 16). Powers of two keep the
+    slices on the cache's block boundaries (14 splits of 4096 keys took 0.117 ms where 16 took
+    0.065). FlashAttention's ``num_splits_heuristic`` (Dao-AILab/flash-attention,
+    ``csrc/flash_attn/flash_api.cpp``) stops splitting at 80% of one wave; this kernel,
+    measured, wants four. Examples on 132 SMs: Llama-3-8B (8 KV heads) batch 1 at 32768 keys
+    -> 64; batch 16 -> 8; batch 64 at 4096 -> 2; Gemma 3 (1 KV head) batch 64 at 4096 -> 16
+    (256-key slices).
 
     ``max_context_len`` is a bound taken from shapes (``block_tables.shape[1] * block_size``),
     so choosing needs no device-to-host copy; prefill sequences count among ``num_seqs``.
     """
     programs = num_seqs * num_kv_heads
-    if programs >= 0.8 * num_sms:
-        return 1
-    most = max(1, min(MAX_SPLITS, num_sms, max_context_len // MIN_KEYS_PER_SPLIT))
-
-    def efficiency(splits: int) -> float:
-        waves = programs * splits / num_sms
-        return waves / math.ceil(waves)
-
-    best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.85 * best)
+    most = max(1, min(MAX_SPLITS, max_context_len // MIN_KEYS_PER_SPLIT))
+    splits = 1
+    while programs * splits < TARGET_WAVES * num_sms and splits * 2 <= most:
+        splits *= 2
+    return splits
 
 
 #: Query rows (new tokens x padded group) per program of a prefill-heavy step.
