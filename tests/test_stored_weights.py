@@ -4,6 +4,8 @@ that is not exact in the stored type is refused when written."""
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
@@ -146,3 +148,62 @@ def test_a_folded_weight_read_leaves_nothing_of_its_stored_bytes_mapped(tmp_path
     held = source.numpy()  # a reader holding a view of the stored bytes keeps them mapped
     np.testing.assert_array_equal(wide.const_value.numpy(), w)
     np.testing.assert_array_equal(held.astype(np.float32), w)
+
+
+def test_a_bfloat16_checkpoint_weight_is_stored_as_the_checkpoints_own_bytes(tmp_path):
+    # A weight bound from a bfloat16 safetensors file (widened to float32 when read) is written
+    # back as the file's bytes: no float32 value is made to narrow it again.
+    from safetensors.numpy import save_file
+
+    from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
+
+    w, bias = _bf16_exact((64, 48), 3), np.zeros(48, np.float32)
+    save_file({"w": w.astype(ml_dtypes.bfloat16)}, str(tmp_path / "model.safetensors"))
+    model = _model(np.zeros_like(w), bias)
+    index = index_safetensors([tmp_path / "model.safetensors"])
+    bind_initializers(model.graph, index, {"bias": bias}, ir.DataType.FLOAT, prefix="")
+    assert store_weights(model, ir.DataType.BFLOAT16) == 1
+    stored = model.graph.initializers["w" + STORED_SUFFIX].const_value
+    assert isinstance(stored, ir.ExternalTensor)
+    assert stored.path == str(tmp_path / "model.safetensors")
+    x = np.random.default_rng(4).normal(size=(5, 64)).astype(np.float32)
+    y, z = _run(model, x, tmp_path / "stored.onnx")
+    np.testing.assert_allclose(z, x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, x @ w + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_a_transposed_bfloat16_checkpoint_weight_is_written_from_the_checkpoints_bytes(
+    tmp_path,
+):
+    # MatMul(x, Transpose(W)) as the exporter writes nn.Linear: the folded, transposed weight
+    # is made from the stored bfloat16 bytes, never widened to float32 and narrowed back.
+    from safetensors.numpy import save_file
+
+    from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
+    from llmc.compiler.passes.weight_transpose import TRANSPOSED_SOURCE, fold_weight_transposes
+
+    w = _bf16_exact((48, 64), 5)  # [out, in], as nn.Linear stores it
+    save_file({"w": w.astype(ml_dtypes.bfloat16)}, str(tmp_path / "model.safetensors"))
+    x = ir.Value(name="x", shape=ir.Shape(["n", 64]), type=ir.TensorType(ir.DataType.FLOAT))
+    wv = ir.Value(name="w", shape=ir.Shape([48, 64]), type=ir.TensorType(ir.DataType.FLOAT))
+    transpose = ir.node("Transpose", [wv], {"perm": [1, 0]}, name="t")
+    mm = ir.node("MatMul", [x, transpose.outputs[0]], name="mm")
+    mm.outputs[0].name = "y"
+    graph = ir.Graph([x], [mm.outputs[0]], nodes=[transpose, mm], initializers=[wv],
+                     opset_imports={"": 21})  # fmt: skip
+    model = ir.Model(graph, ir_version=10)
+    bind_initializers(model.graph, index_safetensors([tmp_path / "model.safetensors"]), {},
+                      ir.DataType.FLOAT, prefix="")  # fmt: skip
+    assert fold_weight_transposes(model) == 1
+    wide = model.graph.initializers["w_transposed"].const_value  # float32, transposed when read
+    widened = []
+    for tensor in (wide, wide.meta[TRANSPOSED_SOURCE][0]):  # the transpose and the widening
+        tensor._func = functools.partial(lambda f: widened.append(1) or f(), tensor._func)
+    assert store_weights(model, ir.DataType.BFLOAT16) == 1
+    ir.save(model, tmp_path / "t.onnx", external_data="t.onnx.data")
+    assert widened == []  # no float32 value was made
+    session = ort.InferenceSession(str(tmp_path / "t.onnx"), session_options(1),
+                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    xs = np.random.default_rng(6).normal(size=(3, 64)).astype(np.float32)
+    (y,) = session.run(None, {"x": xs})
+    np.testing.assert_allclose(y, xs @ w.T, rtol=1e-5, atol=1e-5)

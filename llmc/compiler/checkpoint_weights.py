@@ -110,25 +110,40 @@ def index_safetensors(files: list[Path] | tuple[Path, ...]) -> dict[str, TensorL
     return index
 
 
+#: ``meta`` key of a converting ``lazy_tensor``: the ``TensorLocation`` it reads.
+CHECKPOINT_SOURCE = "llmc.checkpoint_source"
+
+
+def external_tensor(loc: TensorLocation, name: str) -> ir.ExternalTensor:
+    """The safetensors bytes at ``loc`` as an ONNX IR tensor named ``name``, in their stored
+    dtype (memory-mapped when read, no copy)."""
+    return ir.ExternalTensor(
+        loc.file.name,
+        loc.offset,
+        loc.length,
+        loc.dtype,
+        shape=ir.Shape(loc.shape),
+        name=name,
+        base_dir=loc.file.parent,
+    )
+
+
 def lazy_tensor(loc: CheckpointTensor, name: str, dtype: ir.DataType) -> ir.TensorProtocol:
     """An ONNX IR tensor named ``name`` with ``loc``'s values in ``dtype``: a safetensors
     file's bytes as they are when the dtypes agree, else read (and converted: float types
-    only) when the tensor is written."""
+    only) when the tensor is written. A converted safetensors tensor names its source under
+    ``meta[CHECKPOINT_SOURCE]``, so a weight written back at the checkpoint's width is the
+    checkpoint's bytes (``stored_weights.store_weights``)."""
     if isinstance(loc, TensorLocation) and loc.dtype == dtype:
-        return ir.ExternalTensor(
-            loc.file.name,
-            loc.offset,
-            loc.length,
-            dtype,
-            shape=ir.Shape(loc.shape),
-            name=name,
-            base_dir=loc.file.parent,
-        )
+        return external_tensor(loc, name)
 
     def convert() -> ir.TensorProtocol:
         return ir.tensor(loc.read().astype(dtype.numpy(), copy=False), name=name)
 
-    return ir.LazyTensor(convert, dtype=dtype, shape=ir.Shape(loc.shape), name=name)
+    tensor = ir.LazyTensor(convert, dtype=dtype, shape=ir.Shape(loc.shape), name=name)
+    if isinstance(loc, TensorLocation):
+        tensor.meta[CHECKPOINT_SOURCE] = loc
+    return tensor
 
 
 def bind_initializers(

@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from llmc.compiler.checkpoint_weights import CHECKPOINT_SOURCE, TensorLocation, external_tensor
+from llmc.compiler.passes.weight_transpose import TRANSPOSED_SOURCE
 from llmc.compiler.shared_weights import ALIGNMENT
 
 #: Name suffix of a stored (narrow) initializer; the float32 value it stands for drops it.
@@ -42,22 +44,64 @@ def checkpoint_float_dtype(dtypes: Iterable[ir.DataType]) -> ir.DataType | None:
     return None
 
 
+#: Elements narrowed at a time: the float32 temporaries of a narrowing stay at 64 MB.
+_NARROW_CHUNK = 1 << 24
+
+
 def _narrowed(src: ir.TensorProtocol, dtype: ir.DataType, name: str) -> ir.TensorProtocol:
-    """``src`` (float32) in ``dtype``, computed when written. Raises ValueError, naming the
-    tensor, when a value is not exact in ``dtype`` (a weight not from the checkpoint)."""
+    """``src`` (float32) in ``dtype``, computed when written. A checkpoint tensor stored in
+    ``dtype`` and widened on read (``checkpoint_weights.CHECKPOINT_SOURCE``), or its transpose
+    (``weight_transpose.TRANSPOSED_SOURCE``), is written from the checkpoint's own bytes: exact
+    by construction, and no float32 value is made (a 3B model's tied 128256 x 3072 table is
+    0.8 GB stored, 1.6 GB widened, and narrowing it back whole held 4 GB of temporaries).
+    Anything else is narrowed ``_NARROW_CHUNK`` elements at a time. Raises ValueError, naming
+    the tensor, when a computed value is not exact in ``dtype`` (a weight not from the
+    checkpoint)."""
+    stored = _checkpoint_bytes(src, dtype, name)
+    if stored is not None:
+        return stored
 
     def read() -> ir.TensorProtocol:
-        wide = np.ascontiguousarray(src.numpy(), dtype=np.float32)
-        if dtype == ir.DataType.BFLOAT16:  # the high half of each float32: exact iff low is 0
-            bits = wide.view(np.uint32)
-            exact = not (bits & 0xFFFF).any()
-            narrow = (bits >> 16).astype(np.uint16).view(dtype.numpy())
-        else:
-            narrow = wide.astype(dtype.numpy())
-            exact = np.array_equal(narrow.astype(np.float32), wide, equal_nan=True)
-        if not exact:
-            raise ValueError(f"{name}: values are not exact in {dtype.name}")
-        return ir.tensor(narrow, dtype=dtype, name=name)
+        wide = np.ascontiguousarray(src.numpy(), dtype=np.float32).reshape(-1)
+        narrow = np.empty(wide.shape, dtype.numpy())
+        for start in range(0, wide.size, _NARROW_CHUNK):
+            part = wide[start : start + _NARROW_CHUNK]
+            if dtype == ir.DataType.BFLOAT16:  # the high half of each float32: exact iff low is 0
+                bits = part.view(np.uint32)
+                exact = not (bits & 0xFFFF).any()
+                narrow[start : start + _NARROW_CHUNK] = (
+                    (bits >> 16).astype(np.uint16).view(narrow.dtype)
+                )
+            else:
+                narrow[start : start + _NARROW_CHUNK] = part
+                exact = np.array_equal(narrow[start : start + part.size].astype(np.float32),
+                                       part, equal_nan=True)  # fmt: skip
+            if not exact:
+                raise ValueError(f"{name}: values are not exact in {dtype.name}")
+        return ir.tensor(narrow.reshape(tuple(src.shape)), dtype=dtype, name=name)
+
+    return ir.LazyTensor(read, dtype=dtype, shape=src.shape, name=name)
+
+
+def _checkpoint_bytes(
+    src: ir.TensorProtocol, dtype: ir.DataType, name: str
+) -> ir.TensorProtocol | None:
+    """``src``'s values in ``dtype`` read from the checkpoint bytes they were widened from
+    (the bytes themselves, or their transpose made when written), or None when ``src`` is not
+    such a tensor."""
+    perm = None
+    meta = src.meta if isinstance(src, ir.LazyTensor) else {}
+    if TRANSPOSED_SOURCE in meta:
+        inner, perm = meta[TRANSPOSED_SOURCE]
+        meta = inner.meta if isinstance(inner, ir.LazyTensor) else {}
+    loc = meta.get(CHECKPOINT_SOURCE)
+    if not isinstance(loc, TensorLocation) or loc.dtype != dtype:
+        return None
+    if perm is None:
+        return external_tensor(loc, name) if tuple(loc.shape) == tuple(src.shape) else None
+
+    def read() -> ir.TensorProtocol:
+        return ir.tensor(np.ascontiguousarray(np.transpose(loc.read(), perm)), name=name)
 
     return ir.LazyTensor(read, dtype=dtype, shape=src.shape, name=name)
 

@@ -14,6 +14,8 @@ import onnx_ir as ir
 
 #: Metadata key on a transposed initializer: the name of the weight it transposes.
 TRANSPOSED_FROM = "llmc.transposed_from"
+#: ``meta`` key of a transposed tensor: (the tensor it transposes, the permutation).
+TRANSPOSED_SOURCE = "llmc.transposed_source"
 
 
 def _transposed(src: ir.TensorProtocol, perm: list[int], name: str) -> ir.TensorProtocol:
@@ -22,7 +24,9 @@ def _transposed(src: ir.TensorProtocol, perm: list[int], name: str) -> ir.Tensor
     def read() -> ir.TensorProtocol:
         return ir.tensor(np.ascontiguousarray(np.transpose(src.numpy(), perm)), name=name)
 
-    return ir.LazyTensor(read, dtype=src.dtype, shape=shape, name=name)
+    tensor = ir.LazyTensor(read, dtype=src.dtype, shape=shape, name=name)
+    tensor.meta[TRANSPOSED_SOURCE] = (src, tuple(perm))  # for stored_weights
+    return tensor
 
 
 def fold_weight_transposes(model: ir.Model) -> int:
