@@ -28,9 +28,10 @@ from llmc.compiler.provider_choice import (
 )
 from llmc.compiler.provider_timing import max_relative_diff, probe_steps
 from llmc.engine.manifest import parse_manifest
-from llmc.engine.provider import CPU_EP, OPENVINO_EP, OPENVINO_RUNTIME
+from llmc.engine.provider import CPU_EP, HYBRID, OPENVINO_EP, OPENVINO_RUNTIME
 from llmc.errors import BuildConfigError
 from llmc.runtime.execution_provider import openvino_cpu_devices
+from llmc.runtime.openvino_runner import openvino_available
 from tests.test_manifest import make_manifest
 
 CPU_DEVICE = bool(openvino_cpu_devices()[0])
@@ -111,7 +112,11 @@ def test_selection_round_trips_through_the_manifest():
 
 def test_candidates_follow_dtype_and_mode():
     f32 = candidates("float32")
-    assert [(c.provider, c.precision) for c in f32] == [(CPU_EP, "f32"), (OPENVINO_EP, "f32")]
+    assert [(c.provider, c.precision) for c in f32] == [
+        (CPU_EP, "f32"),
+        (OPENVINO_EP, "f32"),
+        (HYBRID, "f32"),
+    ]
     assert f32[0].status == PENDING
     assert [c.provider for c in candidates("float32", "cpu")] == [CPU_EP]
     bf16 = [(c.provider, c.precision) for c in candidates("bfloat16")]
@@ -156,6 +161,29 @@ def test_unrunnable_provider_is_refused_before_any_work(tmp_path, options):
         build(config)
     assert openvino_cpu_devices()[1] in str(raised.value)
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.skipif(openvino_available() is not None, reason=str(openvino_available()))
+def test_auto_measures_the_hybrid_only_where_its_memory_fits_the_plan():
+    fits = candidates("float32", "auto", hybrid_load=(1_000, 2_000))[-1]
+    assert (fits.provider, fits.status) == (HYBRID, PENDING)
+    over = candidates("float32", "auto", hybrid_load=(3_000_000_000, 2_000_000_000))[-1]
+    assert (over.provider, over.status) == (HYBRID, UNAVAILABLE)
+    assert "would raise the build's planned peak (2.0 GB)" in over.reason
+    forced = candidates("float32", "cpu+openvino-runtime", hybrid_load=(3, 2))
+    assert [(c.provider, c.status) for c in forced] == [(HYBRID, PENDING)]
+
+
+def test_a_quantized_engine_is_judged_with_the_quantized_tolerance():
+    pending = CandidateResult(HYBRID, "f32", PENDING)
+    assert judge(pending, {"decode_1": 1.0}, 0.075, quantized=True).status == ACCEPTED
+    assert judge(pending, {"decode_1": 1.0}, 0.075).status == REJECTED
+    assert judge(pending, {"decode_1": 1.0}, 0.2, quantized=True).status == REJECTED
+
+
+def test_the_hybrid_is_refused_for_bfloat16_engines():
+    with pytest.raises(BuildConfigError, match="runs the CPU EP's float32 engine"):
+        BuildConfig.of(dtype="bfloat16", execution_provider="cpu+openvino-runtime").validate()
 
 
 def test_openvino_runtime_is_refused_for_float32_engines():

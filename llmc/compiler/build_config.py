@@ -138,6 +138,11 @@ class BuildConfig:
                 "bfloat16; float32 and quantized engines run on --execution-provider cpu or "
                 "openvino"
             )
+        if self.target.execution_provider == "cpu+openvino-runtime" and dtype != "float32":
+            raise BuildConfigError(
+                "--execution-provider cpu+openvino-runtime runs the CPU EP's float32 engine: use "
+                "it with --dtype float32; bfloat16 engines run on openvino or openvino-runtime"
+            )
         if self.target.is_cpu and self.quantization.quantizes and dtype != "float32":
             raise BuildConfigError(
                 f"--quant {quant} builds run their unquantized parts in float32 on cpu; "

@@ -1,7 +1,10 @@
 """Choose the provider of a CPU engine by measurement (DESIGN §9-10).
 
-The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32)
-and the OpenVINO EP (f32). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on
+The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32),
+the OpenVINO EP (f32) and the hybrid (the CPU EP for steps of few tokens, OpenVINO's runtime
+for large ones, ``llmc.runtime.hybrid_runner``; a candidate of ``auto`` only when holding both
+runtimes' weights, ``HYBRID_LOAD_FACTOR`` times the engine's bytes, fits the build's memory
+plan). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on
 the segments (bf16; ``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU
 EP has no bf16 GEMM. The engine graph is lowered once, by dtype (``lower_cpu``), and every
 candidate runs that same graph: what is measured is what ships.
@@ -10,11 +13,12 @@ For each candidate, ``select_provider`` records why it cannot run here (package 
 device, the graph does not load) or measures it: the engine through its runner
 (``llmc.runtime.cpu_runner``), on the steps of ``provider_timing`` (decode at batch 1 and 16, a
 128-token prefill; one warmup, median of 3). A candidate is rejected when its logits differ
-from the CPU EP's (f32) by more than ``TOLERANCE`` of its precision, relative to the logits'
-scale. Score: the geometric mean of its median step times in ms, so halving any one step's time
-counts the same. The lowest score wins, except that a later candidate must beat an earlier one
-by more than ``MARGIN`` (noise on this 2-core host is about ±10%), so ties go to the CPU EP,
-which needs no plugin. On Gemma 3 270M this costs a few seconds per available candidate.
+from the CPU EP's (f32) by more than ``TOLERANCE`` of its precision (``QUANTIZED_TOLERANCE`` for
+a quantized engine), relative to the logits' scale. Score: the geometric mean of its median
+step times in ms, so halving any one step's time counts the same. The lowest score wins,
+except that a later candidate must beat an earlier one by more than ``MARGIN`` (noise on this
+2-core host is about ±10%), so ties go to the CPU EP, which needs no plugin. On Gemma 3 270M
+this costs a few seconds per available candidate.
 """
 
 from __future__ import annotations
@@ -24,16 +28,30 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmc.compiler.provider_timing import ProbeSteps, max_relative_diff, time_steps
-from llmc.engine.provider import CPU_EP, OPENVINO_EP, OPENVINO_RUNTIME, PROVIDERS, ProviderChoice
+from llmc.engine.provider import (
+    CPU_EP,
+    HYBRID,
+    OPENVINO_EP,
+    OPENVINO_RUNTIME,
+    PROVIDERS,
+    ProviderChoice,
+)
 from llmc.errors import BuildConfigError
 from llmc.runtime.cpu_runner import cpu_runner
 from llmc.runtime.execution_provider import openvino_cpu_devices
-from llmc.runtime.openvino_runner import openvino_available
+from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR, openvino_available
 
 #: Largest accepted max|logits - cpu_ep| / max|cpu_ep|, by compute precision. f32: the OpenVINO
 #: EP measured 2e-5 on Gemma 3 270M, 1e-3 leaves room for summation order; bf16: measured up to
 #: ~0.1 there (8-bit mantissa), 0.15 rejects only a provider computing something else.
 TOLERANCE = {"f32": 1e-3, "bf16": 0.15}
+#: The same for a quantized engine: its weight-only kernels quantize activations to 8 bits
+#: inside the product (``MatMulNBits`` at accuracy level 4, OpenVINO's dynamic quantization),
+#: each runtime its own way. Measured between the two on Gemma 3 270M int4: 0.053 (128-token
+#: prefill) to 0.075 (decode), top-1 equal; the accuracy report measures the chosen one.
+QUANTIZED_TOLERANCE = 0.15
+#: Resident bytes per engine weight byte of the hybrid: ONNX Runtime's copy plus OpenVINO's.
+HYBRID_LOAD_FACTOR = 1.0 + OPENVINO_LOAD_FACTOR
 MARGIN = 0.05
 PENDING, ACCEPTED, REJECTED, UNAVAILABLE = "pending", "accepted", "rejected", "unavailable"
 
@@ -96,18 +114,32 @@ class ProviderSelection:
         return "\n".join(lines + [f"  {c.format()}" for c in self.candidates])
 
 
-def candidates(dtype: str, mode: str = "auto") -> list[CandidateResult]:
+def candidates(
+    dtype: str, mode: str = "auto", hybrid_load: tuple[int, int] | None = None
+) -> list[CandidateResult]:
     """The candidates of a ``dtype`` engine under ``mode``, in preference order, each
-    "unavailable" with a reason or "pending" (runs here, not measured yet)."""
+    "unavailable" with a reason or "pending" (runs here, not measured yet). ``hybrid_load``:
+    (bytes the hybrid would hold, bytes the build's memory plan allows); under ``auto`` the
+    hybrid is unavailable when the first exceeds the second."""
 
     precision = "bf16" if dtype == "bfloat16" else "f32"
-    # OpenVINO's runtime is a bf16 candidate only: at f32 it was slower than the CPU EP on
-    # Gemma 3 270M and holds 2.5x the engine's bytes (``OPENVINO_LOAD_FACTOR``).
-    names = [OPENVINO_EP, OPENVINO_RUNTIME] if precision == "bf16" else [CPU_EP, OPENVINO_EP]
+    # OpenVINO's runtime alone is a bf16 candidate only: at f32 it was slower than the CPU EP
+    # on Gemma 3 270M's decode and holds 2.5x the engine's bytes (``OPENVINO_LOAD_FACTOR``).
+    names = [OPENVINO_EP, OPENVINO_RUNTIME]
+    if precision == "f32":
+        names = [CPU_EP, OPENVINO_EP, HYBRID]
     wanted = names if mode == "auto" else [PROVIDERS[mode]]
     out = []
     for name in (n for n in names if n in wanted):
         reason = _unavailable(name)
+        if reason is None and name == HYBRID and mode == "auto" and hybrid_load is not None:
+            need, allowed = hybrid_load
+            if need > allowed:
+                reason = (
+                    f"holding ONNX Runtime's and OpenVINO's weights (~{need / 1e9:.1f} GB) would "
+                    f"raise the build's planned peak ({allowed / 1e9:.1f} GB); "
+                    "--execution-provider cpu+openvino-runtime measures it anyway"
+                )
         out.append(CandidateResult(name, precision, UNAVAILABLE if reason else PENDING, reason))
     return out
 
@@ -136,11 +168,14 @@ def choose(results: list[CandidateResult]) -> CandidateResult:
 
 
 def judge(
-    candidate: CandidateResult, step_ms: dict[str, float], rel_diff: float
+    candidate: CandidateResult, step_ms: dict[str, float], rel_diff: float, quantized: bool = False
 ) -> CandidateResult:
     """``candidate`` measured: accepted with its score, or rejected when ``rel_diff`` exceeds
-    the tolerance of its precision."""
+    the tolerance of its precision (of a ``quantized`` engine: ``QUANTIZED_TOLERANCE`` at
+    least)."""
     tolerance = TOLERANCE[candidate.precision]
+    if quantized:
+        tolerance = max(tolerance, QUANTIZED_TOLERANCE)
     score = math.exp(sum(math.log(max(t, 1e-6)) for t in step_ms.values()) / len(step_ms))
     ok = rel_diff <= tolerance
     reason = None if ok else "logits disagree with the CPU EP's beyond the tolerance"
@@ -162,16 +197,25 @@ def select_provider(
     mode: str,
     probe: ProbeSteps,
     threads: int = 2,
+    quantized: bool = False,
+    memory_allowed: int | None = None,
 ) -> ProviderSelection:
     """Measure the candidates of a ``dtype`` engine under ``mode`` on the built engine in
     ``engine_dir``, on the steps of ``probe`` (``provider_timing.probe_steps``), and choose one.
+    ``quantized``: the engine has quantized weights (``judge``); ``memory_allowed``: bytes
+    the build's memory plan allows the measurement (None: no bound), which decides whether
+    ``auto`` measures the hybrid (``candidates``).
 
     Raises BuildConfigError when no candidate is accepted (the message lists each and why).
     """
 
+    hybrid_load = None
+    if memory_allowed is not None:
+        weights = sum(f.stat().st_size for f in engine_dir.rglob("*") if f.is_file())
+        hybrid_load = (int(weights * HYBRID_LOAD_FACTOR), memory_allowed)
     reference = None  # the CPU EP's (f32) warmup logits per step
     results = []
-    for c in candidates(dtype, mode):
+    for c in candidates(dtype, mode, hybrid_load):
         if c.status == UNAVAILABLE:
             results.append(c)
             continue
@@ -193,7 +237,7 @@ def select_provider(
             continue
         if reference is None:  # the CPU EP itself is the reference
             reference = logits
-        results.append(judge(c, step_ms, max_relative_diff(logits, reference)))
+        results.append(judge(c, step_ms, max_relative_diff(logits, reference), quantized))
     try:
         winner = choose(results)
     except ValueError:
@@ -205,7 +249,7 @@ def _unavailable(name: str) -> str | None:
     """Why provider ``name`` cannot run on this host, or None."""
     if name == OPENVINO_EP:
         return openvino_cpu_devices()[1]
-    if name == OPENVINO_RUNTIME:
+    if name in (OPENVINO_RUNTIME, HYBRID):
         return openvino_available()
     return None
 

@@ -7,7 +7,11 @@ on Gemma 3 270M here (DESIGN §9), at up to ~0.1 relative difference in logits, 
 ``--dtype bfloat16`` engines only. ``OpenVINORuntime`` is not an ONNX Runtime provider: the
 engine's segments compiled by OpenVINO's own runtime (PyPI ``openvino``), which runs on any
 x86-64 CPU, AMD's included, where the OpenVINO EP exposes no device
-(``llmc.runtime.openvino_runner``). Providers are a sub-axis of the ``cpu`` target
+(``llmc.runtime.openvino_runner``). ``CPUExecutionProvider+OpenVINORuntime`` runs a CPU EP
+engine's steps of few new tokens on the CPU EP (its ``MatMulNBits`` is fastest at one row) and
+its larger steps through the same engine's segments compiled by OpenVINO's runtime (faster
+from about 8 rows up), over one KV cache (``llmc.runtime.hybrid_runner``). Providers are a
+sub-axis of the ``cpu`` target
 (``llmc.engine.targets.cpu``), named on the command line by the keys of ``PROVIDERS``. Which
 provider an engine runs on is chosen at build time by measurement
 (``llmc.compiler.provider_choice``) and recorded in its manifest; how a session is bound to it
@@ -21,13 +25,23 @@ from dataclasses import dataclass
 CPU_EP = "CPUExecutionProvider"
 OPENVINO_EP = "OpenVINOExecutionProvider"
 OPENVINO_RUNTIME = "OpenVINORuntime"
+HYBRID = "CPUExecutionProvider+OpenVINORuntime"
 OPENVINO_PACKAGE = "onnxruntime-ep-openvino"
 OPENVINO_RUNTIME_PACKAGE = "openvino"
 #: ``--execution-provider`` value -> the provider it names (an ONNX Runtime execution provider,
 #: or OpenVINO's runtime on the segments).
-PROVIDERS = {"cpu": CPU_EP, "openvino": OPENVINO_EP, "openvino-runtime": OPENVINO_RUNTIME}
+PROVIDERS = {
+    "cpu": CPU_EP,
+    "openvino": OPENVINO_EP,
+    "openvino-runtime": OPENVINO_RUNTIME,
+    "cpu+openvino-runtime": HYBRID,
+}
 #: The package each non-built-in provider needs.
-PROVIDER_PACKAGES = {OPENVINO_EP: OPENVINO_PACKAGE, OPENVINO_RUNTIME: OPENVINO_RUNTIME_PACKAGE}
+PROVIDER_PACKAGES = {
+    OPENVINO_EP: OPENVINO_PACKAGE,
+    OPENVINO_RUNTIME: OPENVINO_RUNTIME_PACKAGE,
+    HYBRID: OPENVINO_RUNTIME_PACKAGE,
+}
 #: Distributions that install the ``onnxruntime`` module, the plain CPU build first.
 ONNXRUNTIME_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino")
 
@@ -41,8 +55,9 @@ class ProviderChoice:
 
     @property
     def optimize_at_build(self) -> bool:
-        """The CPU EP's graph is optimized and saved at build time; OpenVINO compiles at load."""
-        return self.name == CPU_EP
+        """The CPU EP's graph is optimized and saved at build time (the hybrid runs that graph
+        and compiles its segments with OpenVINO at load); OpenVINO compiles at load."""
+        return self.name in (CPU_EP, HYBRID)
 
 
 def provider_for_dtype(dtype: str) -> ProviderChoice:

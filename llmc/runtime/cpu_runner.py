@@ -1,12 +1,12 @@
 """The runner of a cpu engine, by the provider its manifest records: ONNX Runtime's
-(``OrtRunner``, CPU or OpenVINO execution provider) or OpenVINO's runtime on the segments
-(``OpenVinoRunner``)."""
+(``OrtRunner``, CPU or OpenVINO execution provider), OpenVINO's runtime on the segments
+(``OpenVinoRunner``), or both by step size (``HybridRunner``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from llmc.engine.provider import OPENVINO_RUNTIME, ProviderChoice
+from llmc.engine.provider import HYBRID, OPENVINO_RUNTIME, ProviderChoice
 from llmc.runtime.ort_runner import OrtRunner
 
 
@@ -27,4 +27,10 @@ def cpu_runner(
         if single_graph:
             raise RuntimeError(f"cannot run {engine_dir} as one graph on {OPENVINO_RUNTIME}")
         return OpenVinoRunner(engine_dir, num_blocks, threads or 2, provider.precision)
+    if provider is not None and provider.name == HYBRID:
+        from llmc.runtime.hybrid_runner import HybridRunner
+
+        if single_graph is False:
+            raise RuntimeError(f"{HYBRID} runs the one graph for small steps: cannot run segments")
+        return HybridRunner(engine_dir, num_blocks, threads or 2, provider.precision)
     return OrtRunner(engine_dir, num_blocks, threads, provider, single_graph)

@@ -7,6 +7,7 @@ import json
 
 from llmc.engine.provider import (
     CPU_EP,
+    HYBRID,
     OPENVINO_EP,
     OPENVINO_PACKAGE,
     OPENVINO_RUNTIME,
@@ -23,7 +24,7 @@ def bind_provider(opts, choice: ProviderChoice) -> list[str] | None:
     through ``opts``). Raises EngineError when the OpenVINO plugin package is missing or exposes
     no CPU device on this host.
     """
-    if choice.name == CPU_EP:
+    if choice.name in (CPU_EP, HYBRID):  # the hybrid's ONNX Runtime sessions are the CPU EP's
         return [CPU_EP]
     if choice.name == OPENVINO_RUNTIME:
         raise EngineError(

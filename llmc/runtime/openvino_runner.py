@@ -90,19 +90,26 @@ class OpenVinoRunner(OrtRunner):
         reason = openvino_available()
         if reason is not None:
             raise RuntimeError(f"cannot run {engine_dir} on OpenVINO: {reason}")
-        import openvino as ov
-
         engine_dir = Path(engine_dir)
         plan = load_plan(engine_dir)
-        core = ov.Core()
-        config = {
-            "INFERENCE_PRECISION_HINT": precision,
-            "INFERENCE_NUM_THREADS": int(threads),
-            "NUM_STREAMS": 1,
-            "PERFORMANCE_HINT": "LATENCY",
-        }
-        sessions = [
-            _Segment(core.compile_model(str(engine_dir / s.file), "CPU", config))
-            for s in plan.segments
-        ]
+        sessions = compile_segments(engine_dir, plan, threads, precision)
         self._setup(plan, sessions, num_blocks, single_graph=False)
+
+
+def compile_segments(engine_dir: Path, plan, threads: int, precision: str) -> list[_Segment]:
+    """The segments of ``plan`` (an ``ExecutionPlan`` of ``engine_dir``) compiled by OpenVINO's
+    CPU plugin at ``precision`` ("f32" or "bf16") on ``threads`` threads, each called like an
+    ONNX Runtime session. Needs ``openvino_available()``; OpenVINO raises RuntimeError for a
+    segment it cannot compile."""
+    import openvino as ov
+
+    core = ov.Core()
+    config = {
+        "INFERENCE_PRECISION_HINT": precision,
+        "INFERENCE_NUM_THREADS": int(threads),
+        "NUM_STREAMS": 1,
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    return [
+        _Segment(core.compile_model(str(engine_dir / s.file), "CPU", config)) for s in plan.segments
+    ]

@@ -169,9 +169,14 @@ class OrtRunner:
             ) from e
         return {self.plan.logits: logits}
 
-    def _run_segments(self, step: StepInputs, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_segments(
+        self, step: StepInputs, env: dict[str, np.ndarray], sessions: list | None = None
+    ) -> dict[str, np.ndarray]:
+        """The step through the segments' ``sessions`` (default: this runner's own), each
+        plugin call on the numpy KV caches between them."""
         plugins = self.plan.plugins
-        for i, (spec, sess) in enumerate(zip(self.plan.segments, self._sessions, strict=True)):
+        sessions = self._sessions if sessions is None else sessions
+        for i, (spec, sess) in enumerate(zip(self.plan.segments, sessions, strict=True)):
             outs = sess.run(spec.outputs, {n: env[n] for n in spec.inputs})
             env.update(zip(spec.outputs, outs, strict=True))
             if i < len(plugins):

@@ -28,9 +28,10 @@ class TargetOptions:
     threads: int = option(2, "CPU threads used to optimize and run the engine")
     execution_provider: str = option(
         "auto",
-        "cpu engines: ONNX Runtime execution provider; auto measures every provider that runs "
-        "here and keeps the fastest whose logits agree with the CPU EP's; cpu or openvino force "
-        "one (still checked and timed)",
+        "cpu engines: ONNX Runtime execution provider, OpenVINO's runtime, or the CPU EP for "
+        "small steps and OpenVINO's runtime for large ones (cpu+openvino-runtime); auto "
+        "measures every provider that runs here and keeps the fastest whose logits agree with "
+        "the CPU EP's; a name forces one (still checked and timed)",
         EXECUTION_PROVIDERS,
     )
     max_build_memory: float | None = option(

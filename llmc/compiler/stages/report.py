@@ -43,13 +43,15 @@ def report_cpu(
     texts: CalibrationTexts | None,
     stage: Stage = no_stage,
     sampler: Any = None,
+    memory_allowed: int | None = None,
 ) -> EngineReport:
     """The provider choice, then the accuracy report of ``engine`` on the chosen provider
     against ``reference`` on ``texts``' held-out windows (skipped when ``texts`` is None): what
     is reported is what ships, bf16 compute included. Raises BuildConfigError when no provider
-    is accepted."""
+    is accepted. ``memory_allowed``: the bytes the build's memory plan leaves the measurement
+    (``provider_choice.select_provider``)."""
     with stage("choose execution provider"):
-        selection = choose_provider(config, engine.engine_dir, model.vocab_size)
+        selection = choose_provider(config, engine.engine_dir, model.vocab_size, memory_allowed)
     provider = ProviderChoice(selection.provider, selection.precision)
     accuracy = None
     if texts is not None:
@@ -68,7 +70,9 @@ def report_cpu(
     return EngineReport(accuracy, selection)
 
 
-def choose_provider(config: BuildConfig, engine_dir: Path, vocab_size: int) -> ProviderSelection:
+def choose_provider(
+    config: BuildConfig, engine_dir: Path, vocab_size: int, memory_allowed: int | None = None
+) -> ProviderSelection:
     """Measure the execution-provider candidates on the engine just lowered into
     ``engine_dir`` and choose one (``provider_choice.select_provider``)."""
     limits = config.export
@@ -81,4 +85,6 @@ def choose_provider(config: BuildConfig, engine_dir: Path, vocab_size: int) -> P
         config.target.execution_provider,
         probe,
         config.target.threads,
+        quantized=config.quantization.quantizes,
+        memory_allowed=memory_allowed,
     )

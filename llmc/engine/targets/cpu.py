@@ -30,6 +30,7 @@ from llmc.engine.manifest import (
     rebuild_command,
 )
 from llmc.engine.provider import (
+    HYBRID,
     PROVIDER_PACKAGES,
     PROVIDERS,
     ProviderChoice,
@@ -128,11 +129,14 @@ def check_provider_version(manifest: EngineManifest, installed: str | None) -> N
     if needed is None:
         return
     if installed is None or installed.split(".")[:2] != needed.split(".")[:2]:
+        rebuild = "--dtype float32"
+        if manifest.execution_provider == HYBRID:  # a float32 engine: the CPU EP runs it alone
+            rebuild = "--execution-provider cpu"
         raise EngineMismatchError(
             f"engine runs on {manifest.execution_provider} {needed} but "
             f"{installed or 'no version'} is installed; pip install the matching "
             f"{PROVIDER_PACKAGES.get(manifest.execution_provider, 'package')}, or rebuild the "
-            "engine with --dtype float32"
+            f"engine with {rebuild}"
         )
 
 
