@@ -169,7 +169,7 @@ def test_auto_measures_the_hybrid_only_where_its_memory_fits_the_plan():
     assert (fits.provider, fits.status) == (HYBRID, PENDING)
     over = candidates("float32", "auto", hybrid_load=(3_000_000_000, 2_000_000_000))[-1]
     assert (over.provider, over.status) == (HYBRID, UNAVAILABLE)
-    assert "would raise the build's planned peak (2.0 GB)" in over.reason
+    assert "would raise the build's peak RSS (headroom 2.0 GB)" in over.reason
     forced = candidates("float32", "cpu+openvino-runtime", hybrid_load=(3, 2))
     assert [(c.provider, c.status) for c in forced] == [(HYBRID, PENDING)]
 

@@ -3,8 +3,8 @@
 The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32),
 the OpenVINO EP (f32) and the hybrid (the CPU EP for steps of few tokens, OpenVINO's runtime
 for large ones, ``llmc.runtime.hybrid_runner``; a candidate of ``auto`` only when holding both
-runtimes' weights, ``HYBRID_LOAD_FACTOR`` times the engine's bytes, fits the build's memory
-plan). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on
+runtimes' weights, ``HYBRID_LOAD_FACTOR`` times the engine's bytes, stays under the peak RSS
+the build already reached). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on
 the segments (bf16; ``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU
 EP has no bf16 GEMM. The engine graph is lowered once, by dtype (``lower_cpu``), and every
 candidate runs that same graph: what is measured is what ships.
@@ -119,8 +119,8 @@ def candidates(
 ) -> list[CandidateResult]:
     """The candidates of a ``dtype`` engine under ``mode``, in preference order, each
     "unavailable" with a reason or "pending" (runs here, not measured yet). ``hybrid_load``:
-    (bytes the hybrid would hold, bytes the build's memory plan allows); under ``auto`` the
-    hybrid is unavailable when the first exceeds the second."""
+    (bytes the hybrid would hold, bytes the build may add without raising its peak RSS);
+    under ``auto`` the hybrid is unavailable when the first exceeds the second."""
 
     precision = "bf16" if dtype == "bfloat16" else "f32"
     # OpenVINO's runtime alone is a bf16 candidate only: at f32 it was slower than the CPU EP
@@ -137,7 +137,7 @@ def candidates(
             if need > allowed:
                 reason = (
                     f"holding ONNX Runtime's and OpenVINO's weights (~{need / 1e9:.1f} GB) would "
-                    f"raise the build's planned peak ({allowed / 1e9:.1f} GB); "
+                    f"raise the build's peak RSS (headroom {allowed / 1e9:.1f} GB); "
                     "--execution-provider cpu+openvino-runtime measures it anyway"
                 )
         out.append(CandidateResult(name, precision, UNAVAILABLE if reason else PENDING, reason))
@@ -203,8 +203,8 @@ def select_provider(
     """Measure the candidates of a ``dtype`` engine under ``mode`` on the built engine in
     ``engine_dir``, on the steps of ``probe`` (``provider_timing.probe_steps``), and choose one.
     ``quantized``: the engine has quantized weights (``judge``); ``memory_allowed``: bytes
-    the build's memory plan allows the measurement (None: no bound), which decides whether
-    ``auto`` measures the hybrid (``candidates``).
+    the measurement may add without raising the build's peak RSS (None: no bound), which
+    decides whether ``auto`` measures the hybrid (``candidates``).
 
     Raises BuildConfigError when no candidate is accepted (the message lists each and why).
     """

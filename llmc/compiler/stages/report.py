@@ -48,8 +48,8 @@ def report_cpu(
     """The provider choice, then the accuracy report of ``engine`` on the chosen provider
     against ``reference`` on ``texts``' held-out windows (skipped when ``texts`` is None): what
     is reported is what ships, bf16 compute included. Raises BuildConfigError when no provider
-    is accepted. ``memory_allowed``: the bytes the build's memory plan leaves the measurement
-    (``provider_choice.select_provider``)."""
+    is accepted. ``memory_allowed``: the bytes the measurement may add without raising the build's
+    peak RSS (``provider_choice.select_provider``)."""
     with stage("choose execution provider"):
         selection = choose_provider(config, engine.engine_dir, model.vocab_size, memory_allowed)
     provider = ProviderChoice(selection.provider, selection.precision)
