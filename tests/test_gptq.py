@@ -75,16 +75,21 @@ def test_channels_without_input_are_rounded_to_nearest_and_nothing_is_nan():
     assert output_error(x, w, out) < output_error(x, w, near)
 
 
-def test_output_channels_in_chunks_give_the_same_codes(monkeypatch):
+@pytest.mark.parametrize("kind", ["fp8", "int4", "int8_blockwise"])
+def test_output_channels_in_chunks_give_the_same_codes(monkeypatch, kind):
+    # Chunks of 7 output channels (per-channel scales [N] and block-wise [K / block, N] sliced
+    # per chunk) give the codes of one chunk of all 48, which GPTQ computes in one pass.
     rng = np.random.default_rng(3)
     x = correlated_inputs(rng)
     w = rng.standard_normal((K, N)).astype(np.float32)
-    near = grids.quantize_weight_per_channel(w, grids.FP8_E4M3)
+    near = rtn(w, kind)
     hessian = x.T.astype(np.float64) @ x
     whole = gptq_on_grid(w, near, hessian)
     monkeypatch.setattr(gptq, "ROWS", 7)
     chunked = gptq_on_grid(w, near, hessian)
-    assert whole.data.dtype == ml_dtypes.float8_e4m3fn
+    if kind == "fp8":
+        assert whole.data.dtype == ml_dtypes.float8_e4m3fn
+    assert not np.array_equal(whole.data, near.data)  # GPTQ moved some codes
     np.testing.assert_array_equal(whole.data.view(np.uint8), chunked.data.view(np.uint8))
 
 

@@ -27,7 +27,7 @@ def gptq_on_grid(
     # torch loads when GPTQ runs, not with the formats (``llmc --help`` reads their defaults)
     import torch
 
-    from llmc.calibration.gptq import gptq_round
+    from llmc.calibration.gptq import gptq_round_chunks
 
     scale = torch.from_numpy(np.asarray(qw.scale, np.float32))
 
@@ -36,9 +36,12 @@ def gptq_on_grid(
         s = scale[idx // qw.block_size, rows].T if qw.block_size else scale[rows, None]
         return qw.grid.round_torch(w / s) * s
 
-    rounded = gptq_round(weight, gram, rounder, smoothing)
-    unit = QuantizedWeight(np.ones_like(rounded), qw.scale, qw.axis, qw.block_size, qw.grid)
-    data = qw.grid.to_codes(rounded / dequantize(unit))
+    # codes one chunk of output channels at a time: no [K, N] float32 array beside ``weight``
+    data = np.empty_like(qw.data)
+    for rows, chunk in gptq_round_chunks(weight, gram, rounder, smoothing):
+        unit = QuantizedWeight(np.ones_like(chunk), qw.scale[..., rows], qw.axis,
+                               qw.block_size, qw.grid)  # fmt: skip
+        data[:, rows] = qw.grid.to_codes(chunk / dequantize(unit))
     return QuantizedWeight(data, qw.scale, qw.axis, qw.block_size, qw.grid)
 
 
