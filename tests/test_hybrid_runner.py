@@ -61,5 +61,15 @@ def test_bad_arguments_are_refused(tiny_llama_engine):
         HybridRunner(tiny_llama_engine, 4, min_tokens=0)
     with pytest.raises(ValueError, match="precision 'f16' is not one of"):
         HybridRunner(tiny_llama_engine, 4, precision="f16")
-    with pytest.raises(RuntimeError, match="runs the one graph for small steps"):
-        cpu_runner(tiny_llama_engine, 4, provider=ProviderChoice(HYBRID, "f32"), single_graph=False)
+    # Without the single graph it is the CPU EP's segments (``llmc verify`` reads their tensors).
+    segments = cpu_runner(tiny_llama_engine, 4, provider=ProviderChoice(HYBRID, "f32"),
+                          single_graph=False)  # fmt: skip
+    assert type(segments) is OrtRunner and not segments.single_graph
+
+
+def test_the_manifest_records_the_boundary(tiny_llama_engine, openvino_calls):
+    # A manifest's ``execution_min_large_tokens`` is the boundary the runner uses.
+    runner = cpu_runner(tiny_llama_engine, 4, provider=ProviderChoice(HYBRID, "f32", 32))
+    assert runner.min_tokens == 32
+    runner.execute(steps()[0])  # 20 new tokens: below 32, on ONNX Runtime
+    assert openvino_calls == []

@@ -97,7 +97,7 @@ def _headroom(stats: BuildStats) -> int:
     the provider measurement may load without raising the build's peak."""
     import psutil
 
-    return max(0, stats.peak_rss_bytes() - psutil.Process().memory_info().rss)
+    return max(0, stats.peak_rss_bytes - psutil.Process().memory_info().rss)
 
 
 def check_accuracy_target(config: BuildConfig, accuracy) -> None:

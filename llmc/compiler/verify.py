@@ -40,7 +40,6 @@ from llmc.engine.host import check_host
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.manifest import read_manifest, verify_files
 from llmc.engine.plan import load_plan
-from llmc.engine.provider import ProviderChoice
 from llmc.engine.split import split_at_plugins
 from llmc.errors import ModelSourceError
 from llmc.runtime.cpu_runner import cpu_runner
@@ -109,7 +108,7 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
     num_blocks = math.ceil(seq_len / manifest.block_size)
     with stage("accuracy report") as tick:
         reference = OrtRunner.from_model(proto, num_blocks, config.threads, boundaries)
-        provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
+        provider = manifest.provider
         engine = cpu_runner(engine_dir, num_blocks, config.threads, provider)
         report = evaluate_accuracy(reference, engine, windows, manifest.block_size, label, tick)
         if engine.single_graph:  # it returns the logits alone: run the segments to capture

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmc.engine.files import MANIFEST_NAME, sha256_file, verify_engine_files
+from llmc.engine.provider import ProviderChoice
 from llmc.errors import EngineCorruptError, EngineMismatchError, EngineNotFoundError
 from llmc.version import __version__
 
@@ -89,6 +90,8 @@ class EngineManifest(ManifestCore):
     execution_provider: str  # e.g. "CPUExecutionProvider"
     execution_precision: str = "f32"  # compute precision asked of the provider: "f32" | "bf16"
     execution_provider_version: str | None = None  # plugin EP package version, if any
+    # the hybrid provider: steps of at least this many new tokens run on OpenVINO's runtime
+    execution_min_large_tokens: int | None = None
     provider_selection: dict | None = None  # cpu: candidates measured (provider_choice)
     accuracy_report: dict | None = None  # quantized builds: against the unquantized model
     # TensorRT engines: version, cuda_version, compute_capability, plan file, builder options,
@@ -101,9 +104,22 @@ class EngineManifest(ManifestCore):
     # still has that digest.
     draft: dict | None = None
 
+    @property
+    def provider(self) -> ProviderChoice:
+        """The execution provider the engine runs on, as recorded."""
+        return ProviderChoice(
+            self.execution_provider, self.execution_precision, self.execution_min_large_tokens
+        )
+
 
 #: Fields added after format 1 shipped: a manifest without them reads as their default.
-_OPTIONAL_FIELDS = {"tensorrt", "provider_selection", "build_stats", "draft"}
+_OPTIONAL_FIELDS = {
+    "tensorrt",
+    "provider_selection",
+    "build_stats",
+    "draft",
+    "execution_min_large_tokens",
+}
 
 
 def write_manifest(m: EngineManifest, engine_dir: str | Path) -> Path:

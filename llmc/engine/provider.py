@@ -52,6 +52,9 @@ class ProviderChoice:
 
     name: str
     precision: str  # "f32" or "bf16"
+    #: The hybrid's boundary: steps of at least this many new tokens run on OpenVINO's runtime
+    #: (None: the runner's default).
+    min_large_tokens: int | None = None
 
     @property
     def optimize_at_build(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmc.engine.provider import HYBRID, OPENVINO_RUNTIME, ProviderChoice
+from llmc.engine.provider import HYBRID, OPENVINO_RUNTIME, ProviderChoice, provider_for_dtype
 from llmc.runtime.ort_runner import OrtRunner
 
 
@@ -19,8 +19,9 @@ def cpu_runner(
 ) -> OrtRunner:
     """A runner over ``engine_dir`` with ``num_blocks`` KV blocks per layer on ``provider``
     (default: the CPU EP). ``single_graph`` as ``OrtRunner``'s; OpenVINO's runtime always runs
-    the segments. Raises RuntimeError or EngineError when the provider cannot run here (the
-    message says why)."""
+    the segments; the hybrid with ``single_graph=False`` is the CPU EP's segments alone (what
+    ``llmc verify`` compares tensor by tensor). Raises RuntimeError or EngineError when the
+    provider cannot run here (the message says why)."""
     if provider is not None and provider.name == OPENVINO_RUNTIME:
         from llmc.runtime.openvino_runner import OpenVinoRunner
 
@@ -28,9 +29,10 @@ def cpu_runner(
             raise RuntimeError(f"cannot run {engine_dir} as one graph on {OPENVINO_RUNTIME}")
         return OpenVinoRunner(engine_dir, num_blocks, threads or 2, provider.precision)
     if provider is not None and provider.name == HYBRID:
-        from llmc.runtime.hybrid_runner import HybridRunner
+        if single_graph is False:  # the CPU EP's segments, as the hybrid's small steps run
+            return OrtRunner(engine_dir, num_blocks, threads, provider_for_dtype("float32"), False)
+        from llmc.runtime.hybrid_runner import MIN_OPENVINO_TOKENS, HybridRunner
 
-        if single_graph is False:
-            raise RuntimeError(f"{HYBRID} runs the one graph for small steps: cannot run segments")
-        return HybridRunner(engine_dir, num_blocks, threads or 2, provider.precision)
+        min_tokens = provider.min_large_tokens or MIN_OPENVINO_TOKENS
+        return HybridRunner(engine_dir, num_blocks, threads or 2, provider.precision, min_tokens)
     return OrtRunner(engine_dir, num_blocks, threads, provider, single_graph)

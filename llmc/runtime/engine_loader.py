@@ -22,7 +22,6 @@ from llmc.engine.manifest import (
     parse_manifest,
     verify_files,
 )
-from llmc.engine.provider import ProviderChoice
 from llmc.engine.targets import target
 from llmc.errors import EngineConfigError, EngineCorruptError, EngineError, EngineNotFoundError
 from llmc.runtime.cpu_runner import cpu_runner
@@ -133,7 +132,7 @@ def load_engine(
         _check_manifest_digest(raw, expected_manifest_sha256, manifest_path)
     manifest = parse_manifest(raw, str(manifest_path))
     check_runs_here(manifest)
-    provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
+    provider = manifest.provider
     blocks = plan_num_blocks(manifest, num_blocks, kv_cache_memory, max_model_len)
     check_engine_files(manifest, engine_dir, hash_files=verify_digests)
     from transformers import AutoTokenizer

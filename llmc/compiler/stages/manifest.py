@@ -88,6 +88,7 @@ def write_cpu_manifest(
             execution_provider=provider.name,
             execution_precision=provider.precision,
             execution_provider_version=provider_version(provider),
+            execution_min_large_tokens=provider.min_large_tokens,
             provider_selection=report.selection.to_dict(),
             accuracy_report=report.accuracy.to_dict() if report.accuracy is not None else None,
             files=mf.file_digests(engine.engine_dir),

@@ -18,7 +18,8 @@ from llmc.compiler.stages.load import LoadedModel
 from llmc.compiler.stages.lower import LoweredEngine
 from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.compiler.stages.quantize import CalibrationTexts
-from llmc.engine.provider import ProviderChoice
+from llmc.engine.provider import HYBRID, ProviderChoice
+from llmc.runtime.hybrid_runner import MIN_OPENVINO_TOKENS
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,10 @@ class EngineReport:
 
     @property
     def provider(self) -> ProviderChoice:
-        """The chosen execution provider and its compute precision."""
-        return ProviderChoice(self.selection.provider, self.selection.precision)
+        """The chosen execution provider, its compute precision and, for the hybrid, the step
+        size from which it runs OpenVINO's runtime (recorded in the manifest)."""
+        large = MIN_OPENVINO_TOKENS if self.selection.provider == HYBRID else None
+        return ProviderChoice(self.selection.provider, self.selection.precision, large)
 
 
 def report_cpu(
@@ -52,7 +55,7 @@ def report_cpu(
     peak RSS (``provider_choice.select_provider``)."""
     with stage("choose execution provider"):
         selection = choose_provider(config, engine.engine_dir, model.vocab_size, memory_allowed)
-    provider = ProviderChoice(selection.provider, selection.precision)
+    provider = EngineReport(None, selection).provider
     accuracy = None
     if texts is not None:
         with stage("accuracy report") as tick:

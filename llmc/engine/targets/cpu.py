@@ -33,7 +33,6 @@ from llmc.engine.provider import (
     HYBRID,
     PROVIDER_PACKAGES,
     PROVIDERS,
-    ProviderChoice,
     onnxruntime_version,
     provider_version,
 )
@@ -62,7 +61,7 @@ class CpuTarget:
         """
         installed = onnxruntime_version()
         check_host(manifest, detect_host_isa(), {BACKEND: installed} if installed else {})
-        provider = ProviderChoice(manifest.execution_provider, manifest.execution_precision)
+        provider = manifest.provider
         check_provider_version(manifest, provider_version(provider))
 
     def missing_for_build(self) -> list[str]:
