@@ -9,8 +9,9 @@ engine's segments compiled by OpenVINO's own runtime (PyPI ``openvino``), which 
 x86-64 CPU, AMD's included, where the OpenVINO EP exposes no device
 (``llmc.runtime.openvino_runner``). ``CPUExecutionProvider+OpenVINORuntime`` runs a CPU EP
 engine's steps of few new tokens on the CPU EP (its ``MatMulNBits`` is fastest at one row) and
-its larger steps through the same engine's segments compiled by OpenVINO's runtime (faster
-from about 8 rows up), over one KV cache (``llmc.runtime.hybrid_runner``). Providers are a
+its larger steps through the same engine's segments compiled by OpenVINO's runtime (whose
+int4 kernels lead on bare MatMuls from a few rows up), over one KV cache
+(``llmc.runtime.hybrid_runner``). Providers are a
 sub-axis of the ``cpu`` target
 (``llmc.engine.targets.cpu``), named on the command line by the keys of ``PROVIDERS``. Which
 provider an engine runs on is chosen at build time by measurement

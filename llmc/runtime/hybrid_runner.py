@@ -1,16 +1,17 @@
-"""The hybrid runner of CPU engines: each step on the kernels fastest for its size.
+"""The hybrid runner of CPU engines: small steps on ONNX Runtime, large ones on OpenVINO.
 
-ONNX Runtime's ``MatMulNBits`` (the int4 and 8-bit weight-only kernel of quantized engines) is
-the fastest kernel measured here for one row and loses about 2x to OpenVINO's runtime on the
-same int4 weights from 16 rows up (Gemma 3 270M's 18 layers, AMD EPYC with AVX-512 VNNI:
-2.80 ms against 3.43 at M=1, 18.28 against 8.86 at M=16, 90.87 against 54.26 at M=128;
-``benchmarks/bench_cpu_gemm.py``, RESULTS.md "GEMM kernels per step shape"). So a step of
-fewer than ``min_tokens`` new tokens runs as ``OrtRunner`` runs it (the single graph on the CPU
-EP), and a larger one (prefill, chunks, batched decode) through the same engine's segments
-compiled by OpenVINO's runtime (``openvino_runner.compile_segments``), the plugin's C kernel
-between them. Both read and write the one set of numpy KV caches, so a sequence moves between
-them from step to step. Both hold the weights: resident memory is the engine's bytes plus
-OpenVINO's copy (``OPENVINO_LOAD_FACTOR``).
+On bare MatMuls of Gemma 3 270M's 18 layers (AMD EPYC with AVX-512 VNNI,
+``benchmarks/bench_cpu_gemm.py``) OpenVINO's int4 kernels lead ONNX Runtime's ``MatMulNBits``
+from a few rows up (M=8: 5.50 ms against 7.16; M=16: 8.83 against 11.74) and tie at one row.
+So a step of fewer than ``min_tokens`` new tokens runs as ``OrtRunner`` runs it (the single
+graph on the CPU EP, no per-segment overhead), and a larger one (prefill, chunks, batched
+decode) through the same engine's segments compiled by OpenVINO's runtime
+(``openvino_runner.compile_segments``), the plugin's C kernel between them. Both read and write
+the one set of numpy KV caches, so a sequence moves between them from step to step. Both hold
+the weights: resident memory is the engine's bytes plus OpenVINO's copy
+(``OPENVINO_LOAD_FACTOR``). Measured in the Gemma 3 270M int4 engine, it loses to the CPU EP
+alone at every step size (RESULTS.md, "The hybrid runner measured in the engine"): it is a
+candidate the build measures (``provider_choice``), not a default.
 """
 
 from __future__ import annotations
