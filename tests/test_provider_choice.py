@@ -112,12 +112,10 @@ def test_selection_round_trips_through_the_manifest():
 
 def test_candidates_follow_dtype_and_mode():
     f32 = candidates("float32")
-    assert [(c.provider, c.precision) for c in f32] == [
-        (CPU_EP, "f32"),
-        (OPENVINO_EP, "f32"),
-        (HYBRID, "f32"),
-    ]
+    assert [(c.provider, c.precision) for c in f32] == [(CPU_EP, "f32"), (OPENVINO_EP, "f32")]
     assert f32[0].status == PENDING
+    quantized = [c.provider for c in candidates("float32", quantized=True)]
+    assert quantized == [CPU_EP, OPENVINO_EP, HYBRID]
     assert [c.provider for c in candidates("float32", "cpu")] == [CPU_EP]
     bf16 = [(c.provider, c.precision) for c in candidates("bfloat16")]
     assert bf16 == [(OPENVINO_EP, "bf16"), (OPENVINO_RUNTIME, "bf16")]
@@ -165,9 +163,9 @@ def test_unrunnable_provider_is_refused_before_any_work(tmp_path, options):
 
 @pytest.mark.skipif(openvino_available() is not None, reason=str(openvino_available()))
 def test_auto_measures_the_hybrid_only_where_its_memory_fits_the_plan():
-    fits = candidates("float32", "auto", hybrid_load=(1_000, 2_000))[-1]
+    fits = candidates("float32", "auto", hybrid_load=(1_000, 2_000), quantized=True)[-1]
     assert (fits.provider, fits.status) == (HYBRID, PENDING)
-    over = candidates("float32", "auto", hybrid_load=(3_000_000_000, 2_000_000_000))[-1]
+    over = candidates("float32", "auto", (3_000_000_000, 2_000_000_000), quantized=True)[-1]
     assert (over.provider, over.status) == (HYBRID, UNAVAILABLE)
     assert "would raise the build's peak RSS (headroom 2.0 GB)" in over.reason
     forced = candidates("float32", "cpu+openvino-runtime", hybrid_load=(3, 2))

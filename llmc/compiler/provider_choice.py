@@ -1,13 +1,14 @@
 """Choose the provider of a CPU engine by measurement (DESIGN §9-10).
 
 The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32),
-the OpenVINO EP (f32) and the hybrid (the CPU EP for steps of few tokens, OpenVINO's runtime
-for large ones, ``llmc.runtime.hybrid_runner``; a candidate of ``auto`` only when holding both
-runtimes' weights, ``HYBRID_LOAD_FACTOR`` times the engine's bytes, stays under the peak RSS
-the build already reached). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on
-the segments (bf16; ``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU
-EP has no bf16 GEMM. The engine graph is lowered once, by dtype (``lower_cpu``), and every
-candidate runs that same graph: what is measured is what ships.
+the OpenVINO EP (f32) and, for quantized engines, the hybrid (the CPU EP for steps of few
+tokens, OpenVINO's runtime for large ones, ``llmc.runtime.hybrid_runner``; a candidate of
+``auto`` only when holding both runtimes' weights, ``HYBRID_LOAD_FACTOR`` times the engine's
+bytes, stays under the peak RSS the build already reached). bfloat16 engines: the OpenVINO EP
+(bf16) and OpenVINO's runtime on the segments (bf16; ``llmc.runtime.openvino_runner``, it runs
+on AMD CPUs too), since the CPU EP has no bf16 GEMM. The engine graph is lowered once, by
+dtype (``lower_cpu``), and every candidate runs that same graph: what is measured is what
+ships.
 
 For each candidate, ``select_provider`` records why it cannot run here (package missing, no CPU
 device, the graph does not load) or measures it: the engine through its runner
@@ -115,19 +116,23 @@ class ProviderSelection:
 
 
 def candidates(
-    dtype: str, mode: str = "auto", hybrid_load: tuple[int, int] | None = None
+    dtype: str,
+    mode: str = "auto",
+    hybrid_load: tuple[int, int] | None = None,
+    quantized: bool = False,
 ) -> list[CandidateResult]:
     """The candidates of a ``dtype`` engine under ``mode``, in preference order, each
-    "unavailable" with a reason or "pending" (runs here, not measured yet). ``hybrid_load``:
-    (bytes the hybrid would hold, bytes the build may add without raising its peak RSS);
-    under ``auto`` the hybrid is unavailable when the first exceeds the second."""
+    "unavailable" with a reason or "pending" (runs here, not measured yet). ``auto`` measures
+    the hybrid for a ``quantized`` engine only (its large steps would run OpenVINO's float32
+    kernels otherwise, slower than the CPU EP's here), and only when it fits ``hybrid_load``:
+    (bytes the hybrid would hold, bytes the build may add without raising its peak RSS)."""
 
     precision = "bf16" if dtype == "bfloat16" else "f32"
     # OpenVINO's runtime alone is a bf16 candidate only: at f32 it was slower than the CPU EP
     # on Gemma 3 270M's decode and holds 2.5x the engine's bytes (``OPENVINO_LOAD_FACTOR``).
     names = [OPENVINO_EP, OPENVINO_RUNTIME]
     if precision == "f32":
-        names = [CPU_EP, OPENVINO_EP, HYBRID]
+        names = [CPU_EP, OPENVINO_EP, *([HYBRID] if quantized or mode != "auto" else [])]
     wanted = names if mode == "auto" else [PROVIDERS[mode]]
     out = []
     for name in (n for n in names if n in wanted):
@@ -215,7 +220,7 @@ def select_provider(
         hybrid_load = (int(weights * HYBRID_LOAD_FACTOR), memory_allowed)
     reference = None  # the CPU EP's (f32) warmup logits per step
     results = []
-    for c in candidates(dtype, mode, hybrid_load):
+    for c in candidates(dtype, mode, hybrid_load, quantized):
         if c.status == UNAVAILABLE:
             results.append(c)
             continue
