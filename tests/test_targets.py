@@ -65,7 +65,12 @@ def test_registry_holds_cpu_then_each_gpu_arch():
         ("float32", "bfloat16"),
         "float32",
     )
-    assert CPU.execution_providers == ("cpu", "openvino", "openvino-runtime")
+    assert CPU.execution_providers == (
+        "cpu",
+        "openvino",
+        "openvino-runtime",
+        "cpu+openvino-runtime",
+    )
     assert CPU.capability is None
     for name in GPU_ARCHS:
         t = target(name)
