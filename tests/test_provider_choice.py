@@ -227,3 +227,27 @@ def test_probe_steps_stay_within_the_engines_limits():
     assert int(probe.steps["prefill_63"].input_ids.min()) >= 3
     tiny = probe_steps(block_size=16, vocab_size=512, max_seq_len=8, max_num_tokens=4, max_batch=1)
     assert list(tiny.steps) == ["prefill_4", "decode_1"]
+
+
+def test_the_chosen_hybrid_records_its_boundary_and_a_host_without_openvino_refuses_it():
+    from dataclasses import replace
+
+    from llmc.compiler.stages.report import chosen_provider
+    from llmc.engine.targets.cpu import check_provider_version
+    from llmc.errors import EngineMismatchError
+    from llmc.runtime.hybrid_runner import MIN_OPENVINO_TOKENS
+
+    hybrid = chosen_provider(ProviderSelection("auto", HYBRID, "f32", []))
+    assert hybrid.min_large_tokens == MIN_OPENVINO_TOKENS
+    assert chosen_provider(ProviderSelection("auto", CPU_EP, "f32", [])).min_large_tokens is None
+    manifest = replace(
+        make_manifest(),
+        execution_provider=HYBRID,
+        execution_provider_version="2026.4.1",
+        execution_min_large_tokens=hybrid.min_large_tokens,
+    )
+    assert manifest.provider == hybrid
+    check_provider_version(manifest, "2026.4.0")  # same major.minor: runs
+    with pytest.raises(EngineMismatchError, match="pip install the matching openvino, or rebuild "
+                       "the engine with --execution-provider cpu"):  # fmt: skip
+        check_provider_version(manifest, None)

@@ -32,10 +32,15 @@ class EngineReport:
 
     @property
     def provider(self) -> ProviderChoice:
-        """The chosen execution provider, its compute precision and, for the hybrid, the step
-        size from which it runs OpenVINO's runtime (recorded in the manifest)."""
-        large = MIN_OPENVINO_TOKENS if self.selection.provider == HYBRID else None
-        return ProviderChoice(self.selection.provider, self.selection.precision, large)
+        """The chosen execution provider (``chosen_provider``)."""
+        return chosen_provider(self.selection)
+
+
+def chosen_provider(selection: ProviderSelection) -> ProviderChoice:
+    """The provider ``selection`` chose, its compute precision and, for the hybrid, the step
+    size from which it runs OpenVINO's runtime (recorded in the manifest)."""
+    large = MIN_OPENVINO_TOKENS if selection.provider == HYBRID else None
+    return ProviderChoice(selection.provider, selection.precision, large)
 
 
 def report_cpu(
@@ -55,7 +60,7 @@ def report_cpu(
     peak RSS (``provider_choice.select_provider``)."""
     with stage("choose execution provider"):
         selection = choose_provider(config, engine.engine_dir, model.vocab_size, memory_allowed)
-    provider = EngineReport(None, selection).provider
+    provider = chosen_provider(selection)
     accuracy = None
     if texts is not None:
         with stage("accuracy report") as tick:
