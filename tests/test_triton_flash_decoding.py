@@ -117,6 +117,20 @@ def test_num_splits_must_be_positive() -> None:
         paged_attention_triton(*inputs, **kwargs_of(case, "auto"), num_splits=0)
 
 
+def test_launch_options_are_validated_and_carried() -> None:
+    config = kernel_config(32, 8, 128, num_warps=8, num_stages=3)
+    assert (config.num_warps, config.num_stages) == (8, 3)
+    assert (kernel_config(32, 8, 128).num_warps, kernel_config(32, 8, 128).num_stages) == (4, 3)
+    with pytest.raises(ValueError, match="num_warps must be a power of two, got 6"):
+        kernel_config(32, 8, 128, num_warps=6)
+    with pytest.raises(ValueError, match="num_stages must be at least 1, got 0"):
+        kernel_config(32, 8, 128, num_stages=0)
+    case = CASES["mha"][0]
+    inputs = step_tensors(case, 0, torch.float32, "auto")
+    with pytest.raises(ValueError, match="num_warps"):
+        paged_attention_triton(*inputs, **kwargs_of(case, "auto"), num_warps=3)
+
+
 def test_choose_num_splits() -> None:
     # The smallest power of two reaching 4 programs per SM (528 on 132 SMs): Llama-3-8B
     # (8 KV heads) at batch 16 has 128 programs -> 8 splits; batch 64 (512) -> 2.

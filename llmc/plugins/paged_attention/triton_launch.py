@@ -60,6 +60,8 @@ def paged_attention_triton(
     block_n: int = 32,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """Write the new tokens' K/V into the paged cache in place, then attend causally (Triton).
 
@@ -74,7 +76,8 @@ def paged_attention_triton(
     slices of each decode token's context (flash-decoding); None chooses with
     :func:`choose_num_splits` (on CPU, where the interpreter runs programs one at a time, 1),
     1 keeps decode on the main kernel. ``out``: where to write the result ([T, H*D], q's dtype,
-    contiguous), e.g. a TensorRT output buffer.
+    contiguous), e.g. a TensorRT output buffer. ``num_warps``/``num_stages``: Triton's launch
+    options for every kernel of the call (:class:`~.triton_tiles.KernelConfig`).
 
     Returns:
         [T, H*D] in q's dtype (``out`` when given).
@@ -107,7 +110,10 @@ def paged_attention_triton(
     if block_m is None:
         group_pad = kernel_config(num_heads, num_kv_heads, head_dim).group_pad
         block_m = choose_block_m(num_tokens, num_seqs, group_pad)
-    config = kernel_config(num_heads, num_kv_heads, head_dim, block_m=block_m, block_n=block_n)
+    config = kernel_config(
+        num_heads, num_kv_heads, head_dim, block_m=block_m, block_n=block_n,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
     cache_shape = (key_cache.shape[0], key_cache.shape[1], num_kv_heads, head_dim)
     expected = {
         "q": (q, (num_tokens, num_heads * head_dim)),
