@@ -93,6 +93,28 @@ def test_output_channels_in_chunks_give_the_same_codes(monkeypatch, kind):
     np.testing.assert_array_equal(whole.data.view(np.uint8), chunked.data.view(np.uint8))
 
 
+@pytest.mark.parametrize("block_size", [0, 16, 24])
+def test_codes_converted_in_slices_of_input_channels_are_the_same(monkeypatch, block_size):
+    # Codes made 5 input channels at a time (slices that cross blocks of 16 and 24, the last
+    # block of 24 shorter: K = 64) equal those made in one piece, and dequantize to values on
+    # the grid GPTQ rounded to (below RTN's output error).
+    from llmc.compiler.quantize import rounding
+
+    rng = np.random.default_rng(4)
+    x = correlated_inputs(rng)
+    w = rng.standard_normal((K, N)).astype(np.float32) * 0.05
+    if block_size:
+        near = grids.quantize_weight_blockwise(w, grids.INT4, block_size)
+    else:
+        near = grids.quantize_weight_per_channel(w, grids.INT8)
+    hessian = x.T.astype(np.float64) @ x
+    whole = gptq_on_grid(w, near, hessian)
+    monkeypatch.setattr(rounding, "CODE_ROWS", 5)
+    sliced = gptq_on_grid(w, near, hessian)
+    np.testing.assert_array_equal(whole.data.view(np.int8), sliced.data.view(np.int8))
+    assert output_error(x, w, sliced) < 0.8 * output_error(x, w, near)
+
+
 def test_smoothing_factors_the_gram_of_the_smoothed_inputs():
     rng = np.random.default_rng(4)
     x = correlated_inputs(rng).astype(np.float64)

@@ -73,6 +73,7 @@ def gptq_round_chunks(
         q = _round_rows(w, u, order, rows, rounder)
         chunk = np.empty((k, rows.stop - rows.start), np.float32)
         chunk[index] = q.T.numpy()
+        del w, q  # not held while the caller uses the chunk
         yield rows, chunk
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmc.quant.grids import QuantizedWeight, dequantize
+from llmc.quant.grids import QuantizedWeight
 from llmc.quant.protocol import ActivationStats, QuantSpec
+
+#: Input channels converted to codes at a time (bounds the rounding's float temporaries).
+CODE_ROWS = 512
 
 
 def gptq_on_grid(
@@ -36,13 +39,26 @@ def gptq_on_grid(
         s = scale[idx // qw.block_size, rows].T if qw.block_size else scale[rows, None]
         return qw.grid.round_torch(w / s) * s
 
-    # codes one chunk of output channels at a time: no [K, N] float32 array beside ``weight``
+    # codes one chunk of output channels at a time, divided by their scales in place and
+    # converted CODE_ROWS input channels at a time: no float32 array of the chunk's size beside it
     data = np.empty_like(qw.data)
     for rows, chunk in gptq_round_chunks(weight, gram, rounder, smoothing):
-        unit = QuantizedWeight(np.ones_like(chunk), qw.scale[..., rows], qw.axis,
-                               qw.block_size, qw.grid)  # fmt: skip
-        data[:, rows] = qw.grid.to_codes(chunk / dequantize(unit))
+        _divide_by_scales(chunk, qw, rows)
+        for k0 in range(0, chunk.shape[0], CODE_ROWS):
+            data[k0 : k0 + CODE_ROWS, rows] = qw.grid.to_codes(chunk[k0 : k0 + CODE_ROWS])
     return QuantizedWeight(data, qw.scale, qw.axis, qw.block_size, qw.grid)
+
+
+def _divide_by_scales(chunk: np.ndarray, qw: QuantizedWeight, rows: slice) -> None:
+    """``chunk`` [K, len(rows)] float32 (output channels ``rows`` of a weight on ``qw``'s grid)
+    divided in place by its scales: per output channel, or per block of ``qw.block_size``
+    input channels (the last block may be shorter). The same float32 quotients as dividing by
+    ``dequantize`` of unit codes."""
+    if not qw.block_size:
+        chunk /= np.asarray(qw.scale, np.float32)[rows][None, :]
+        return
+    for b, k0 in enumerate(range(0, chunk.shape[0], qw.block_size)):
+        chunk[k0 : k0 + qw.block_size] /= np.asarray(qw.scale[b, rows], np.float32)[None, :]
 
 
 def rounded(
