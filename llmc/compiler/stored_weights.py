@@ -106,22 +106,42 @@ def _checkpoint_bytes(
     return ir.LazyTensor(read, dtype=dtype, shape=src.shape, name=name)
 
 
-def _widened(src: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
-    def read() -> ir.TensorProtocol:
-        wide = src.numpy().astype(np.float32)  # a copy: nothing of the stored bytes is kept
-        # Unmap the stored bytes once read: the lazy tensor is read again when needed, and an
-        # ExternalTensor keeps its memory map (and the pages read) until released, so whoever
-        # holds this tensor would otherwise hold the weight's pages (a 3B bfloat16 graph:
-        # 6.4 GB resident once every weight has been read).
-        release = getattr(src, "release", None)
-        if release is not None:
-            try:
-                release()
-            except BufferError:  # another reader holds a view of the mapping: it stays
-                pass
-        return ir.tensor(wide, name=name)
+class WidenedTensor(ir.LazyTensor):
+    """A 16-bit stored weight (``stored``) read as float32, widened when read (a copy: nothing
+    of the stored bytes is kept). ``stored`` stays readable for readers that widen a slice at a
+    time (``llmc.compiler.quantize.weight_columns``)."""
 
-    return ir.LazyTensor(read, dtype=ir.DataType.FLOAT, shape=src.shape, name=name)
+    def __init__(self, stored: ir.TensorProtocol, name: str):
+        super().__init__(
+            lambda: _read_widened(stored, name),
+            dtype=ir.DataType.FLOAT,
+            shape=stored.shape,
+            name=name,
+        )
+        self.stored = stored
+
+    def release(self) -> None:
+        """Unmap the stored bytes (kept mapped while another reader holds a view of them)."""
+        _release(self.stored)
+
+
+def _read_widened(src: ir.TensorProtocol, name: str) -> ir.TensorProtocol:
+    wide = src.numpy().astype(np.float32)  # a copy: nothing of the stored bytes is kept
+    # Unmap the stored bytes once read: the lazy tensor is read again when needed, and an
+    # ExternalTensor keeps its memory map (and the pages read) until released, so whoever
+    # holds this tensor would otherwise hold the weight's pages (a 3B bfloat16 graph:
+    # 6.4 GB resident once every weight has been read).
+    _release(src)
+    return ir.tensor(wide, name=name)
+
+
+def _release(src: ir.TensorProtocol) -> None:
+    release = getattr(src, "release", None)
+    if release is not None:
+        try:
+            release()
+        except BufferError:  # another reader holds a view of the mapping: it stays
+            pass
 
 
 def store_weights(model: ir.Model, dtype: ir.DataType, min_bytes: int = MIN_STORED_BYTES) -> int:
@@ -172,7 +192,7 @@ def fold_stored_weights(model: ir.Model) -> list[ir.Value]:
             continue
         name = src.name.removesuffix(STORED_SUFFIX)
         if name not in wide:
-            value = ir.Value(name=name, const_value=_widened(src.const_value, name))
+            value = ir.Value(name=name, const_value=WidenedTensor(src.const_value, name))
             value.shape, value.type = src.const_value.shape, ir.TensorType(ir.DataType.FLOAT)
             wide[name] = value
         ir.convenience.replace_all_uses_with(node.outputs[0], wide[name])

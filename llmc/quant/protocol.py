@@ -126,6 +126,9 @@ class QuantFormat(Protocol):
     # The formats ``--accuracy-target`` may give a module instead, cheapest first (float, the
     # last resort, is implied).
     fallbacks: tuple[str, ...] = ("int8_weight_only",)
+    # ``quantize`` reads its weight a slice of output channels at a time (``weight[:, a:b]``),
+    # so it may be given an array-like that widens each slice when read (``WeightColumns``)
+    reads_column_slices: bool = False
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec

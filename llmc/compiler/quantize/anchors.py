@@ -112,10 +112,11 @@ class AnchorQuantization:
                     raise ValueError(f"no calibration statistics for {module!r}")
                 continue
             target = self.targets[module]
-            weight = target.weight()
             if self.name == Q8_0:
+                weight = target.weight()
                 ql = QuantizedLinear(quantize_q8_0(weight), record={"format": "q8_0"})
             else:
+                weight = target.weight_for(fmt_obj)
                 ql = fmt_obj.quantize(weight, stats.get(module), self.rtn_spec)
             if self.spill_dir is not None:
                 ql = _spilled(ql, self.spill_dir / f"anchor_{len(self.precomputed)}")

@@ -171,7 +171,7 @@ class GraphQuantizer:
             if ql is None:
                 if fmt.needs_stats and module not in stats:
                     raise ValueError(f"no calibration statistics for {module!r}")
-                ql = fmt.quantize(target.weight(), stats.get(module), spec)
+                ql = fmt.quantize(target.weight_for(fmt), stats.get(module), spec)
             target.release()
             write_linear(self.model.graph, target, ql, self._names)
             entry = {"shape": list(target.shape), **ql.record}

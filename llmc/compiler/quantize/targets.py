@@ -17,6 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from llmc.compiler.module_names import NAME_SCOPES_KEY, module_name_from_scopes
+from llmc.compiler.quantize.weight_columns import WeightColumns
 
 LM_HEAD = "lm_head"
 
@@ -52,6 +53,15 @@ class QuantTarget:
         a transposed one as a transposed view, not copied)."""
         w = self.source.numpy()
         return w.T if self.transposed else w
+
+    def weight_for(self, fmt) -> np.ndarray | WeightColumns:
+        """The weight as ``fmt`` (a ``QuantFormat``) reads it: for a format that reads output
+        channels a slice at a time (``reads_column_slices``) and a 16-bit stored weight, a
+        ``WeightColumns`` (each slice widened when read), else ``weight()``."""
+        stored = getattr(self.source, "stored", None)  # stored_weights.WidenedTensor
+        if getattr(fmt, "reads_column_slices", False) and stored is not None:
+            return WeightColumns(stored, self.transposed)
+        return self.weight()
 
     def release(self) -> None:
         """Drop the constant's memory map or cached bytes (an external tensor's pages stay out

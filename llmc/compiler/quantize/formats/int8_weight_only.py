@@ -42,28 +42,28 @@ class Int8WeightOnly(QuantFormat):
     cpu_kernel = "MatMulNBits"
     weight_bytes = 1.0 + 4 / 128  # a float32 scale per 128
     fallbacks = ()
+    reads_column_slices = True
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec
     ) -> QuantizedLinear:
         # Output channels are independent (blocks run along K, GPTQ's updates too), so a wide
-        # weight (a vocabulary projection: 262,144 columns) is quantized COLUMNS at a time:
-        # the float temporaries of rounding stay a few MB instead of several copies of it.
-        parts = []
-        for c in range(0, weight.shape[1], COLUMNS):
+        # weight (a vocabulary projection: 262,144 columns) is quantized COLUMNS at a time into
+        # preallocated codes and scales: the float temporaries of rounding stay a few MB
+        # instead of several copies of it, and a ``WeightColumns`` weight is widened a slice
+        # at a time.
+        k, n = weight.shape
+        block = spec.int4_block_size
+        data = np.empty((k, n), INT8.dtype)
+        scale = np.empty((-(-k // block), n), np.float32)
+        rounding = "nearest"
+        for c in range(0, n, COLUMNS):
             w = np.ascontiguousarray(weight[:, c : c + COLUMNS], dtype=np.float32)
-            qw = quantize_weight_blockwise(w, INT8, spec.int4_block_size)
-            parts.append(rounded(qw, w, stats, None, spec))
-        first = parts[0][0]
-        qw = QuantizedWeight(
-            np.concatenate([q.data for q, _ in parts], axis=1),
-            np.concatenate([q.scale for q, _ in parts], axis=1),
-            first.axis,
-            first.block_size,
-            first.grid,
-        )
-        record = {"rounding": parts[0][1], "format": self.label}
-        return QuantizedLinear(qw, record=record)
+            qw, rounding = rounded(quantize_weight_blockwise(w, INT8, block), w, stats, None, spec)
+            data[:, c : c + COLUMNS], scale[:, c : c + COLUMNS] = qw.data, qw.scale
+            del w, qw
+        qw = QuantizedWeight(data, scale, 0, block, INT8)
+        return QuantizedLinear(qw, record={"rounding": rounding, "format": self.label})
 
     def rewrite_for_tensorrt(self, model: onnx.ModelProto | ir.Model) -> int:
         # An onnx_ir model is a streamed build's graph: its weights are rewritten lazily, one
