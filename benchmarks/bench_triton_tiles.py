@@ -50,13 +50,16 @@ def main() -> None:
     p.add_argument("--block-m", type=_ints, default=_ints("def,16,32"))
     p.add_argument("--block-n", type=_ints, default=_ints("32,64"))
     p.add_argument("--warps", type=_ints, default=_ints("4"))
-    p.add_argument("--stages", type=_ints, default=_ints("1"))
+    p.add_argument("--stages", type=_ints, default=_ints("3"))
+    p.add_argument("--workloads", default="", help="comma-separated substrings (default: all)")
     args = p.parse_args()
+    wanted = [w for w in args.workloads.split(",") if w]
+    workloads = [w for w in WORKLOADS if not wanted or any(x in w.name for x in wanted)]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     dtype = torch.bfloat16
     choices = list(itertools.product(args.block_m, args.block_n, args.warps, args.stages))
     for shape in (REAL_SHAPES[0], REAL_SHAPES[2]):
-        for workload in WORKLOADS:
+        for workload in workloads:
             step = make_step(shape, workload, dtype, torch.device("cuda"), 16, seed=1)
             kwargs = kwargs_of(shape)
             out = torch.empty_like(step[0])
