@@ -120,7 +120,7 @@ def test_num_splits_must_be_positive() -> None:
 def test_launch_options_are_validated_and_carried() -> None:
     config = kernel_config(32, 8, 128, num_warps=8, num_stages=3)
     assert (config.num_warps, config.num_stages) == (8, 3)
-    assert (kernel_config(32, 8, 128).num_warps, kernel_config(32, 8, 128).num_stages) == (4, 3)
+    assert (kernel_config(32, 8, 128).num_warps, kernel_config(32, 8, 128).num_stages) == (4, 1)
     with pytest.raises(ValueError, match="num_warps must be a power of two, got 6"):
         kernel_config(32, 8, 128, num_warps=6)
     with pytest.raises(ValueError, match="num_stages must be at least 1, got 0"):

@@ -31,11 +31,10 @@ class KernelConfig:
         block_n: keys per softmax update (>= 16).
         block_d: head dim padded to a power of two (>= 16).
         num_warps: warps per program (Triton's ``num_warps``).
-        num_stages: Triton's software-pipelining depth of the key loop (``num_stages``): 3
-            overlaps the next tiles' gathered loads with this tile's dots (on an H100, 1.3x
-            faster batched decode and 1.3-1.6x faster chunked prefill than 1, 3% slower
-            one-sequence prefill: ``benchmarks/bench_triton_tiles.py``); the shared memory
-            Triton reports is the same as with 1 (see :func:`shared_memory_bytes`).
+        num_stages: Triton's software-pipelining depth of the key loop (``num_stages``). 1
+            (the default, and the TensorRT AOT kernels') keeps one K and one V tile in shared
+            memory (:func:`shared_memory_bytes`); the torch launcher pipelines 16-bit
+            activations 3 deep (``triton_launch.PIPELINED_STAGES``).
     """
 
     group: int
@@ -44,7 +43,7 @@ class KernelConfig:
     block_n: int
     block_d: int
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 1
 
     @property
     def rows(self) -> int:
@@ -64,7 +63,7 @@ def kernel_config(
     block_m: int | None = None,
     block_n: int = 32,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int = 1,
 ) -> KernelConfig:
     """Choose tile sizes. ``block_m`` defaults to the fewest tokens that fill 16 rows;
     ``num_warps`` and ``num_stages`` are Triton's launch options (see :class:`KernelConfig`).
