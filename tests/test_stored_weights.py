@@ -130,17 +130,24 @@ def test_widen_segment_gives_onnx_runtime_float32_initializers(tmp_path):
     assert not (tmp_path / "none.data").exists()
 
 
-def test_a_folded_weight_read_leaves_nothing_of_its_stored_bytes_mapped(tmp_path):
-    """Reading a folded (widened) weight maps its stored bytes only while it reads them: a
-    holder of the float32 tensor (an anchor's target, a quantizer) holds no pages of the file."""
-    w = _bf16_exact((64, 48), 0)
-    stored = _model(w, _bf16_exact((48,), 1))
+def saved_and_folded(tmp_path, w: np.ndarray) -> tuple[ir.ExternalTensor, ir.Value]:
+    """``w`` stored in bfloat16 in a saved graph, loaded back: its stored tensor (an
+    ExternalTensor of the graph's data file) and the float32 initializer folding gives."""
+    stored = _model(w, _bf16_exact((w.shape[1],), 1))
     store_weights(stored, ir.DataType.BFLOAT16, min_bytes=1024)
     ir.save(stored, tmp_path / "stored.onnx", external_data="stored.onnx.data")
     loaded = ir.load(tmp_path / "stored.onnx")
     source = loaded.graph.initializers["w" + STORED_SUFFIX].const_value
     assert isinstance(source, ir.ExternalTensor)
     (wide,) = fold_stored_weights(loaded)
+    return source, wide
+
+
+def test_a_folded_weight_read_leaves_nothing_of_its_stored_bytes_mapped(tmp_path):
+    """Reading a folded (widened) weight maps its stored bytes only while it reads them: a
+    holder of the float32 tensor (an anchor's target, a quantizer) holds no pages of the file."""
+    w = _bf16_exact((64, 48), 0)
+    source, wide = saved_and_folded(tmp_path, w)
     np.testing.assert_array_equal(wide.const_value.numpy(), w)
     assert source.raw is None  # unmapped once read
     np.testing.assert_array_equal(wide.const_value.numpy(), w)  # and read again when asked

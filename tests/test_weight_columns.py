@@ -14,25 +14,15 @@ from llmc.compiler.quantize.formats import int8_weight_only
 from llmc.compiler.quantize.targets import QuantTarget
 from llmc.compiler.quantize.weight_columns import WeightColumns
 from llmc.compiler.stored_weights import (
-    STORED_SUFFIX,
     WidenedTensor,
-    fold_stored_weights,
-    store_weights,
 )
 from llmc.quant.protocol import QuantSpec
-from tests.test_stored_weights import _bf16_exact, _model
+from tests.test_stored_weights import _bf16_exact, saved_and_folded
 
 
 def _stored(tmp_path, w: np.ndarray) -> tuple[ir.TensorProtocol, ir.TensorProtocol]:
-    """``w``'s bfloat16 stored tensor, as an ExternalTensor of a saved graph, and the float32
-    initializer folding gives."""
-    model = _model(w, _bf16_exact((w.shape[1],), 1))
-    store_weights(model, ir.DataType.BFLOAT16, min_bytes=1024)
-    ir.save(model, tmp_path / "stored.onnx", external_data="stored.onnx.data")
-    loaded = ir.load(tmp_path / "stored.onnx")
-    source = loaded.graph.initializers["w" + STORED_SUFFIX].const_value
-    assert isinstance(source, ir.ExternalTensor)
-    (wide,) = fold_stored_weights(loaded)
+    """``w``'s bfloat16 stored tensor and the float32 tensor folding gives."""
+    source, wide = saved_and_folded(tmp_path, w)
     return source, wide.const_value
 
 
