@@ -33,9 +33,10 @@ class WeightColumns:
         narrow = self._stored.numpy()
         part = np.array((narrow.T if self._transposed else narrow)[key], dtype=np.float32)
         del narrow
-        raw = getattr(self._stored, "raw", None)  # an ir.ExternalTensor's memory map
-        if isinstance(raw, mmap.mmap) and not raw.closed:
-            raw.madvise(mmap.MADV_DONTNEED)
+        if isinstance(self._stored, ir.ExternalTensor):  # its memory map's pages given back
+            raw = self._stored.raw
+            if isinstance(raw, mmap.mmap) and not raw.closed:
+                raw.madvise(mmap.MADV_DONTNEED)
         return part
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
