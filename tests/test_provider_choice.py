@@ -13,6 +13,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
+from llmc.compiler import provider_choice
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.provider_choice import (
@@ -163,13 +164,30 @@ def test_unrunnable_provider_is_refused_before_any_work(tmp_path, options):
 
 @pytest.mark.skipif(openvino_available() is not None, reason=str(openvino_available()))
 def test_auto_measures_the_hybrid_only_where_its_memory_fits_the_plan():
-    fits = candidates("float32", "auto", hybrid_load=(1_000, 2_000), quantized=True)[-1]
+    # (engine bytes, headroom): the hybrid loads 3.5x the engine's bytes
+    fits = candidates("float32", "auto", memory=(500, 2_000), quantized=True)[-1]
     assert (fits.provider, fits.status) == (HYBRID, PENDING)
-    over = candidates("float32", "auto", (3_000_000_000, 2_000_000_000), quantized=True)[-1]
+    over = candidates("float32", "auto", (1_000_000_000, 2_000_000_000), quantized=True)[-1]
     assert (over.provider, over.status) == (HYBRID, UNAVAILABLE)
-    assert "would raise the build's peak RSS (headroom 2.0 GB)" in over.reason
-    forced = candidates("float32", "cpu+openvino-runtime", hybrid_load=(3, 2))
+    assert "(~3.5 GB) would raise the build's peak RSS (headroom 2.0 GB)" in over.reason
+    assert "--execution-provider cpu+openvino-runtime measures it anyway" in over.reason
+    forced = candidates("float32", "cpu+openvino-runtime", memory=(3, 2))
     assert [(c.provider, c.status) for c in forced] == [(HYBRID, PENDING)]
+
+
+def test_auto_measures_the_openvino_ep_only_where_its_memory_fits(monkeypatch):
+    # As on an Intel host, where the EP has a CPU device: every provider runs here. The EP loads
+    # 2.5x the engine's bytes; the CPU EP is measured whatever the headroom, and a bfloat16
+    # engine (no CPU EP candidate) keeps its OpenVINO candidates.
+    monkeypatch.setattr(provider_choice, "_unavailable", lambda name: None)
+    over = {c.provider: c for c in candidates("float32", "auto", (1_000_000_000, 2_000_000_000))}
+    assert over[CPU_EP].status == PENDING
+    assert over[OPENVINO_EP].status == UNAVAILABLE and "(~2.5 GB)" in over[OPENVINO_EP].reason
+    assert "--execution-provider openvino measures it anyway" in over[OPENVINO_EP].reason
+    fits = candidates("float32", "auto", (500, 2_000))
+    assert [(c.provider, c.status) for c in fits] == [(CPU_EP, PENDING), (OPENVINO_EP, PENDING)]
+    bf16 = candidates("bfloat16", "auto", (1_000_000_000, 2_000))
+    assert [c.status for c in bf16] == [PENDING, PENDING]
 
 
 def test_a_quantized_engine_is_judged_with_the_quantized_tolerance():

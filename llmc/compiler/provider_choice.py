@@ -2,13 +2,15 @@
 
 The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32),
 the OpenVINO EP (f32) and, for quantized engines, the hybrid (the CPU EP for steps of few
-tokens, OpenVINO's runtime for large ones, ``llmc.runtime.hybrid_runner``; a candidate of
-``auto`` only when holding both runtimes' weights, ``HYBRID_LOAD_FACTOR`` times the engine's
-bytes, stays under the peak RSS the build already reached). bfloat16 engines: the OpenVINO EP
-(bf16) and OpenVINO's runtime on the segments (bf16; ``llmc.runtime.openvino_runner``, it runs
-on AMD CPUs too), since the CPU EP has no bf16 GEMM. The engine graph is lowered once, by
-dtype (``lower_cpu``), and every candidate runs that same graph: what is measured is what
-ships.
+tokens, OpenVINO's runtime for large ones, ``llmc.runtime.hybrid_runner``). Under ``auto`` the
+two OpenVINO candidates are measured only when what they load (``OPENVINO_LOAD_FACTOR`` and
+``HYBRID_LOAD_FACTOR`` times the engine's bytes: OpenVINO decompresses 4- and 8-bit weights to
+float32) stays under the peak RSS the build already reached; on an Intel host, where the EP
+has a CPU device, measuring it took a 3B int4 build from 4.4 to 9.1 GB. bfloat16 engines: the
+OpenVINO EP (bf16) and OpenVINO's runtime on the segments (bf16;
+``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU EP has no bf16 GEMM.
+The engine graph is lowered once, by dtype (``lower_cpu``), and every candidate runs that same
+graph: what is measured is what ships.
 
 For each candidate, ``select_provider`` records why it cannot run here (package missing, no CPU
 device, the graph does not load) or measures it: the engine through its runner
@@ -118,14 +120,17 @@ class ProviderSelection:
 def candidates(
     dtype: str,
     mode: str = "auto",
-    hybrid_load: tuple[int, int] | None = None,
+    memory: tuple[int, int] | None = None,
     quantized: bool = False,
 ) -> list[CandidateResult]:
     """The candidates of a ``dtype`` engine under ``mode``, in preference order, each
     "unavailable" with a reason or "pending" (runs here, not measured yet). ``auto`` measures
     the hybrid for a ``quantized`` engine only (its large steps would run OpenVINO's float32
-    kernels otherwise, slower than the CPU EP's here), and only when it fits ``hybrid_load``:
-    (bytes the hybrid would hold, bytes the build may add without raising its peak RSS)."""
+    kernels otherwise, slower than the CPU EP's here). ``memory``: (the engine's bytes, bytes
+    the build may add without raising its peak RSS); with it, ``auto`` measures a float32
+    engine's OpenVINO candidates (the EP, the hybrid) only when what they load fits:
+    ``OPENVINO_LOAD_FACTOR`` and ``HYBRID_LOAD_FACTOR`` times the engine's bytes (the CPU EP,
+    always measured, stays the fallback)."""
 
     precision = "bf16" if dtype == "bfloat16" else "f32"
     # OpenVINO's runtime alone is a bf16 candidate only: at f32 it was slower than the CPU EP
@@ -134,16 +139,19 @@ def candidates(
     if precision == "f32":
         names = [CPU_EP, OPENVINO_EP, *([HYBRID] if quantized or mode != "auto" else [])]
     wanted = names if mode == "auto" else [PROVIDERS[mode]]
+    load_factor = {OPENVINO_EP: OPENVINO_LOAD_FACTOR, HYBRID: HYBRID_LOAD_FACTOR}
     out = []
     for name in (n for n in names if n in wanted):
         reason = _unavailable(name)
-        if reason is None and name == HYBRID and mode == "auto" and hybrid_load is not None:
-            need, allowed = hybrid_load
+        guarded = mode == "auto" and precision == "f32" and name in load_factor
+        if reason is None and guarded and memory is not None:
+            need, allowed = int(memory[0] * load_factor[name]), memory[1]
             if need > allowed:
+                flag = next(k for k, v in PROVIDERS.items() if v == name)
                 reason = (
-                    f"holding ONNX Runtime's and OpenVINO's weights (~{need / 1e9:.1f} GB) would "
-                    f"raise the build's peak RSS (headroom {allowed / 1e9:.1f} GB); "
-                    "--execution-provider cpu+openvino-runtime measures it anyway"
+                    f"loading the engine in OpenVINO (~{need / 1e9:.1f} GB) would raise the "
+                    f"build's peak RSS (headroom {allowed / 1e9:.1f} GB); "
+                    f"--execution-provider {flag} measures it anyway"
                 )
         out.append(CandidateResult(name, precision, UNAVAILABLE if reason else PENDING, reason))
     return out
@@ -209,18 +217,19 @@ def select_provider(
     ``engine_dir``, on the steps of ``probe`` (``provider_timing.probe_steps``), and choose one.
     ``quantized``: the engine has quantized weights (``judge``); ``memory_allowed``: bytes
     the measurement may add without raising the build's peak RSS (None: no bound), which
-    decides whether ``auto`` measures the hybrid (``candidates``).
+    decides whether ``auto`` measures the OpenVINO candidates of a float32 engine
+    (``candidates``).
 
     Raises BuildConfigError when no candidate is accepted (the message lists each and why).
     """
 
-    hybrid_load = None
+    memory = None
     if memory_allowed is not None:
         weights = sum(f.stat().st_size for f in engine_dir.rglob("*") if f.is_file())
-        hybrid_load = (int(weights * HYBRID_LOAD_FACTOR), memory_allowed)
+        memory = (weights, memory_allowed)
     reference = None  # the CPU EP's (f32) warmup logits per step
     results = []
-    for c in candidates(dtype, mode, hybrid_load, quantized):
+    for c in candidates(dtype, mode, memory, quantized):
         if c.status == UNAVAILABLE:
             results.append(c)
             continue
