@@ -183,8 +183,10 @@ def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
         )
         engines[dtype] = LLMEngine.from_engine_dir(out)
     manifest = json.loads((tmp_path / "bfloat16" / "manifest.json").read_text())
-    expected = "OpenVINOExecutionProvider" if devices else "OpenVINORuntime"
-    assert manifest["execution_provider"] == expected
+    # Where the EP has a CPU device both OpenVINO paths run bf16 and the faster one is chosen
+    # (on an Intel host either wins, by timing); elsewhere only OpenVINO's runtime runs.
+    expected = {"OpenVINOExecutionProvider", "OpenVINORuntime"} if devices else {"OpenVINORuntime"}
+    assert manifest["execution_provider"] in expected
     assert manifest["execution_precision"] == "bf16"
     # bf16 compute is reported against the float32 graph, on the provider that ships.
     accuracy = manifest["accuracy_report"]
