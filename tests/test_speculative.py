@@ -354,3 +354,38 @@ def test_build_with_a_draft_serves_it_and_refuses_a_tampered_one(
     write_manifest(replace(data, draft=None), plain)
     with pytest.raises(EngineConfigError, match="--draft"):
         LLM(plain, speculative_config=spec)
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3_engines(tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny Gemma 3 engines (a sliding layer of window 8 and a global one), seeds 0 and 5."""
+    from llmc.compiler.build import build
+    from llmc.compiler.build_config import BuildConfig
+    from tests.conftest import TINY_MAX_SEQ_LEN
+    from tests.tiny_models import make_tiny_gemma3
+
+    engines = []
+    for seed in (0, 5):
+        root = tmp_path_factory.mktemp(f"gemma3_seed{seed}")
+        ckpt = make_tiny_gemma3(root / "ckpt", seed=seed)
+        config = BuildConfig.of(model=str(ckpt), block_size=16, max_seq_len=TINY_MAX_SEQ_LEN,
+                                output=str(root / "engine"))  # fmt: skip
+        engines.append(Path(build(config).engine_dir))
+    return engines[0], engines[1]
+
+
+def test_draft_speculation_over_a_sliding_window_layer_changes_nothing(tiny_gemma3_engines):
+    """Gemma 3's sliding layer (window 8, shorter than every prompt plus its 40 tokens): with a
+    draft that agrees (the engine itself: every draft accepted) and one that mostly does not
+    (other weights), whose rejected tokens' cache slots the window then covers, all four prompts
+    at once give the greedy tokens generated without speculation."""
+    target, other = tiny_gemma3_engines
+    plain = _texts(LLM(target, seed=0), GREEDY)
+    for draft, all_accepted in ((target, True), (other, False)):
+        spec = {"method": "draft", "num_speculative_tokens": 3, "model": str(draft)}
+        llm = LLM(target, seed=0, speculative_config=spec)
+        assert _texts(llm, GREEDY) == plain, draft
+        stats = llm.engine.stats()
+        assert stats.spec_decode_num_draft_tokens > 0
+        accepted_all = stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens
+        assert accepted_all == all_accepted
