@@ -81,12 +81,14 @@ def test_quantized_build_records_report_and_serves(setup, quant):
 def test_second_build_reuses_cached_statistics(setup):
     root, ckpt, data = setup
     first = RecordingProgress()
-    build(_config(root, ckpt, data, "int8", "a", calib_method="max"), first)
+    a = build(_config(root, ckpt, data, "int8", "a", calib_method="max"), first)
     second = RecordingProgress()
     # another output (and kv dtype) but the same model, data and method: no calibration run
-    build(_config(root, ckpt, data, "int8", "b", calib_method="max"), second)
+    b = build(_config(root, ckpt, data, "int8", "b", calib_method="max"), second)
     assert any(s.startswith("calibrate") for s in first.stages)
     assert not any(s.startswith("calibrate") for s in second.stages)
+    uses = [read_manifest(r.engine_dir).quantization["spec"]["calibration"] for r in (a, b)]
+    assert [u["cache"] for u in uses] == ["saved", "read"]
     third = RecordingProgress()
     build(_config(root, ckpt, data, "int8", "c", calib_method="mse"), third)
     assert any(s.startswith("calibrate") for s in third.stages)

@@ -6,11 +6,18 @@ llmc version) holds ``segment_NNN.npz`` for each segment that outputs calibrated
 ``complete`` marker written after the last, so an interrupted calibration is redone, and a
 build that finds it complete reads one segment's statistics at a time (GPTQ's Gram matrices
 of a 1B-class model are gigabytes in all, tens of megabytes per segment).
+
+The cache is a convenience and may not take the disk a build needs: Gram matrices grow with
+the square of a layer's width (a Llama-3.2-3B-shaped model's are 0.42 GB per layer, 12 GB in
+all; a Llama-3.1-8B one's would be about 1 GB per layer, 33 GB in all). A segment is saved
+only while the disk keeps ``MIN_FREE_BYTES`` free after it; past that the cache stops, deletes
+what it wrote, and the build goes on without it (``StatsCache.skipped`` says why).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,13 +27,19 @@ import numpy as np
 from llmc.calibration.observers import TensorStats
 
 _COMPLETE = "complete"
+#: Disk space (bytes) a cache write must leave free: the build's own files (its float graph,
+#: quantized weights and engine: several GB at billions of parameters) come first.
+MIN_FREE_BYTES = 10 << 30
 
 
 class StatsCache:
-    """The statistics of one calibration key, under directory ``root``."""
+    """The statistics of one calibration key, under directory ``root``; a save that would leave
+    under ``min_free_bytes`` free on its disk stops the cache (see the module docstring)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, min_free_bytes: int = MIN_FREE_BYTES):
         self.root = Path(root)
+        self.min_free_bytes = min_free_bytes
+        self.skipped: str | None = None
 
     def _segment_path(self, segment: int) -> Path:
         return self.root / f"segment_{segment:03d}.npz"
@@ -35,13 +48,30 @@ class StatsCache:
         """Every segment's statistics were written (``mark_complete``)."""
         return (self.root / _COMPLETE).is_file()
 
-    def save(self, segment: int, stats: dict[str, TensorStats]) -> None:
-        """Write one segment's statistics (atomically)."""
+    def save(self, segment: int, stats: dict[str, TensorStats]) -> bool:
+        """Write one segment's statistics (atomically); returns False, writing nothing, once the
+        cache has stopped: this save would leave under ``min_free_bytes`` on the disk (what
+        was saved before is deleted then, and ``skipped`` says why)."""
+        if self.skipped is not None:
+            return False
+        self.root.mkdir(parents=True, exist_ok=True)
+        need = stats_bytes(stats)
+        free = shutil.disk_usage(self.root).free
+        if free - need < self.min_free_bytes:
+            self.skipped = (
+                f"calibration statistics not cached: segment {segment}'s {need / 1e9:.2f} GB "
+                f"would leave {(free - need) / 1e9:.1f} GB free under {self.root}, under the "
+                f"{self.min_free_bytes / 1e9:.1f} GB a build keeps for its own files"
+            )
+            shutil.rmtree(self.root, ignore_errors=True)
+            return False
         save_stats(stats, self._segment_path(segment))
+        return True
 
     def mark_complete(self) -> None:
-        """Record that every segment was saved."""
-        (self.root / _COMPLETE).write_text("")
+        """Record that every segment was saved (nothing once the cache has stopped)."""
+        if self.skipped is None:
+            (self.root / _COMPLETE).write_text("")
 
     def segments(self) -> Iterator[tuple[int, dict[str, TensorStats]]]:
         """(segment, statistics) of a complete cache, read one file at a time. Raises
@@ -65,6 +95,16 @@ class StatsCache:
         except ValueError:
             return None
         return out
+
+
+def stats_bytes(stats: dict[str, TensorStats]) -> int:
+    """Bytes ``save_stats`` writes for ``stats``, about (Gram matrices as float32)."""
+    total = 0
+    for s in stats.values():
+        total += s.channel_absmax.nbytes + s.channel_abssum.nbytes + s.sample.nbytes
+        if s.gram is not None:
+            total += 4 * s.gram.size
+    return total
 
 
 def save_stats(stats: dict[str, TensorStats], path: Path) -> None:

@@ -232,6 +232,7 @@ def quantize(
         "samples": calib.calib_samples,
         "seq_len": calib.calib_seq_len,
         "cache_key": key,
+        "cache": _cache_use(bool(tensors), cached, cache),
     }
     if weights_dir is None:
         return ir.to_proto(graph), report
@@ -260,6 +261,14 @@ def _calibrate(runner, tensors, windows, gram_keys, cache, progress):
         yield segment, stats
         del stats  # not held while the next segment runs
     cache.mark_complete()
+
+
+def _cache_use(calibrated: bool, cached: bool, cache) -> str:
+    """Where the statistics came from or went: "read", "saved", why they were not saved
+    (``StatsCache.skipped``), or "none" (nothing calibrated)."""
+    if not calibrated:
+        return "none"
+    return "read" if cached else cache.skipped or "saved"
 
 
 def _widener(weights_dir: Path | None):
