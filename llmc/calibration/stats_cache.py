@@ -10,8 +10,9 @@ of a 1B-class model are gigabytes in all, tens of megabytes per segment).
 The cache is a convenience and may not take the disk a build needs: Gram matrices grow with
 the square of a layer's width (a Llama-3.2-3B-shaped model's are 0.42 GB per layer, 12 GB in
 all; a Llama-3.1-8B one's would be about 1 GB per layer, 33 GB in all). A segment is saved
-only while the disk keeps ``MIN_FREE_BYTES`` free after it; past that the cache stops, deletes
-what it wrote, and the build goes on without it (``StatsCache.skipped`` says why).
+only while the disk keeps ``MIN_FREE_BYTES`` (or a tenth of a smaller disk) free after it; past
+that the cache stops, deletes what it wrote, and the build goes on without it
+(``StatsCache.skipped`` says why).
 """
 
 from __future__ import annotations
@@ -27,16 +28,18 @@ import numpy as np
 from llmc.calibration.observers import TensorStats
 
 _COMPLETE = "complete"
-#: Disk space (bytes) a cache write must leave free: the build's own files (its float graph,
-#: quantized weights and engine: several GB at billions of parameters) come first.
+#: Disk space (bytes) a cache write must leave free, at most a tenth of the disk: the build's
+#: own files (its float graph, quantized weights and engine: several GB at billions of
+#: parameters) come first.
 MIN_FREE_BYTES = 10 << 30
 
 
 class StatsCache:
     """The statistics of one calibration key, under directory ``root``; a save that would leave
-    under ``min_free_bytes`` free on its disk stops the cache (see the module docstring)."""
+    under ``min_free_bytes`` free on its disk (default: ``MIN_FREE_BYTES`` or a tenth of the
+    disk, the smaller) stops the cache (see the module docstring)."""
 
-    def __init__(self, root: Path, min_free_bytes: int = MIN_FREE_BYTES):
+    def __init__(self, root: Path, min_free_bytes: int | None = None):
         self.root = Path(root)
         self.min_free_bytes = min_free_bytes
         self.skipped: str | None = None
@@ -50,18 +53,21 @@ class StatsCache:
 
     def save(self, segment: int, stats: dict[str, TensorStats]) -> bool:
         """Write one segment's statistics (atomically); returns False, writing nothing, once the
-        cache has stopped: this save would leave under ``min_free_bytes`` on the disk (what
-        was saved before is deleted then, and ``skipped`` says why)."""
+        cache has stopped: this save would leave under its reserve free on the disk (what was
+        saved before is deleted then, and ``skipped`` says why)."""
         if self.skipped is not None:
             return False
         self.root.mkdir(parents=True, exist_ok=True)
         need = stats_bytes(stats)
-        free = shutil.disk_usage(self.root).free
-        if free - need < self.min_free_bytes:
+        disk = shutil.disk_usage(self.root)
+        reserve = self.min_free_bytes
+        if reserve is None:
+            reserve = min(MIN_FREE_BYTES, disk.total // 10)
+        if disk.free - need < reserve:
             self.skipped = (
                 f"calibration statistics not cached: segment {segment}'s {need / 1e9:.2f} GB "
-                f"would leave {(free - need) / 1e9:.1f} GB free under {self.root}, under the "
-                f"{self.min_free_bytes / 1e9:.1f} GB a build keeps for its own files"
+                f"would leave {(disk.free - need) / 1e9:.1f} GB free under {self.root}, under "
+                f"the {reserve / 1e9:.1f} GB a build keeps for its own files"
             )
             shutil.rmtree(self.root, ignore_errors=True)
             return False
