@@ -104,7 +104,7 @@ class StatsCache:
 
 
 def stats_bytes(stats: dict[str, TensorStats]) -> int:
-    """Bytes ``save_stats`` writes for ``stats``, about (Gram matrices as float32)."""
+    """About the bytes ``save_stats`` writes for ``stats`` (Gram matrices as float32)."""
     total = 0
     for s in stats.values():
         total += s.channel_absmax.nbytes + s.channel_abssum.nbytes + s.sample.nbytes

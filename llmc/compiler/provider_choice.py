@@ -5,8 +5,8 @@ the OpenVINO EP (f32) and, for quantized engines, the hybrid (the CPU EP for ste
 tokens, OpenVINO's runtime for large ones, ``llmc.runtime.hybrid_runner``). Under ``auto`` the
 two OpenVINO candidates are measured only when what they load (``OPENVINO_LOAD_FACTOR`` and
 ``HYBRID_LOAD_FACTOR`` times the engine's bytes: OpenVINO decompresses 4- and 8-bit weights to
-float32) stays under the peak RSS the build already reached; on an Intel host, where the EP
-has a CPU device, measuring it took a 3B int4 build from 4.4 to 9.1 GB. bfloat16 engines: the
+float32) stays under the peak RSS the build already reached (on an Intel host, where the EP
+has a CPU device, loading a 2.3 GB 3B int4 engine in it holds 9.1 GB). bfloat16 engines: the
 OpenVINO EP (bf16) and OpenVINO's runtime on the segments (bf16;
 ``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU EP has no bf16 GEMM.
 The engine graph is lowered once, by dtype (``lower_cpu``), and every candidate runs that same
