@@ -1,15 +1,18 @@
-"""The step token budget (``--max-num-batched-tokens``) against time to first token under load:
-16 simultaneous requests through ``llmc serve``, one server per budget, on one engine.
+"""The step token budget (``--max-num-batched-tokens``) and the prefill-first bound
+(``--max-decode-wait-steps``) against time to first token under load: 16 simultaneous requests
+through ``llmc serve``, one server per (budget, bound) pair, on one engine.
 
     python benchmarks/bench_token_budget.py --engine engines/gemma-3-270m-cpu-float32-int8 \\
-        --budgets 128,256,512,1024,2048 --json budget.json
+        --budgets 128,256,512,1024,2048 --decode-waits 0,16 --json budget.json
 
 Workload (``benchmarks/`` and issue 21's): ``--num-prompts`` (16) prompts of ``--input-len``
 (128) random token ids, ``--output-len`` (128) greedy tokens each with EOS ignored, all sent at
 once, prefix caching off. A budget below the 16 prompts' 2,048 tokens splits their prefill over
 several steps (chunked prefill), so the first requests get tokens while later prompts are still
-prefilled, and decodes ride in the same steps. Reported per budget: mean and p95 TTFT, mean
-TPOT, output tokens/s over the run (vLLM's definitions, ``llmc.bench``).
+prefilled; with a bound of 0 decodes ride in the same steps, with W > 0 they wait up to W steps
+while prompts are prefilled. Reported per pair: mean and p95 TTFT, mean TPOT, p99 and largest
+inter-token latency (what prefill first costs the running requests), output tokens/s over the
+run (vLLM's definitions, ``llmc.bench``).
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ async def burst(target: Target, requests) -> tuple[list, float]:
         return list(results), time.perf_counter() - start
 
 
-def run_budget(args: argparse.Namespace, tokenizer, budget: int) -> dict:
-    """One ``llmc serve --max-num-batched-tokens budget``: a warm-up burst, then the measured
-    one (new prompts); returns its figures."""
+def run_budget(args: argparse.Namespace, tokenizer, budget: int, wait: int) -> dict:
+    """One ``llmc serve --max-num-batched-tokens budget --max-decode-wait-steps wait``: a
+    warm-up burst, then the measured one (new prompts); returns its figures."""
     serve_args = ["--max-num-batched-tokens", str(budget), "--no-prefix-caching"]
+    serve_args += ["--max-decode-wait-steps", str(wait)]
     config = BenchConfig(
         num_prompts=args.num_prompts,
         input_len=args.input_len,
@@ -53,11 +57,14 @@ def run_budget(args: argparse.Namespace, tokenizer, budget: int) -> dict:
     summary = summarize(results, duration)
     return {
         "max_num_batched_tokens": budget,
+        "max_decode_wait_steps": wait,
         "completed": summary.completed,
         "failed": summary.failed,
         "mean_ttft_ms": summary.ttft_ms.mean,
         "p95_ttft_ms": summary.ttft_ms.percentiles["p95"],
         "mean_tpot_ms": summary.tpot_ms.mean,
+        "p99_itl_ms": summary.itl_ms.percentiles["p99"],
+        "max_itl_ms": 1000.0 * max((gap for r in results for gap in r.itl), default=0.0),
         "output_tok_s": summary.output_throughput,
         "duration_s": duration,
     }
@@ -68,19 +75,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", required=True, help="engine directory")
     parser.add_argument("--budgets", default="128,256,512,1024,2048")
+    parser.add_argument("--decode-waits", default="0", help="prefill-first bounds, in steps")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.engine)
-    runs = [run_budget(args, tokenizer, int(b)) for b in args.budgets.split(",")]
-    print("| budget | mean TTFT ms | p95 TTFT ms | mean TPOT ms | output tok/s | failed |")
-    print("|---|---|---|---|---|---|")
+    runs = [
+        run_budget(args, tokenizer, int(b), int(w))
+        for b in args.budgets.split(",")
+        for w in args.decode_waits.split(",")
+    ]
+    print(
+        "| budget | decode wait | mean TTFT ms | p95 TTFT ms | mean TPOT ms | p99 ITL ms "
+        "| max ITL ms | output tok/s | failed |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         print(
-            f"| {r['max_num_batched_tokens']} | {r['mean_ttft_ms']:.0f} | {r['p95_ttft_ms']:.0f} "
-            f"| {r['mean_tpot_ms']:.1f} | {r['output_tok_s']:.0f} | {r['failed']} |"
+            f"| {r['max_num_batched_tokens']} | {r['max_decode_wait_steps']} "
+            f"| {r['mean_ttft_ms']:.0f} | {r['p95_ttft_ms']:.0f} | {r['mean_tpot_ms']:.1f} "
+            f"| {r['p99_itl_ms']:.0f} | {r['max_itl_ms']:.0f} | {r['output_tok_s']:.0f} "
+            f"| {r['failed']} |"
         )
     if args.json:
         write_engine_benchmark(args.json, "bench_token_budget", args, runs)

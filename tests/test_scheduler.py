@@ -523,3 +523,63 @@ def test_fork_limit_defaults_to_half_of_max_num_seqs():
     assert SchedulerConfig(**cfg, max_num_forked_seqs=3).fork_limit == 3
     with pytest.raises(ValueError, match="max_num_forked_seqs must be >= 1"):
         SchedulerConfig(**cfg, max_num_forked_seqs=0)
+
+
+def test_prefill_first_gives_a_burst_its_first_tokens_one_prompt_per_step():
+    # Four 8-token prompts at once, budget 8: each step prefills one prompt and the decodes
+    # wait; with decodes first, step i would also carry i - 1 decodes and split the prompts.
+    sched = make_scheduler(max_num_batched_tokens=8, max_decode_wait_steps=4, num_blocks=32)
+    for rid in "abcd":
+        sched.add_request(make_seq(rid, 8, max_tokens=4))
+    for rid in "abcd":
+        assert plan(run_step(sched)) == [(rid, 0, 8, True)]
+    assert plan(run_step(sched)) == [(r, 8, 1, True) for r in "abcd"]
+
+
+def test_decodes_first_splits_the_same_burst():
+    sched = make_scheduler(max_num_batched_tokens=8, num_blocks=32)
+    for rid in "abcd":
+        sched.add_request(make_seq(rid, 8, max_tokens=4))
+    assert plan(run_step(sched)) == [("a", 0, 8, True)]
+    assert plan(run_step(sched)) == [("a", 8, 1, True), ("b", 0, 7, False)]
+
+
+def test_prefill_first_makes_decodes_wait_at_most_the_bound():
+    # Prompts keep arriving (eight waiting), bound 2: a running sequence's decode waits two
+    # steps, then runs first in the third, which fills its budget with the next prompt's chunk.
+    sched = make_scheduler(max_num_batched_tokens=8, max_decode_wait_steps=2, num_blocks=64)
+    for rid in "abcdefgh":
+        sched.add_request(make_seq(rid, 8, max_tokens=8))
+    assert plan(run_step(sched)) == [("a", 0, 8, True)]
+    assert plan(run_step(sched)) == [("b", 0, 8, True)]
+    assert plan(run_step(sched)) == [("c", 0, 8, True)]
+    assert plan(run_step(sched)) == [
+        ("a", 8, 1, True), ("b", 8, 1, True), ("c", 8, 1, True), ("d", 0, 5, False),
+    ]  # fmt: skip
+    assert plan(run_step(sched)) == [("d", 5, 3, True), ("e", 0, 5, False)]
+    assert plan(run_step(sched)) == [("e", 5, 3, True), ("f", 0, 5, False)]
+    # To the end of the run: no sequence ready to decode waits more than two steps in a row.
+    waited: Counter = Counter()
+    while sched.has_unfinished_requests():
+        ready = {s.request_id for s in sched.running if s.num_tokens - s.num_computed_tokens == 1}
+        scheduled = {entry[0] for entry in plan(run_step(sched))}
+        for rid in ready:
+            waited[rid] = 0 if rid in scheduled else waited[rid] + 1
+            assert waited[rid] <= 2, rid
+
+
+def test_prefill_first_runs_the_decodes_when_no_prompt_fits_the_pool():
+    # The pool holds the running sequence and not the next prompt: the step decodes instead of
+    # doing nothing, so the waiting prompt gets blocks when the first one finishes.
+    sched = make_scheduler(max_num_batched_tokens=12, max_decode_wait_steps=8, num_blocks=4,
+                           max_model_len=16)  # fmt: skip
+    sched.add_request(make_seq("a", 12, max_tokens=2))
+    sched.add_request(make_seq("b", 8, max_tokens=1))
+    assert plan(run_step(sched)) == [("a", 0, 12, True)]
+    assert plan(run_step(sched)) == [("a", 12, 1, True)]  # b needs 2 blocks, 1 is free
+    assert plan(run_step(sched)) == [("b", 0, 8, True)]
+
+
+def test_max_decode_wait_steps_below_zero_is_refused():
+    with pytest.raises(Exception, match="max_decode_wait_steps must be >= 0"):
+        make_scheduler(max_decode_wait_steps=-1)

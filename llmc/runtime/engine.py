@@ -33,6 +33,9 @@ from llmc.runtime.warmup import warmup_step
 #: 1305-1600 ms at 2048 and 955-1141 ms at 512, output 221-297 against 258-273 tok/s.
 CPU_STEP_TOKENS = 512
 
+#: Default prefill-first bound of a cpu engine (``SchedulerConfig.max_decode_wait_steps``).
+CPU_DECODE_WAIT_STEPS = 16
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
@@ -51,6 +54,8 @@ class EngineConfig:
             seeds it from the operating system.
         enable_prefix_caching: reuse the KV blocks of earlier requests with the same prefix
             (vLLM's automatic prefix caching); False computes every prompt from scratch.
+        max_decode_wait_steps: prefill-first scheduling, as `SchedulerConfig`; 0: decodes
+            first.
     """
 
     block_size: int
@@ -61,6 +66,7 @@ class EngineConfig:
     max_num_forked_seqs: int | None = None
     seed: int | None = None
     enable_prefix_caching: bool = True
+    max_decode_wait_steps: int = 0
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -71,6 +77,7 @@ class EngineConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_forked_seqs=self.max_num_forked_seqs,
             enable_prefix_caching=self.enable_prefix_caching,
+            max_decode_wait_steps=self.max_decode_wait_steps,
         )
 
 
@@ -127,6 +134,7 @@ class LLMEngine:
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         max_num_forked_seqs: int | None = None,
+        max_decode_wait_steps: int | None = None,
         enable_prefix_caching: bool = True,
         seed: int | None = None,
         num_blocks: int | None = None,
@@ -145,6 +153,8 @@ class LLMEngine:
                 ``max_num_tokens``), which a TensorRT plan's profiles cannot run past; a cpu
                 engine's step budget defaults to at most ``CPU_STEP_TOKENS``.
             max_num_forked_seqs, enable_prefix_caching, seed: as `EngineConfig`.
+            max_decode_wait_steps: as `EngineConfig`; None: ``CPU_DECODE_WAIT_STEPS`` for a cpu
+                engine, 0 (decodes first) otherwise.
             num_blocks: KV blocks the runner allocates; None sizes the cache from
                 ``kv_cache_memory`` (see ``engine_loader.plan_num_blocks``). Either way the pool
                 must hold one sequence of ``max_model_len`` tokens.
@@ -182,6 +192,7 @@ class LLMEngine:
             max_num_seqs=_or(max_num_seqs, manifest.max_batch),
             max_num_batched_tokens=_or(max_num_batched_tokens, default_step_tokens(manifest)),
             max_num_forked_seqs=max_num_forked_seqs,
+            max_decode_wait_steps=_or(max_decode_wait_steps, default_decode_wait(manifest)),
             seed=seed,
             enable_prefix_caching=enable_prefix_caching,
         )
@@ -382,6 +393,12 @@ def default_step_tokens(manifest: EngineManifest) -> int:
     if manifest.target == "cpu":
         return min(manifest.max_num_tokens, CPU_STEP_TOKENS)
     return manifest.max_num_tokens
+
+
+def default_decode_wait(manifest: EngineManifest) -> int:
+    """The prefill-first bound an engine is served with by default: ``CPU_DECODE_WAIT_STEPS``
+    for a cpu engine, 0 (decodes first, unmeasured on GPUs) otherwise."""
+    return CPU_DECODE_WAIT_STEPS if manifest.target == "cpu" else 0
 
 
 def _or(value: int | None, default: int) -> int:

@@ -43,6 +43,7 @@ class Scheduler:
         self.num_spec_draft_tokens = 0  # tokens drafted and verified
         self.num_spec_accepted_tokens = 0  # drafted tokens the target agreed with
         self._num_seqs = 0  # unfinished sequences
+        self._decode_wait_steps = 0  # consecutive steps that left ready decodes waiting
 
     @property
     def block_pool(self) -> BlockPool:
@@ -117,6 +118,15 @@ class Scheduler:
            after its longest cached prefix. The first one that does not fit stops admission: no
            later one overtakes it. A fork held back by the cap does not stop admission.
 
+        Prefill first (``max_decode_wait_steps`` = W > 0): while a prompt could be prefilled
+        (a running sequence in its prompt, or a waiting one with a free slot) and the decodes
+        have waited fewer than W consecutive steps, step 1 schedules the running prompts only
+        and the decodes wait; if that schedules nothing (no blocks for the next prompt), the
+        decodes run after all. A burst of P equal prompts of L tokens at a budget of L then
+        gets its first tokens at steps 1..P, each step one prompt's prefill; decodes first
+        makes step i also carry i - 1 decodes. The decodes of a running sequence wait at most
+        W steps in a row, so a stream of arrivals cannot starve them.
+
         A sequence samples when its computed tokens reach its full length; the first time an
         n > 1 request samples, it forks its other n - 1 completions.
 
@@ -132,23 +142,64 @@ class Scheduler:
         scheduled: list[ScheduledSequence] = []
         done: set[int] = set()  # id() of sequences scheduled or preempted in this step
         preempted: list[str] = []
+        prefill_first = (
+            self._decode_wait_steps < self.config.max_decode_wait_steps and self._prefill_ready()
+        )
+        for decodes in (False,) if prefill_first else (True, False):
+            budget = self._schedule_running(decodes, budget, scheduled, done, preempted)
+        budget = self._admit(budget, scheduled, preempted)
+        if prefill_first and not scheduled and not preempted:  # no blocks for the prompt
+            budget = self._schedule_running(True, budget, scheduled, done, preempted)
+        decodes_left = any(
+            id(seq) not in done and seq.num_tokens - seq.num_computed_tokens == 1
+            for seq in self.running
+        )
+        self._decode_wait_steps = self._decode_wait_steps + 1 if decodes_left else 0
+        return SchedulerOutput(
+            scheduled=tuple(scheduled),
+            preempted_request_ids=tuple(preempted),
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+        )
 
-        for decodes in (True, False):
-            for seq in list(self.running):
-                if budget == 0:
-                    break
-                num_left = seq.num_tokens - seq.num_computed_tokens
-                if id(seq) in done or (num_left == 1) != decodes:
-                    continue
-                num_new = min(num_left, budget)
-                if decodes and seq.draft_token_ids:  # speculative: verify the drafts too
-                    del seq.draft_token_ids[budget - 1 :]
-                    num_new += len(seq.draft_token_ids)
-                if self._allocate_or_preempt(seq, num_new, done, preempted):
-                    scheduled.append(self._plan(seq, num_new))
-                    done.add(id(seq))
-                    budget -= num_new
+    def _prefill_ready(self) -> bool:
+        """Whether a step could prefill: a running sequence is in its prompt, or a waiting one
+        may be admitted (a free slot; the block check is the admission's own)."""
+        if any(seq.num_tokens - seq.num_computed_tokens > 1 for seq in self.running):
+            return True
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        num_forks = sum(seq.index > 0 for seq in self.running)
+        return self.waiting.peek(forks_allowed=num_forks < self.config.fork_limit) is not None
 
+    def _schedule_running(
+        self,
+        decodes: bool,
+        budget: int,
+        scheduled: list[ScheduledSequence],
+        done: set[int],
+        preempted: list[str],
+    ) -> int:
+        """Schedule the running decodes (``decodes``) or the running prompts' next chunks, in
+        admission order, preempting when the pool runs dry; returns the budget left."""
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            num_left = seq.num_tokens - seq.num_computed_tokens
+            if id(seq) in done or (num_left == 1) != decodes:
+                continue
+            num_new = min(num_left, budget)
+            if decodes and seq.draft_token_ids:  # speculative: verify the drafts too
+                del seq.draft_token_ids[budget - 1 :]
+                num_new += len(seq.draft_token_ids)
+            if self._allocate_or_preempt(seq, num_new, done, preempted):
+                scheduled.append(self._plan(seq, num_new))
+                done.add(id(seq))
+                budget -= num_new
+        return budget
+
+    def _admit(self, budget: int, scheduled: list[ScheduledSequence], preempted: list[str]) -> int:
+        """Admit waiting sequences while budget, slots and blocks last (FCFS; forks under
+        their cap); returns the budget left."""
         kv = self.kv_cache_manager
         num_forks = sum(seq.index > 0 for seq in self.running)
         while not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -172,12 +223,7 @@ class Scheduler:
             scheduled.append(self._plan(seq, num_new))
             budget -= num_new
             num_forks += seq.index > 0
-
-        return SchedulerOutput(
-            scheduled=tuple(scheduled),
-            preempted_request_ids=tuple(preempted),
-            num_batched_tokens=self.config.max_num_batched_tokens - budget,
-        )
+        return budget
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampled_token_ids: Iterable[int]

@@ -23,10 +23,17 @@ class SchedulerConfig:
             completions, so that a large-n request cannot keep new requests waiting (issue 17).
             None: half of ``max_num_seqs``, at least 1 (`fork_limit`). ``max_num_seqs`` lifts
             the cap.
+        max_decode_wait_steps: prefill-first scheduling: most consecutive steps in which
+            running sequences' decodes wait while prompts are prefilled (SGLang's default
+            policy, vLLM's V0 scheduler without chunking). A burst of prompts then gets its
+            first tokens one step per prompt chunk instead of each step also carrying every
+            earlier prompt's decode; the price is that running sequences' next token waits
+            up to this many steps. 0: decodes always run first (vLLM v1).
 
     Raises:
-        EngineConfigError: if a limit is < 1, or if the cache cannot hold one sequence of
-            ``max_model_len`` tokens (such a request could never finish).
+        EngineConfigError: if a limit is < 1 (``max_decode_wait_steps`` < 0), or if the cache
+            cannot hold one sequence of ``max_model_len`` tokens (such a request could never
+            finish).
     """
 
     max_model_len: int
@@ -36,12 +43,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     max_num_forked_seqs: int | None = None
+    max_decode_wait_steps: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None and not isinstance(value, bool) and value < 1:
-                raise EngineConfigError(f"{f.name} must be >= 1, got {value}")
+            least = 0 if f.name == "max_decode_wait_steps" else 1
+            if value is not None and not isinstance(value, bool) and value < least:
+                raise EngineConfigError(f"{f.name} must be >= {least}, got {value}")
         capacity = self.num_blocks * self.block_size
         if capacity < self.max_model_len:
             raise EngineConfigError(

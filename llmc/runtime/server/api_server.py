@@ -59,6 +59,7 @@ def serve(
         max_num_seqs=limits.max_num_seqs,
         max_num_batched_tokens=limits.max_num_batched_tokens,
         max_num_forked_seqs=limits.max_num_forked_seqs,
+        max_decode_wait_steps=limits.max_decode_wait_steps,
         enable_prefix_caching=limits.enable_prefix_caching,
         expected_manifest_sha256=expected_manifest_sha256,
         speculative_config=limits.speculative,

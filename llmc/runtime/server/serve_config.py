@@ -94,6 +94,11 @@ class EngineLimits:
         "most running completions 1..n-1 of n > 1 requests, so one large-n request cannot "
         "crowd out new ones (default: half of --max-num-seqs)",
     )
+    max_decode_wait_steps: int | None = _opt(
+        None,
+        "prefill first: most consecutive steps running requests' decodes wait while new "
+        "prompts are prefilled; 0: decodes always first (default: 16 on cpu, 0 otherwise)",
+    )
     max_model_len: int | None = _opt(
         None, "longest prompt + output, tokens (default: the engine's max_seq_len)"
     )
