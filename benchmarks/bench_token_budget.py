@@ -4,6 +4,11 @@ through ``llmc serve``, one server per (budget, bound) pair, on one engine.
 
     python benchmarks/bench_token_budget.py --engine engines/gemma-3-270m-cpu-float32-int8 \\
         --budgets 128,256,512,1024,2048 --decode-waits 0,16 --json budget.json
+    python benchmarks/bench_token_budget.py --engine ENGINE --pairs 512:0,256:16 --rounds 3
+
+``--pairs`` (budget:bound) replaces the product of ``--budgets`` and ``--decode-waits``;
+``--rounds`` repeats the list, interleaved, so that a slow minute of a shared host falls on
+every setting alike.
 
 Workload (``benchmarks/`` and issue 21's): ``--num-prompts`` (16) prompts of ``--input-len``
 (128) random token ids, ``--output-len`` (128) greedy tokens each with EOS ignored, all sent at
@@ -76,17 +81,21 @@ def main() -> None:
     parser.add_argument("--engine", required=True, help="engine directory")
     parser.add_argument("--budgets", default="128,256,512,1024,2048")
     parser.add_argument("--decode-waits", default="0", help="prefill-first bounds, in steps")
+    parser.add_argument("--pairs", help="budget:bound pairs, e.g. 512:0,256:16")
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.engine)
-    runs = [
-        run_budget(args, tokenizer, int(b), int(w))
-        for b in args.budgets.split(",")
-        for w in args.decode_waits.split(",")
-    ]
+    if args.pairs:
+        pairs = [tuple(map(int, pair.split(":"))) for pair in args.pairs.split(",")]
+    else:
+        pairs = [
+            (int(b), int(w)) for b in args.budgets.split(",") for w in args.decode_waits.split(",")
+        ]
+    runs = [run_budget(args, tokenizer, b, w) for _ in range(args.rounds) for b, w in pairs]
     print(
         "| budget | decode wait | mean TTFT ms | p95 TTFT ms | mean TPOT ms | p99 ITL ms "
         "| max ITL ms | output tok/s | failed |"

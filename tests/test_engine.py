@@ -313,7 +313,7 @@ def test_from_engine_dir_defaults_and_overrides(llama_dir, tmp_path):
     cfg = engine.config
     assert (cfg.block_size, cfg.num_blocks, cfg.max_model_len) == (4, 30, 48)
     assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (5, 64)
-    assert engine.scheduler.config.max_decode_wait_steps == 16  # a cpu engine: prefill first
+    assert engine.scheduler.config.max_decode_wait_steps == 8  # a cpu engine: prefill first
     engine = LLMEngine.from_engine_dir(out, num_blocks=20, max_model_len=40, max_num_seqs=3)
     assert (engine.config.num_blocks, engine.max_model_len, engine.config.max_num_seqs) == (
         20,
@@ -452,13 +452,13 @@ def test_n_greedy_completions_and_abort_of_a_forked_request(tokenizer):
     assert engine.step() == [] and not engine.has_unfinished_requests()
 
 
-def test_a_cpu_engine_is_served_with_a_step_budget_of_at_most_512_tokens():
+def test_a_cpu_engine_is_served_with_a_step_budget_of_at_most_384_tokens():
     from llmc.runtime.engine import CPU_STEP_TOKENS, default_step_tokens
     from tests.manifests import make_manifest
 
-    assert CPU_STEP_TOKENS == 512
+    assert CPU_STEP_TOKENS == 384
     cpu = "cpu", "onnxruntime"
-    assert default_step_tokens(make_manifest(*cpu, max_num_tokens=2048)) == 512
+    assert default_step_tokens(make_manifest(*cpu, max_num_tokens=2048)) == 384
     assert default_step_tokens(make_manifest(*cpu, max_num_tokens=64)) == 64
     gpu = make_manifest("sm90", "tensorrt", max_num_tokens=2048)
     assert default_step_tokens(gpu) == 2048  # a TensorRT plan's budget is its own
@@ -468,5 +468,5 @@ def test_a_cpu_engine_is_served_prefill_first_and_a_gpu_engine_decodes_first():
     from llmc.runtime.engine import default_decode_wait
     from tests.manifests import make_manifest
 
-    assert default_decode_wait(make_manifest("cpu", "onnxruntime")) == 16
+    assert default_decode_wait(make_manifest("cpu", "onnxruntime")) == 8
     assert default_decode_wait(make_manifest("sm90", "tensorrt")) == 0

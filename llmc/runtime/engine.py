@@ -27,14 +27,14 @@ from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
 from llmc.runtime.warmup import warmup_step
 
-#: Default step token budget of a cpu engine (chunked prefill beyond it). Measured on Gemma 3
-#: 270M int8, 16 simultaneous 128-token prompts, 128 tokens each (``bench_token_budget.py``,
-#: AMD EPYC, 2 cores, five runs at 2048 and four at 512 over two sessions): mean TTFT
-#: 1305-1600 ms at 2048 and 955-1141 ms at 512, output 221-297 against 258-273 tok/s.
-CPU_STEP_TOKENS = 512
-
-#: Default prefill-first bound of a cpu engine (``SchedulerConfig.max_decode_wait_steps``).
-CPU_DECODE_WAIT_STEPS = 16
+#: Default step token budget of a cpu engine (chunked prefill beyond it) and its prefill-first
+#: bound (``SchedulerConfig.max_decode_wait_steps``), chosen together with
+#: ``benchmarks/bench_token_budget.py``: Gemma 3 270M int8, 16 simultaneous 128-token prompts,
+#: 128 tokens each, three interleaved rounds (Intel Xeon, 2 cores, AVX-512 VNNI): mean TTFT
+#: 697 ms at 512 tokens with decodes first, 575 ms at 384 tokens prefill first, output 294
+#: and 289 tok/s (medians; benchmarks/RESULTS.md, "Step token budget against TTFT under load").
+CPU_STEP_TOKENS = 384
+CPU_DECODE_WAIT_STEPS = 8
 
 
 @dataclass(frozen=True, kw_only=True)

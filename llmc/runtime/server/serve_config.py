@@ -87,7 +87,7 @@ class EngineLimits:
         None, "most sequences per step (default: the engine's max_batch)"
     )
     max_num_batched_tokens: int | None = _opt(
-        None, "token budget per step (default: the engine's max_num_tokens; at most 512 on cpu)"
+        None, "token budget per step (default: the engine's max_num_tokens; at most 384 on cpu)"
     )
     max_num_forked_seqs: int | None = _opt(
         None,
@@ -97,7 +97,7 @@ class EngineLimits:
     max_decode_wait_steps: int | None = _opt(
         None,
         "prefill first: most consecutive steps running requests' decodes wait while new "
-        "prompts are prefilled; 0: decodes always first (default: 16 on cpu, 0 otherwise)",
+        "prompts are prefilled; 0: decodes always first (default: 8 on cpu, 0 otherwise)",
     )
     max_model_len: int | None = _opt(
         None, "longest prompt + output, tokens (default: the engine's max_seq_len)"
