@@ -5,7 +5,7 @@ tok/s, S16 total output tok/s and S16 mean TTFT ms.
 
 ``llmc bench`` JSON pairs (``NAME_c1.json``, ``NAME_c16.json``: llmc engines and llama.cpp)
 give S1 decode as 1000 / mean TPOT; OpenVINO GenAI's JSON (``openvino_*.json``) as measured by
-openvino_genai_bench.py.
+openvino_genai_bench.py (its ``LLMPipeline`` S1 on a row of its own, S16 columns blank).
 """
 
 from __future__ import annotations
@@ -41,12 +41,52 @@ def main() -> None:
         row = (r["s1"]["mean_ttft_ms"], r["s1"]["decode_tok_s"], r["s16"]["total_tok_s"],
                r["s16"]["mean_ttft_ms"])  # fmt: skip
         rows.append((path.stem, row))
+        if "s1_llm_pipeline" in r:  # OpenVINO's one-stream path: S1 columns only
+            llm = r["s1_llm_pipeline"]
+            nan = float("nan")
+            rows.append(
+                (f"{path.stem} LLMPipeline", (llm["mean_ttft_ms"], llm["decode_tok_s"], nan, nan))
+            )
     host = (out / "host.txt").read_text().splitlines()[0] if (out / "host.txt").exists() else ""
     print(f"Host: {host}\n")
     print("| system | S1 TTFT ms | S1 decode tok/s | S16 total tok/s | S16 mean TTFT ms |")
     print("|---|---|---|---|---|")
     for name, (ttft, decode, total, mean_ttft) in rows:
-        print(f"| {name} | {ttft:.0f} | {decode:.1f} | {total:.0f} | {mean_ttft:.0f} |")
+        cells = (f"{ttft:.0f}", f"{decode:.1f}", f"{total:.0f}", f"{mean_ttft:.0f}")
+        print(f"| {name} | " + " | ".join(c if c != "nan" else "" for c in cells) + " |")
+    print()
+    for line in against_peers(rows):
+        print(line)
+
+
+#: Issue 21's bars: (column, higher is better, the ratio llmc's best must reach).
+BARS = (
+    ("S1 TTFT", False, 0.8),
+    ("S1 decode", True, 1.2),
+    ("S16 total", True, 1.2),
+    ("S16 mean TTFT", False, 0.8),
+)
+
+
+def against_peers(rows: list[tuple[str, tuple[float, ...]]]) -> list[str]:
+    """Per column: llmc's best engine against the best peer (rows not named ``llmc_*``), the
+    ratio and whether it meets the bar."""
+    lines = []
+    for col, (label, higher, bar) in enumerate(BARS):
+        pick = max if higher else min
+        ours = [(r[col], n) for n, r in rows if n.startswith("llmc_") and r[col] == r[col]]
+        peers = [(r[col], n) for n, r in rows if not n.startswith("llmc_") and r[col] == r[col]]
+        if not ours or not peers:
+            continue
+        (best, name), (peer, peer_name) = pick(ours), pick(peers)
+        ratio = best / peer
+        met = ratio >= bar if higher else ratio <= bar
+        sign = ">=" if higher else "<="
+        lines.append(
+            f"- {label}: {name} {best:.1f} against {peer_name} {peer:.1f}: {ratio:.2f}x "
+            f"(bar {sign} {bar}x: {'met' if met else 'not met'})"
+        )
+    return lines
 
 
 if __name__ == "__main__":
