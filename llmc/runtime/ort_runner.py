@@ -43,6 +43,8 @@ class OrtRunner:
         single_graph: run ``engine.onnx`` with the custom op (True), the segments (False), or
             the graph when it can (None, the default). True raises RuntimeError when the engine
             has no graph, the custom op is not built, or the provider is not the CPU EP.
+        profile_file_prefix: turn ONNX Runtime's profiler on; each session writes
+            ``PREFIX_<time>.json`` at `end_profiling` (``benchmarks/profile_step.py``).
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class OrtRunner:
         threads: int | None = None,
         provider: ProviderChoice | None = None,
         single_graph: bool | None = None,
+        profile_file_prefix: str | None = None,
     ):
         import onnxruntime as ort
 
@@ -59,6 +62,9 @@ class OrtRunner:
         plan: ExecutionPlan = load_plan(engine_dir)
         provider = provider or provider_for_dtype("float32")
         opts = session_options(threads or 2)
+        if profile_file_prefix is not None:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile_file_prefix
         if provider.optimize_at_build:
             # The saved segments are already optimized for this host at build time.
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -136,6 +142,11 @@ class OrtRunner:
         )
         logits_info = self._sessions[-1].get_outputs()[0]
         self.vocab_size = int(logits_info.shape[-1])
+
+    def end_profiling(self) -> list[str]:
+        """Stop ONNX Runtime's profiler (``profile_file_prefix``); the JSON trace files
+        written, one per session (Chrome trace format, durations in microseconds)."""
+        return [session.end_profiling() for session in self._sessions]
 
     def execute(self, step: StepInputs) -> np.ndarray:
         """Run one step; returns logits [len(step.logits_indices), vocab] float32."""
