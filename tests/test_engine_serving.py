@@ -230,3 +230,27 @@ def test_a_smaller_max_model_len_is_served_from_a_pool_too_small_for_max_seq_len
     assert token_ids(run(short, arrivals), 1) == token_ids(run(engine(engine_dir), arrivals), 1)
     with pytest.raises(EngineError, match=r"max_model_len=32 \(8 blocks\).*lower --max-model-len"):
         engine(engine_dir, num_blocks=None, kv_cache_memory=7 * per_block, max_model_len=32)
+
+
+def test_prefill_first_gives_a_burst_the_same_tokens_and_its_first_tokens_sooner(engine_dir):
+    # Six 16-token prompts at once, a 16-token budget: prefill first answers prompt i at step
+    # i; decodes first also carries the earlier requests' decodes, so the budget splits the
+    # later prompts and their first tokens come later. Greedy tokens are the same either way.
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)
+    first_step, outputs = {}, {}
+    for wait in (0, 8):
+        eng = engine(engine_dir, max_num_batched_tokens=16, max_decode_wait_steps=wait)
+        for i in range(6):
+            eng.add_request(str(i), tokens(90 + i, 16), params)
+        steps, done = 0, {}
+        while eng.has_unfinished_requests():
+            steps += 1
+            for out in eng.step():
+                first_step.setdefault((wait, out.request_id), steps)
+                if out.finished:
+                    done[out.request_id] = out
+        outputs[wait] = token_ids(done, 6)
+    assert outputs[8] == outputs[0]
+    assert all(len(t) == 8 for t in outputs[8])
+    assert [first_step[(8, str(i))] for i in range(6)] == [1, 2, 3, 4, 5, 6]
+    assert [first_step[(0, str(i))] for i in range(6)] == [1, 3, 4, 5, 6, 7]
