@@ -148,7 +148,7 @@ class Scheduler:
         for decodes in (False,) if prefill_first else (True, False):
             budget = self._schedule_running(decodes, budget, scheduled, done, preempted)
         budget = self._admit(budget, scheduled, preempted)
-        if prefill_first and not scheduled and not preempted:  # no blocks for the prompt
+        if prefill_first and not scheduled:  # no blocks for the prompt: never an empty step
             budget = self._schedule_running(True, budget, scheduled, done, preempted)
         decodes_left = any(
             id(seq) not in done and seq.num_tokens - seq.num_computed_tokens == 1
