@@ -42,9 +42,8 @@ def profile(engine: Path, step_name: str, runs: int, top: int) -> dict:
     m = read_manifest(engine)
     probes = probe_steps(m.block_size, m.vocab_size, m.max_seq_len, m.max_num_tokens, m.max_batch)
     step = probes.steps[step_name]
-    num_blocks = max(probes.num_blocks, -(-m.max_seq_len // m.block_size))
     with tempfile.TemporaryDirectory() as tmp:
-        runner = OrtRunner(engine, num_blocks, profile_file_prefix=f"{tmp}/trace")
+        runner = OrtRunner(engine, probes.num_blocks, profile_file_prefix=f"{tmp}/trace")
         runner.execute(step)  # warm-up
         seconds = []
         for _ in range(runs):

@@ -453,7 +453,7 @@ def test_n_greedy_completions_and_abort_of_a_forked_request(tokenizer):
 
 
 def test_a_cpu_engine_is_served_with_a_step_budget_of_at_most_384_tokens():
-    from llmc.runtime.engine import CPU_STEP_TOKENS, default_step_tokens
+    from llmc.runtime.serving_defaults import CPU_STEP_TOKENS, default_step_tokens
     from tests.manifests import make_manifest
 
     assert CPU_STEP_TOKENS == 384
@@ -465,7 +465,7 @@ def test_a_cpu_engine_is_served_with_a_step_budget_of_at_most_384_tokens():
 
 
 def test_a_cpu_engine_is_served_prefill_first_and_a_gpu_engine_decodes_first():
-    from llmc.runtime.engine import default_decode_wait
+    from llmc.runtime.serving_defaults import default_decode_wait
     from tests.manifests import make_manifest
 
     assert default_decode_wait(make_manifest("cpu", "onnxruntime")) == 8

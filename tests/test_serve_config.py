@@ -94,6 +94,7 @@ def test_an_unknown_key_is_refused_naming_it(tmp_path: Path, capsys) -> None:
         ("max_n: 0\n", "max_n must be an integer >= 1"),
         ("port: 70000\n", "port must be in 0..65535"),
         ("kv_cache_memory: 0\n", "kv_cache_memory must be a positive number of GiB"),
+        ("max_decode_wait_steps: -1\n", "max_decode_wait_steps must be >= 0"),
         ("log_level: loud\n", "log_level must be one of"),
         ("- port\n", "must hold a mapping"),
     ],

@@ -11,6 +11,7 @@ openvino_genai_bench.py (its ``LLMPipeline`` S1 on a row of its own, S16 columns
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -74,8 +75,9 @@ def against_peers(rows: list[tuple[str, tuple[float, ...]]]) -> list[str]:
     lines = []
     for col, (label, higher, bar) in enumerate(BARS):
         pick = max if higher else min
-        ours = [(r[col], n) for n, r in rows if n.startswith("llmc_") and r[col] == r[col]]
-        peers = [(r[col], n) for n, r in rows if not n.startswith("llmc_") and r[col] == r[col]]
+        cells = [(r[col], n) for n, r in rows if not math.isnan(r[col])]
+        ours = [cell for cell in cells if cell[1].startswith("llmc_")]
+        peers = [cell for cell in cells if not cell[1].startswith("llmc_")]
         if not ours or not peers:
             continue
         (best, name), (peer, peer_name) = pick(ours), pick(peers)

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from llmc.engine.manifest import EngineManifest
 from llmc.errors import StepFailedError
 from llmc.runtime.engine_loader import load_engine
 from llmc.runtime.grammar import GrammarCompiler
@@ -20,21 +19,13 @@ from llmc.runtime.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from llmc.runtime.sequence import Sequence
+from llmc.runtime.serving_defaults import default_decode_wait, default_step_tokens
 from llmc.runtime.spec_decode import verify_greedy, verify_sampled
 from llmc.runtime.speculative_config import SpeculativeConfig
 from llmc.runtime.speculator import Speculator, load_speculator
 from llmc.runtime.stats import EngineStats
 from llmc.runtime.step_builder import build_step_inputs
 from llmc.runtime.warmup import warmup_step
-
-#: Default step token budget of a cpu engine (chunked prefill beyond it) and its prefill-first
-#: bound (``SchedulerConfig.max_decode_wait_steps``), chosen together with
-#: ``benchmarks/bench_token_budget.py``: Gemma 3 270M int8, 16 simultaneous 128-token prompts,
-#: 128 tokens each, three interleaved rounds (Intel Xeon, 2 cores, AVX-512 VNNI): mean TTFT
-#: 697 ms at 512 tokens with decodes first, 575 ms at 384 tokens prefill first, output 294
-#: and 289 tok/s (medians; benchmarks/RESULTS.md, "Step token budget against TTFT under load").
-CPU_STEP_TOKENS = 384
-CPU_DECODE_WAIT_STEPS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,10 +142,10 @@ class LLMEngine:
             max_model_len, max_num_seqs, max_num_batched_tokens: `EngineConfig` limits; None:
                 the engine's build limits (``max_seq_len``, ``max_batch``,
                 ``max_num_tokens``), which a TensorRT plan's profiles cannot run past; a cpu
-                engine's step budget defaults to at most ``CPU_STEP_TOKENS``.
+                engine's step budget defaults to at most ``serving_defaults.CPU_STEP_TOKENS``.
             max_num_forked_seqs, enable_prefix_caching, seed: as `EngineConfig`.
-            max_decode_wait_steps: as `EngineConfig`; None: ``CPU_DECODE_WAIT_STEPS`` for a cpu
-                engine, 0 (decodes first) otherwise.
+            max_decode_wait_steps: as `EngineConfig`; None: ``default_decode_wait`` (a cpu
+                engine prefill first, others decodes first).
             num_blocks: KV blocks the runner allocates; None sizes the cache from
                 ``kv_cache_memory`` (see ``engine_loader.plan_num_blocks``). Either way the pool
                 must hold one sequence of ``max_model_len`` tokens.
@@ -385,20 +376,6 @@ class LLMEngine:
             return verify_greedy(rows, seq.draft_token_ids)
         probs = Sampler.probabilities(rows.copy(), [seq.params] * len(rows))
         return verify_sampled(probs, seq.draft_token_ids, seq.generator or self.sampler.generator)
-
-
-def default_step_tokens(manifest: EngineManifest) -> int:
-    """The step token budget an engine is served with by default: its ``max_num_tokens``,
-    capped at ``CPU_STEP_TOKENS`` for a cpu engine."""
-    if manifest.target == "cpu":
-        return min(manifest.max_num_tokens, CPU_STEP_TOKENS)
-    return manifest.max_num_tokens
-
-
-def default_decode_wait(manifest: EngineManifest) -> int:
-    """The prefill-first bound an engine is served with by default: ``CPU_DECODE_WAIT_STEPS``
-    for a cpu engine, 0 (decodes first, unmeasured on GPUs) otherwise."""
-    return CPU_DECODE_WAIT_STEPS if manifest.target == "cpu" else 0
 
 
 def _or(value: int | None, default: int) -> int:

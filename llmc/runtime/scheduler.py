@@ -150,11 +150,12 @@ class Scheduler:
         budget = self._admit(budget, scheduled, preempted)
         if prefill_first and not scheduled:  # no blocks for the prompt: never an empty step
             budget = self._schedule_running(True, budget, scheduled, done, preempted)
-        decodes_left = any(
-            id(seq) not in done and seq.num_tokens - seq.num_computed_tokens == 1
-            for seq in self.running
-        )
-        self._decode_wait_steps = self._decode_wait_steps + 1 if decodes_left else 0
+        if self.config.max_decode_wait_steps:
+            decodes_left = any(
+                id(seq) not in done and seq.num_tokens - seq.num_computed_tokens == 1
+                for seq in self.running
+            )
+            self._decode_wait_steps = self._decode_wait_steps + 1 if decodes_left else 0
         return SchedulerOutput(
             scheduled=tuple(scheduled),
             preempted_request_ids=tuple(preempted),
@@ -166,10 +167,14 @@ class Scheduler:
         may be admitted (a free slot; the block check is the admission's own)."""
         if any(seq.num_tokens - seq.num_computed_tokens > 1 for seq in self.running):
             return True
-        if len(self.running) >= self.config.max_num_seqs:
-            return False
-        num_forks = sum(seq.index > 0 for seq in self.running)
-        return self.waiting.peek(forks_allowed=num_forks < self.config.fork_limit) is not None
+        return len(self.running) < self.config.max_num_seqs and self._next_waiting() is not None
+
+    def _next_waiting(self, num_forks: int | None = None) -> Sequence | None:
+        """The waiting sequence admission would take next: forks only while fewer than
+        ``fork_limit`` run (``num_forks``: how many run; None counts them)."""
+        if num_forks is None:
+            num_forks = sum(seq.index > 0 for seq in self.running)
+        return self.waiting.peek(forks_allowed=num_forks < self.config.fork_limit)
 
     def _schedule_running(
         self,
@@ -203,7 +208,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         num_forks = sum(seq.index > 0 for seq in self.running)
         while not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting.peek(forks_allowed=num_forks < self.config.fork_limit)
+            seq = self._next_waiting(num_forks)
             if seq is None:
                 break
             new_request = seq.num_computed_tokens == 0

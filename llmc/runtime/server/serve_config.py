@@ -80,7 +80,8 @@ class EngineLimits:
     them when it loads (``EngineConfigError``).
 
     Raises:
-        EngineConfigError: a KV-cache budget that is not positive.
+        EngineConfigError: a KV-cache budget that is not positive, a negative
+            ``max_decode_wait_steps``.
     """
 
     max_num_seqs: int | None = _opt(
@@ -117,6 +118,11 @@ class EngineLimits:
     )
 
     def __post_init__(self) -> None:
+        if self.max_decode_wait_steps is not None and self.max_decode_wait_steps < 0:
+            raise EngineConfigError(
+                f"max_decode_wait_steps must be >= 0 (0: decodes first), got "
+                f"{self.max_decode_wait_steps}"
+            )
         if self.kv_cache_memory is not None and not self.kv_cache_memory > 0:
             raise EngineConfigError(
                 f"kv_cache_memory must be a positive number of GiB, got {self.kv_cache_memory}"
