@@ -1,11 +1,12 @@
 """Builds llmc's C kernels; everything else about the package is in pyproject.toml.
 
-Two shared libraries, neither a Python module (no PyInit), both next to their sources in
+Two shared libraries, neither a Python module (no PyInit), both in
 ``llmc/plugins/paged_attention/``:
 
 - ``_paged_attention_cpu*.so``: the paged-attention kernel, loaded with ctypes by ``cpu.py``.
-- ``_paged_attention_ort*.so``: the same kernel as an ONNX Runtime custom op (``ort_op.c``),
-  loaded by ORT (``SessionOptions.register_custom_ops_library``). It needs ORT's C API header,
+- ``_paged_attention_ort*.so``: llmc's ONNX Runtime custom ops (``ort_op.c``): the same
+  attention kernel, and ``llmc::BlockInt8MatMul`` (``llmc/plugins/int8_matmul/``), loaded by ORT
+  (``SessionOptions.register_custom_ops_library``). It needs ORT's C API header,
   which no PyPI wheel of onnxruntime ships (onnxruntime issue #18840); it is taken from Debian's
   ``libonnxruntime-dev`` package (pinned by sha256), or from ``$LLMC_ORT_INCLUDE``. Without the
   header the library is skipped with a warning and CPU engines run in segments (ort_runner.py).
@@ -27,20 +28,31 @@ from setuptools import Extension, setup
 
 ROOT = Path(__file__).parent
 KERNEL_DIR = "llmc/plugins/paged_attention"
+MATMUL_DIR = "llmc/plugins/int8_matmul"
 SOURCE = f"{KERNEL_DIR}/paged_attention.c"
-OP_SOURCES = [f"{KERNEL_DIR}/ort_op.c", SOURCE]
+OP_SOURCES = [
+    f"{KERNEL_DIR}/ort_op.c",
+    SOURCE,
+    f"{MATMUL_DIR}/ort_matmul.c",
+    f"{MATMUL_DIR}/int8_matmul.c",
+]
+# Every file the custom-op library is built from, in the order ort_op.py's OP_SOURCES hashes them.
+OP_HASHED = (
+    f"{KERNEL_DIR}/ort_op.c",
+    f"{KERNEL_DIR}/paged_attention.c",
+    f"{KERNEL_DIR}/paged_attention.h",
+    f"{MATMUL_DIR}/ort_matmul.c",
+    f"{MATMUL_DIR}/ort_matmul.h",
+    f"{MATMUL_DIR}/int8_matmul.c",
+    f"{MATMUL_DIR}/int8_matmul.h",
+)
 # Keep equal to COMPILE_FLAGS in cpu.py.
 COMPILE_FLAGS = ["-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno"]
 # Embedded so cpu.py can tell an extension built from an older source and rebuild instead.
 SOURCE_SHA256 = hashlib.sha256((ROOT / SOURCE).read_bytes()).hexdigest()
 # Embedded so ort_op.py can tell a custom-op library built from older sources (the same digest
 # as ort_op.py's OP_SOURCES).
-OP_SOURCE_SHA256 = hashlib.sha256(
-    b"".join(
-        (ROOT / KERNEL_DIR / name).read_bytes()
-        for name in ("ort_op.c", "paged_attention.c", "paged_attention.h")
-    )
-).hexdigest()
+OP_SOURCE_SHA256 = hashlib.sha256(b"".join((ROOT / p).read_bytes() for p in OP_HASHED)).hexdigest()
 
 # Debian trixie's ORT development headers: ORT_API_VERSION 21 (1.21). ORT keeps its C API
 # append-only, so an op built against them loads in the onnxruntime 1.31 we run.
@@ -114,7 +126,7 @@ def extensions() -> list[Extension]:
     op = Extension(
         "llmc.plugins.paged_attention._paged_attention_ort",
         sources=OP_SOURCES,
-        include_dirs=[str(include), KERNEL_DIR],
+        include_dirs=[str(include), KERNEL_DIR, MATMUL_DIR],
         define_macros=[
             ("LLMC_PA_SOURCE_SHA256", f'"{SOURCE_SHA256}"'),
             ("LLMC_ORT_OP_SOURCE_SHA256", f'"{OP_SOURCE_SHA256}"'),

@@ -6,11 +6,15 @@ from __future__ import annotations
 import contextlib
 import time
 
+import onnx
 import pytest
 
 from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.int8_matmul_rewrite import OP_TYPE as BLOCK_INT8
+from llmc.compiler.int8_matmul_rewrite import block_int8_matmul_available
+from llmc.engine.isa import detect_host_isa
 from llmc.engine.manifest import read_manifest
 from llmc.errors import BuildConfigError
 from llmc.runtime.llm import LLM
@@ -72,6 +76,15 @@ def test_quantized_build_records_report_and_serves(setup, quant):
     assert acc["num_tokens"] == 2 * 63
     assert 0.0 <= acc["top1_agreement"] <= 1.0 and acc["mean_kl"] >= 0.0
     assert acc["perplexity"] > 1.0 and acc["perplexity_reference"] > 1.0
+    # the 8-bit weight-only modules (the vocabulary projection; int4's down_proj too; K = 64 or
+    # 128 in blocks of 32) on llmc's int8 kernel where this host runs it, MatMulNBits elsewhere
+    graph = onnx.load(str(result.engine_dir / "engine.onnx"), load_external_data=False)
+    ops = [n.op_type for n in graph.graph.node]
+    on_vnni = block_int8_matmul_available(detect_host_isa().features)
+    weight_only8 = q["counts"].get("int8_weight_only", 0)
+    assert weight_only8 > 0
+    assert ops.count(BLOCK_INT8) == (weight_only8 if on_vnni else 0)
+    assert "avx512-vnni" in m.isa or not on_vnni  # the engine requires what its kernel needs
     out = LLM(result.engine_dir).generate(
         ["ROMEO:"], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     )

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import onnx
 
+from llmc.compiler.int8_matmul_rewrite import OP_TYPE as BLOCK_INT8
+from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
 from llmc.compiler.quantized_embedding import gather_from_projection
 from llmc.compiler.shared_weights import compact_files, share_weights
 from llmc.compiler.single_graph import write_single_graph
@@ -94,6 +96,7 @@ def lower_to_cpu(
     choice=None,
     session_config: dict[str, str] | None = None,
     external_data_dir: Path | None = None,
+    block_int8: bool = False,
 ) -> tuple[ExecutionPlan, dict[str, int]]:
     """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``, and
     for the CPU EP ``engine.onnx``, the segments joined into one graph (``single_graph.py``).
@@ -102,9 +105,12 @@ def lower_to_cpu(
     segments are optimized by ORT now (CPU EP) or saved portable for the provider to compile at
     load (OpenVINO); ``session_config`` holds ORT session config entries for the optimization
     (e.g. MatMulNBits' accuracy level); ``external_data_dir`` is where the weights of a
-    ``model`` holding external-data references are (a streamed build). Returns the plan and
-    the op counts of the saved segments (recorded in the manifest). ``progress(done, total)``
-    is called after each segment. Raises onnxruntime errors if a segment does not load.
+    ``model`` holding external-data references are (a streamed build); ``block_int8`` puts
+    ``llmc::BlockInt8MatMul`` in the single graph in place of 8-bit MatMulNBits
+    (``int8_matmul_rewrite``; the host must run it). Returns the plan and the op counts of the
+    saved segments (recorded in the manifest), with the single graph's BlockInt8MatMul nodes.
+    ``progress(done, total)`` is called after each segment. Raises onnxruntime errors if a
+    segment does not load.
     """
 
     choice = choice or provider_for_dtype("float32")
@@ -140,5 +146,11 @@ def lower_to_cpu(
     if choice.optimize_at_build:
         split_projections(models)  # ONNX Runtime packs a large projection a block at a time
         plan = replace(plan, graph=write_single_graph(engine_dir, plan))
+        if block_int8:
+            graph = onnx.load(str(engine_dir / plan.graph), load_external_data=False)
+            rewritten = rewrite_block_int8(graph)
+            if rewritten:
+                ops[BLOCK_INT8] = rewritten
+                onnx.save(graph, str(engine_dir / plan.graph))
     save_plan(plan, engine_dir)
     return plan, dict(sorted(ops.items()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.int8_matmul_rewrite import REQUIRED_ISA, block_int8_matmul_available
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.provider import ProviderChoice, provider_for_dtype
@@ -16,13 +17,15 @@ from llmc.errors import BuildConfigError
 class CpuPlan:
     """How a cpu engine is built on this host: ``isa`` the features it will require (recorded
     in the manifest), ``arch`` the machine ("x86_64", "aarch64"), ``layout`` the graph form and
-    precision lowering writes for the dtype (the provider that runs it is measured later), and
-    ``bound_pairs`` whether int8 weight pairs stay within 128 (no VNNI here)."""
+    precision lowering writes for the dtype (the provider that runs it is measured later),
+    ``bound_pairs`` whether int8 weight pairs stay within 128 (no VNNI here), and ``block_int8``
+    whether 8-bit weight-only layers run on llmc's VNNI kernel (``int8_matmul_rewrite``)."""
 
     isa: list[str]
     arch: str
     layout: ProviderChoice
     bound_pairs: bool
+    block_int8: bool = False
 
 
 def plan_cpu(config: BuildConfig) -> CpuPlan:
@@ -37,7 +40,10 @@ def plan_cpu(config: BuildConfig) -> CpuPlan:
             f"--dtype {config.source.dtype} on cpu needs {', '.join(missing)}, which this host "
             f"({host.name}) does not run; build with --dtype float32"
         )
-    return CpuPlan(isa, host.arch, layout, int8_bound_pairs(host.features))
+    block_int8 = config.quantization.quant != "none" and block_int8_matmul_available(host.features)
+    if block_int8 and REQUIRED_ISA not in isa:
+        isa.append(REQUIRED_ISA)
+    return CpuPlan(isa, host.arch, layout, int8_bound_pairs(host.features), block_int8)
 
 
 def int8_bound_pairs(host_features: tuple[str, ...]) -> bool:

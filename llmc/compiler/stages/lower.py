@@ -48,6 +48,7 @@ def lower_cpu(
             choice=plan.layout,
             session_config=qp.session_config(quant),
             external_data_dir=graph.weights_dir,
+            block_int8=plan.block_int8,
         )
     if report is None:
         return LoweredEngine(engine_dir, optimized_ops)

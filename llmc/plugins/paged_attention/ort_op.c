@@ -24,6 +24,7 @@
 
 #include <onnxruntime_c_api.h>
 
+#include "ort_matmul.h"
 #include "paged_attention.h"
 
 #ifndef LLMC_ORT_OP_SOURCE_SHA256
@@ -357,5 +358,6 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   OrtCustomOpDomain *domain;
   TRY(ort->CreateCustomOpDomain("llmc", &domain));
   TRY(ort->CustomOpDomain_Add(domain, &paged_attention_op));
+  TRY(ort->CustomOpDomain_Add(domain, llmc_block_int8_matmul_op(ort)));
   return ort->AddCustomOpDomain(options, domain);
 }

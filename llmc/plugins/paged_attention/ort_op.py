@@ -15,12 +15,21 @@ import warnings
 from pathlib import Path
 
 _DIR = Path(__file__).parent
-#: The sources the library is built from, in the order ``setup.py`` hashes them.
-OP_SOURCES = ("ort_op.c", "paged_attention.c", "paged_attention.h")
+#: The sources the library is built from (relative to ``llmc/plugins``), in the order
+#: ``setup.py`` hashes them (its ``OP_HASHED``).
+OP_SOURCES = (
+    "paged_attention/ort_op.c",
+    "paged_attention/paged_attention.c",
+    "paged_attention/paged_attention.h",
+    "int8_matmul/ort_matmul.c",
+    "int8_matmul/ort_matmul.h",
+    "int8_matmul/int8_matmul.c",
+    "int8_matmul/int8_matmul.h",
+)
 
 
 def _sources_sha256() -> str | None:
-    paths = [_DIR / name for name in OP_SOURCES]
+    paths = [_DIR.parent / name for name in OP_SOURCES]
     if not all(p.exists() for p in paths):
         return None
     return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()

@@ -1,0 +1,249 @@
+/* Block-wise int8 matrix product with int8 activations (see int8_matmul.h for the definition).
+ *
+ * Weights are repacked once into panels of 64 output channels, four input channels per 32-bit
+ * lane ([k / 4][64][4] int8), the layout vpdpbusd reads: one 64-byte load holds 16 columns times
+ * 4 input channels. Activations are quantized per row and block to uint8 (code + 128, what
+ * vpdpbusd's unsigned operand wants); the +128 is taken back with each block's precomputed
+ * column sums. A tile of 6 rows x 64 columns keeps 24 int32 accumulators in registers for one
+ * block, then scales them into float32 outputs (sa * sw) and starts the next block.
+ *
+ * Method: the VNNI int8 GEMM of oneDNN / MLAS (a u8 x s8 micro-kernel on packed panels, zero
+ * point through column sums); the per-block activation scales are MatMulNBits' CompInt8.
+ */
+#include "int8_matmul.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define I8MM_VNNI 1
+#else
+#define I8MM_VNNI 0
+#endif
+
+#define PANEL_BYTES(k) ((k) / 4 * I8MM_PANEL * 4)
+
+int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int64_t k,
+              int64_t n, int64_t block_size) {
+  memset(w, 0, sizeof *w);
+  if (k < 1 || n < 1 || block_size < 4 || block_size % 4 != 0 || k % block_size != 0)
+    return I8MM_BAD_SHAPE;
+  int64_t num_blocks = k / block_size, num_panels = (n + I8MM_PANEL - 1) / I8MM_PANEL;
+  int64_t width = num_panels * I8MM_PANEL;
+  int8_t *codes = aligned_alloc(64, (size_t)(num_panels * PANEL_BYTES(k)));
+  int32_t *sums = aligned_alloc(64, (size_t)(num_blocks * width) * sizeof *sums);
+  float *packed_scales = aligned_alloc(64, (size_t)(num_blocks * width) * sizeof *packed_scales);
+  if (codes == NULL || sums == NULL || packed_scales == NULL) {
+    free(codes);
+    free(sums);
+    free(packed_scales);
+    return I8MM_NO_MEMORY;
+  }
+  memset(codes, 0, (size_t)(num_panels * PANEL_BYTES(k)));
+  memset(sums, 0, (size_t)(num_blocks * width) * sizeof *sums);
+  memset(packed_scales, 0, (size_t)(num_blocks * width) * sizeof *packed_scales);
+  for (int64_t col = 0; col < n; ++col) {
+    int64_t p = col / I8MM_PANEL, c = col % I8MM_PANEL;
+    int8_t *panel = codes + p * PANEL_BYTES(k);
+    const uint8_t *row = b + col * k;
+    for (int64_t g = 0; g < num_blocks; ++g) {
+      int32_t sum = 0;
+      for (int64_t i = g * block_size; i < (g + 1) * block_size; ++i) {
+        int8_t code = (int8_t)((int32_t)row[i] - 128);
+        panel[((i / 4) * I8MM_PANEL + c) * 4 + i % 4] = code;
+        sum += code;
+      }
+      sums[g * width + col] = 128 * sum;
+      packed_scales[g * width + col] = scales[col * num_blocks + g];
+    }
+  }
+  *w = (struct i8mm_weights){k, n, block_size, num_blocks, num_panels, codes, sums,
+                             packed_scales};
+  return I8MM_OK;
+}
+
+void i8mm_free(struct i8mm_weights *w) {
+  free(w->codes);
+  free(w->sums);
+  free(w->scales);
+  memset(w, 0, sizeof *w);
+}
+
+/* ---- Activations ---------------------------------------------------------------------------- */
+
+static float block_amax(const float *x, int64_t len) {
+  float amax = 0.f;
+  int64_t i = 0;
+#if I8MM_VNNI
+  __m512 vmax = _mm512_setzero_ps();
+  for (; i + 16 <= len; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  amax = _mm512_reduce_max_ps(vmax);
+#endif
+  for (; i < len; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  return amax;
+}
+
+void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int64_t m0, int64_t m1,
+                        uint8_t *qa, float *sa) {
+  const int64_t k = w->k, bs = w->block_size;
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t g = 0; g < w->num_blocks; ++g) {
+      const float *x = a + m * k + g * bs;
+      uint8_t *q = qa + m * k + g * bs;
+      float scale = block_amax(x, bs) / 127.f;
+      float inverse = scale != 0.f ? 1.f / scale : 0.f;
+      sa[m * w->num_blocks + g] = scale;
+      int64_t i = 0;
+#if I8MM_VNNI
+      const __m512 vinv = _mm512_set1_ps(inverse);
+      const __m512i offset = _mm512_set1_epi32(128);
+      for (; i + 16 <= bs; i += 16) {
+        __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
+        _mm_storeu_si128((__m128i *)(q + i),
+                         _mm512_cvtusepi32_epi8(_mm512_add_epi32(code, offset)));
+      }
+#endif
+      for (; i < bs; ++i) q[i] = (uint8_t)((int32_t)nearbyintf(x[i] * inverse) + 128);
+    }
+  }
+}
+
+/* ---- Micro-kernel ----------------------------------------------------------------------------- */
+
+#if I8MM_VNNI
+/* vpdpbusd in place: GCC's intrinsic copies the accumulator around every call. */
+#define DPBUSD(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+
+static inline __m512i broadcast_quad(const uint8_t *p) {
+  int32_t quad;
+  memcpy(&quad, p, 4);
+  return _mm512_set1_epi32(quad);
+}
+
+/* One tile row r of the micro-kernel: named accumulators so they stay in registers. */
+#define ROW_ZERO(r) __m512i acc##r##0 = zero, acc##r##1 = zero, acc##r##2 = zero, acc##r##3 = zero
+#define ROW_STEP(r)                                           \
+  if (ROWS_HERE > r) {                                           \
+    __m512i av = broadcast_quad(ap + r * k);                  \
+    DPBUSD(acc##r##0, av, b0);                            \
+    DPBUSD(acc##r##1, av, b1);                            \
+    DPBUSD(acc##r##2, av, b2);                            \
+    DPBUSD(acc##r##3, av, b3);                            \
+  }
+#define ROW_FLUSH_ONE(r, c)                                                                  \
+  out[r][c] = _mm512_fmadd_ps(                                                               \
+      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc##r##c, sum##c)), scale##c), row, \
+      out[r][c])
+#define ROW_FLUSH(r)                                         \
+  if (ROWS_HERE > r) {                                          \
+    __m512 row = _mm512_set1_ps(sa[(m0 + r) * nb + g]);      \
+    ROW_FLUSH_ONE(r, 0);                                     \
+    ROW_FLUSH_ONE(r, 1);                                     \
+    ROW_FLUSH_ONE(r, 2);                                     \
+    ROW_FLUSH_ONE(r, 3);                                     \
+  }
+
+/* A tile of ROWS rows x one panel: per block, 4 x ROWS int32 accumulators in registers; the
+ * float32 outputs wait in out (L1) between blocks. */
+#define DEFINE_TILE(ROWS)                                                                        \
+  static void tile_vnni_##ROWS(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, \
+                               int64_t m0, int64_t p, float *y) {                               \
+    const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                              \
+    const int64_t width = w->num_panels * I8MM_PANEL;                                            \
+    const int8_t *panel = w->codes + p * PANEL_BYTES(k);                                         \
+    enum { ROWS_HERE = ROWS };                                                                   \
+    const __m512i zero = _mm512_setzero_si512();                                                 \
+    __m512 out[ROWS][4];                                                                         \
+    for (int r = 0; r < ROWS; ++r)                                                               \
+      for (int c = 0; c < 4; ++c) out[r][c] = _mm512_setzero_ps();                               \
+    for (int64_t g = 0; g < nb; ++g) {                                                           \
+      ROW_ZERO(0); ROW_ZERO(1); ROW_ZERO(2); ROW_ZERO(3); ROW_ZERO(4); ROW_ZERO(5);              \
+      const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);                                \
+      const uint8_t *ap = qa + m0 * k + g * bs;                                                  \
+      for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {                   \
+        __m512i b0 = _mm512_load_si512(bp), b1 = _mm512_load_si512(bp + 64);                     \
+        __m512i b2 = _mm512_load_si512(bp + 128), b3 = _mm512_load_si512(bp + 192);              \
+        ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)                  \
+      }                                                                                          \
+      const int32_t *sums = w->sums + g * width + p * I8MM_PANEL;                                \
+      const float *scales = w->scales + g * width + p * I8MM_PANEL;                              \
+      __m512i sum0 = _mm512_load_si512(sums), sum1 = _mm512_load_si512(sums + 16);               \
+      __m512i sum2 = _mm512_load_si512(sums + 32), sum3 = _mm512_load_si512(sums + 48);          \
+      __m512 scale0 = _mm512_load_ps(scales), scale1 = _mm512_load_ps(scales + 16);              \
+      __m512 scale2 = _mm512_load_ps(scales + 32), scale3 = _mm512_load_ps(scales + 48);         \
+      ROW_FLUSH(0) ROW_FLUSH(1) ROW_FLUSH(2) ROW_FLUSH(3) ROW_FLUSH(4) ROW_FLUSH(5)              \
+    }                                                                                            \
+    for (int c = 0; c < 4; ++c) {                                                                \
+      int64_t col = p * I8MM_PANEL + c * 16, left = w->n - col;                                  \
+      if (left <= 0) break;                                                                      \
+      __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);           \
+      for (int r = 0; r < ROWS; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * w->n + col, mask,      \
+                                                           out[r][c]);                           \
+    }                                                                                            \
+  }
+
+DEFINE_TILE(1)
+DEFINE_TILE(2)
+DEFINE_TILE(3)
+DEFINE_TILE(4)
+DEFINE_TILE(5)
+DEFINE_TILE(6)
+#endif
+
+static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
+                          int64_t m0, int64_t rows, int64_t p, float *y) {
+  const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
+  const int64_t width = w->num_panels * I8MM_PANEL;
+  const int8_t *panel = w->codes + p * PANEL_BYTES(k);
+  float out[I8MM_TILE_ROWS][I8MM_PANEL] = {{0}};
+  for (int64_t g = 0; g < nb; ++g) {
+    int32_t acc[I8MM_TILE_ROWS][I8MM_PANEL] = {{0}};
+    for (int64_t i = g * bs; i < (g + 1) * bs; ++i) {
+      const int8_t *codes = panel + (i / 4) * I8MM_PANEL * 4 + i % 4;
+      for (int64_t r = 0; r < rows; ++r) {
+        int32_t av = qa[(m0 + r) * k + i];
+        for (int c = 0; c < I8MM_PANEL; ++c) acc[r][c] += av * codes[c * 4];
+      }
+    }
+    const int32_t *sums = w->sums + g * width + p * I8MM_PANEL;
+    const float *scales = w->scales + g * width + p * I8MM_PANEL;
+    for (int64_t r = 0; r < rows; ++r) {
+      float row_scale = sa[(m0 + r) * nb + g];
+      for (int c = 0; c < I8MM_PANEL; ++c)
+        out[r][c] += (float)(acc[r][c] - sums[c]) * scales[c] * row_scale;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < I8MM_PANEL && p * I8MM_PANEL + c < w->n; ++c)
+      y[(m0 + r) * w->n + p * I8MM_PANEL + c] = out[r][c];
+}
+
+void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
+               int64_t rows, int64_t p, float *y) {
+#if I8MM_VNNI
+  switch (rows) { /* one micro-kernel per row count */
+    case 6: tile_vnni_6(w, qa, sa, m0, p, y); return;
+    case 5: tile_vnni_5(w, qa, sa, m0, p, y); return;
+    case 4: tile_vnni_4(w, qa, sa, m0, p, y); return;
+    case 3: tile_vnni_3(w, qa, sa, m0, p, y); return;
+    case 2: tile_vnni_2(w, qa, sa, m0, p, y); return;
+    case 1: tile_vnni_1(w, qa, sa, m0, p, y); return;
+    default: break;
+  }
+#endif
+  tile_portable(w, qa, sa, m0, rows, p, y);
+}
+
+int64_t i8mm_num_items(const struct i8mm_weights *w, int64_t m) {
+  return (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS * w->num_panels;
+}
+
+void i8mm_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
+               int64_t item, float *y) {
+  int64_t num_tiles = (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS;
+  int64_t p = item / num_tiles, tile = item % num_tiles;
+  int64_t m0 = tile * I8MM_TILE_ROWS, rows = m - m0 < I8MM_TILE_ROWS ? m - m0 : I8MM_TILE_ROWS;
+  i8mm_tile(w, qa, sa, m0, rows, p, y);
+}

@@ -1,0 +1,63 @@
+/* Block-wise int8 matrix product with int8 activations: the C kernel of llmc::BlockInt8MatMul.
+ *
+ * y[m, n] = sum_g sa[m, g] * sw[n, g] * sum_{k in block g} qa[m, k] * qw[n, k]
+ *
+ * where block g holds input channels [g * bs, (g + 1) * bs), qw are the weight's int8 codes
+ * (stored as MatMulNBits' 8-bit layout: uint8 with zero point 128), sw its float32 block scales,
+ * and qa = round_half_even(a / sa) the activations quantized per row and block on the fly with
+ * sa = max |a| / 127 over the block -- what ONNX Runtime's MatMulNBits computes at accuracy
+ * level 4 (int8 compute), run here at every M with AVX-512 VNNI (vpdpbusd) where the host has
+ * it, and with portable C elsewhere.
+ */
+#ifndef LLMC_INT8_MATMUL_H
+#define LLMC_INT8_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Columns per packed panel and rows per tile of the micro-kernel. */
+#define I8MM_PANEL 64
+#define I8MM_TILE_ROWS 6
+
+enum { I8MM_OK = 0, I8MM_BAD_SHAPE = 1, I8MM_NO_MEMORY = 2 };
+
+/* The weight repacked for the micro-kernel (i8mm_pack). */
+struct i8mm_weights {
+  int64_t k, n, block_size, num_blocks, num_panels;
+  int8_t *codes;   /* [num_panels][k / 4][I8MM_PANEL][4]: qw - 128, zero past column n */
+  int32_t *sums;   /* [num_blocks][num_panels * I8MM_PANEL]: 128 * sum of a block's codes */
+  float *scales;   /* [num_blocks][num_panels * I8MM_PANEL]: sw, zero past column n */
+};
+
+/* Repack MatMulNBits' 8-bit weight: b [n][k / block_size][block_size] uint8 codes (zero point
+ * 128), scales [n][k / block_size] float32. block_size must be a multiple of 4 dividing k.
+ * Returns I8MM_OK, I8MM_BAD_SHAPE or I8MM_NO_MEMORY (w then holds nothing to free). */
+int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int64_t k,
+              int64_t n, int64_t block_size);
+void i8mm_free(struct i8mm_weights *w);
+
+/* Quantize rows [m0, m1) of a [m][k] float32: qa [m][k] as uint8 (code + 128), sa
+ * [m][k / block_size] float32. */
+void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int64_t m0, int64_t m1,
+                        uint8_t *qa, float *sa);
+
+/* y rows [m0, m0 + rows) (rows <= I8MM_TILE_ROWS), columns of panel p, from quantized rows:
+ * y [m][n] float32. */
+void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
+               int64_t rows, int64_t p, float *y);
+
+/* Work items of an m-row product: panels times tiles of I8MM_TILE_ROWS rows; item i covers
+ * panel i / num_tiles and tile i % num_tiles, so consecutive items reuse one weight panel. */
+int64_t i8mm_num_items(const struct i8mm_weights *w, int64_t m);
+void i8mm_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
+               int64_t item, float *y);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,264 @@
+/* llmc::BlockInt8MatMul: com.microsoft MatMulNBits with 8-bit weights at accuracy level 4
+ * (int8 compute) -- same inputs, attributes and arithmetic -- run by int8_matmul.c's VNNI
+ * kernel at every M. ONNX Runtime's own kernel for it is fast at M = 1 and 3-4x slower than its
+ * W8A8 GEMM per FLOP at prefill sizes (benchmarks/RESULTS.md); this one packs the weight once,
+ * when the session creates the kernel, and runs tiles of 6 rows x 64 columns on ORT's intra-op
+ * pool.
+ *
+ * Inputs: A float32 [..., K]; B uint8 [N, K / block_size, block_size] (codes, zero point 128)
+ * and scales float32 [N * K / block_size], both constant initializers. Attributes: K, N,
+ * block_size (bits must be 8; accuracy_level is ignored: always int8 compute). Output Y float32
+ * [..., N]. A non-constant weight, a bad shape or attribute fails with ORT_INVALID_ARGUMENT.
+ */
+#include "ort_matmul.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "int8_matmul.h"
+
+static const OrtApi *ort;
+
+enum { IN_A, IN_B, IN_SCALES, N_IN };
+
+static OrtStatus *fail(const char *fmt, ...) {
+  char message[512];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(message, sizeof message, fmt, args);
+  va_end(args);
+  return ort->CreateStatus(ORT_INVALID_ARGUMENT, message);
+}
+
+#define TRY(call)                        \
+  do {                                   \
+    OrtStatus *status_ = (call);         \
+    if (status_ != NULL) return status_; \
+  } while (0)
+
+/* ---- Kernel: the packed weight ------------------------------------------------------------- */
+
+static OrtStatus *constant_input(const OrtKernelInfo *info, int index, const char *name,
+                                 ONNXTensorElementDataType type, size_t count,
+                                 const void **data) {
+  int is_constant = 0;
+  const OrtValue *value = NULL;
+  TRY(ort->KernelInfoGetConstantInput_tensor(info, (size_t)index, &is_constant, &value));
+  if (!is_constant || value == NULL)
+    return fail("BlockInt8MatMul: %s must be a constant initializer", name);
+  OrtTensorTypeAndShapeInfo *shape;
+  TRY(ort->GetTensorTypeAndShape(value, &shape));
+  ONNXTensorElementDataType got;
+  size_t elements = 0;
+  OrtStatus *status = ort->GetTensorElementType(shape, &got);
+  if (status == NULL) status = ort->GetTensorShapeElementCount(shape, &elements);
+  ort->ReleaseTensorTypeAndShapeInfo(shape);
+  if (status != NULL) return status;
+  if (got != type || elements != count)
+    return fail("BlockInt8MatMul: %s must hold %zu elements of ONNX type %d, got %zu of %d", name,
+                count, (int)type, elements, (int)got);
+  return ort->GetTensorMutableData((OrtValue *)value, (void **)data);
+}
+
+static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
+                                             const OrtKernelInfo *info, void **out) {
+  (void)op;
+  (void)api;
+  int64_t k, n, block_size, bits = 8;
+  TRY(ort->KernelInfoGetAttribute_int64(info, "K", &k));
+  TRY(ort->KernelInfoGetAttribute_int64(info, "N", &n));
+  TRY(ort->KernelInfoGetAttribute_int64(info, "block_size", &block_size));
+  OrtStatus *status = ort->KernelInfoGetAttribute_int64(info, "bits", &bits);
+  if (status != NULL) ort->ReleaseStatus(status); /* optional, 8 */
+  if (bits != 8 || k < 1 || n < 1 || block_size < 4 || block_size % 4 != 0 ||
+      k % block_size != 0) {
+    return fail("BlockInt8MatMul: needs bits=8 and a block_size that is a multiple of 4 "
+                "dividing K; got bits=%lld K=%lld N=%lld block_size=%lld", (long long)bits,
+                (long long)k, (long long)n, (long long)block_size);
+  }
+  const void *b, *scales;
+  TRY(constant_input(info, IN_B, "B", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, (size_t)(n * k), &b));
+  TRY(constant_input(info, IN_SCALES, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                     (size_t)(n * (k / block_size)), &scales));
+  struct i8mm_weights *w = malloc(sizeof *w);
+  if (w == NULL) return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory");
+  if (i8mm_pack(w, b, scales, k, n, block_size) != I8MM_OK) {
+    free(w);
+    return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory packing the weight");
+  }
+  *out = w;
+  return NULL;
+}
+
+static void ORT_API_CALL destroy_kernel(void *kernel) {
+  i8mm_free(kernel);
+  free(kernel);
+}
+
+/* ---- Compute: quantize rows, then tiles, both on ORT's pool -------------------------------- */
+
+struct job {
+  const struct i8mm_weights *w;
+  const float *a;
+  uint8_t *qa;
+  float *sa, *y;
+  int64_t m, tasks;
+};
+
+/* Task t of j->tasks quantizes a contiguous range of rows. */
+static void quantize_task(void *data, size_t task) {
+  const struct job *j = data;
+  int64_t m0 = j->m * (int64_t)task / j->tasks, m1 = j->m * ((int64_t)task + 1) / j->tasks;
+  i8mm_quantize_rows(j->w, j->a, m0, m1, j->qa, j->sa);
+}
+
+/* Task t of j->tasks runs a contiguous range of items: whole weight panels per thread, so a
+ * panel is read from memory once (a vocabulary projection's weight is far larger than L2). */
+static void tile_task(void *data, size_t task) {
+  const struct job *j = data;
+  int64_t items = i8mm_num_items(j->w, j->m);
+  int64_t i0 = items * (int64_t)task / j->tasks, i1 = items * ((int64_t)task + 1) / j->tasks;
+  for (int64_t i = i0; i < i1; ++i) i8mm_item(j->w, j->qa, j->sa, j->m, i, j->y);
+}
+
+static void parallel_for(OrtKernelContext *context, void (*fn)(void *, size_t), struct job *j) {
+  OrtStatus *status = ort->KernelContext_ParallelFor(context, fn, (size_t)j->tasks, 0, j);
+  if (status != NULL) { /* no pool: run every task here */
+    ort->ReleaseStatus(status);
+    for (int64_t t = 0; t < j->tasks; ++t) fn(j, (size_t)t);
+  }
+}
+
+static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *context) {
+  const struct i8mm_weights *w = kernel_state;
+  const OrtValue *a_value;
+  TRY(ort->KernelContext_GetInput(context, IN_A, &a_value));
+  OrtTensorTypeAndShapeInfo *info;
+  TRY(ort->GetTensorTypeAndShape(a_value, &info));
+  size_t rank = 0;
+  int64_t dims[8];
+  OrtStatus *status = ort->GetDimensionsCount(info, &rank);
+  if (status == NULL && (rank < 1 || rank > 8))
+    status = fail("BlockInt8MatMul: A must have rank 1 to 8, got %zu", rank);
+  if (status == NULL) status = ort->GetDimensions(info, dims, rank);
+  ort->ReleaseTensorTypeAndShapeInfo(info);
+  if (status != NULL) return status;
+  if (dims[rank - 1] != w->k)
+    return fail("BlockInt8MatMul: A's last dimension must be K=%lld, got %lld",
+                (long long)w->k, (long long)dims[rank - 1]);
+  int64_t m = 1;
+  for (size_t i = 0; i + 1 < rank; ++i) m *= dims[i];
+  dims[rank - 1] = w->n;
+  OrtValue *y_value;
+  TRY(ort->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
+  float *y;
+  const float *a;
+  TRY(ort->GetTensorMutableData(y_value, (void **)&y));
+  TRY(ort->GetTensorMutableData((OrtValue *)a_value, (void **)&a));
+  if (m == 0) return NULL;
+
+  uint8_t *qa = malloc((size_t)(m * w->k));
+  float *sa = malloc((size_t)(m * w->num_blocks) * sizeof *sa);
+  if (qa == NULL || sa == NULL) {
+    free(qa);
+    free(sa);
+    return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory");
+  }
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int64_t items = i8mm_num_items(w, m);
+  struct job job = {w, a, qa, sa, y, m, cpus < 1 ? 1 : cpus < items ? cpus : items};
+  parallel_for(context, quantize_task, &job);
+  parallel_for(context, tile_task, &job);
+  free(qa);
+  free(sa);
+  return NULL;
+}
+
+/* ---- The op --------------------------------------------------------------------------------- */
+
+static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
+  (void)op;
+  return "BlockInt8MatMul";
+}
+
+static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) {
+  (void)op;
+  return "CPUExecutionProvider";
+}
+
+static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  return index == IN_B ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
+  (void)op;
+  return N_IN;
+}
+
+static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  (void)index;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static size_t ORT_API_CALL one_count(const OrtCustomOp *op) {
+  (void)op;
+  return 1;
+}
+
+static OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp *op,
+                                                                  size_t index) {
+  (void)op;
+  (void)index;
+  return INPUT_OUTPUT_REQUIRED;
+}
+
+static OrtMemType ORT_API_CALL memory_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  (void)index;
+  return OrtMemTypeDefault;
+}
+
+static int ORT_API_CALL one(const OrtCustomOp *op) {
+  (void)op;
+  return 1;
+}
+
+static int ORT_API_CALL last_version(const OrtCustomOp *op) {
+  (void)op;
+  return INT_MAX;
+}
+
+static OrtCustomOp block_int8_matmul_op;
+
+const OrtCustomOp *llmc_block_int8_matmul_op(const OrtApi *api) {
+  ort = api;
+  if (block_int8_matmul_op.version != 0) return &block_int8_matmul_op;
+  OrtCustomOp op = {0};
+  op.version = ORT_API_VERSION;
+  op.GetName = op_name;
+  op.GetExecutionProviderType = op_provider;
+  op.GetInputType = input_type;
+  op.GetInputTypeCount = input_count;
+  op.GetOutputType = output_type;
+  op.GetOutputTypeCount = one_count;
+  op.KernelDestroy = destroy_kernel;
+  op.GetInputCharacteristic = required;
+  op.GetOutputCharacteristic = required;
+  op.GetInputMemoryType = memory_type;
+  op.GetVariadicInputMinArity = one;
+  op.GetVariadicInputHomogeneity = one;
+  op.GetVariadicOutputMinArity = one;
+  op.GetVariadicOutputHomogeneity = one;
+  op.CreateKernelV2 = create_kernel;
+  op.KernelComputeV2 = compute;
+  op.GetStartVersion = one;
+  op.GetEndVersion = last_version;
+  block_int8_matmul_op = op;
+  return &block_int8_matmul_op;
+}

@@ -1,0 +1,206 @@
+"""llmc::BlockInt8MatMul (llmc/plugins/int8_matmul) in a real ONNX Runtime session: against the
+arithmetic its header defines (written out here in numpy), against ONNX Runtime's own
+MatMulNBits at accuracy level 4 on the same inputs, bad inputs refused; and the cpu lowering's
+rewrite of 8-bit MatMulNBits nodes (int8_matmul_rewrite.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from llmc.compiler.int8_matmul_rewrite import OP_TYPE, rewrite_block_int8
+from llmc.plugins.paged_attention import ort_op
+from llmc.runtime.ort_env import session_options
+
+pytestmark = pytest.mark.skipif(
+    ort_op.library_path() is None, reason="the custom-op library is not built (no ORT header)"
+)
+
+
+def weights(rng, k: int, n: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' 8-bit weight: codes [n, k / block, block] uint8 (zero point 128), scales
+    [n * k / block] float32, every code of the grid used (0 and 255 included)."""
+    codes = rng.integers(0, 256, (n, k // block, block), dtype=np.uint8)
+    codes[0, 0, :2] = (0, 255)
+    scales = rng.uniform(1e-3, 2e-2, n * (k // block)).astype(np.float32)
+    return codes, scales
+
+
+def expected(a: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """y = sum over blocks g of sa[m, g] * sw[n, g] * (qa[m, g, :] . (codes[n, g, :] - 128)),
+    qa = round_half_even(a * (1 / sa)), sa = max |a| over the block / 127 (0 -> qa = 0)."""
+    n, num_blocks, block = codes.shape
+    rows = a.reshape(-1, num_blocks, block).astype(np.float32)
+    sa = np.abs(rows).max(axis=2) / np.float32(127)
+    inverse = np.divide(np.float32(1), sa, out=np.zeros_like(sa), where=sa != 0)
+    qa = np.rint(rows * inverse[:, :, None]).astype(np.int64)
+    qw = codes.astype(np.int64) - 128
+    dots = np.einsum("mgk,ngk->mgn", qa, qw).astype(np.float64)
+    sw = scales.reshape(n, num_blocks).T.astype(np.float64)
+    y = (dots * sa[:, :, None] * sw[None]).sum(axis=1)
+    return y.reshape(*a.shape[:-1], n)
+
+
+def one_node_model(codes, scales, op_type: str = OP_TYPE, weight_as_input: bool = False):
+    n, num_blocks, block = codes.shape
+    k = num_blocks * block
+    domain = "llmc" if op_type == OP_TYPE else "com.microsoft"
+    attrs = dict(K=k, N=n, bits=8, block_size=block)
+    if op_type != OP_TYPE:
+        attrs["accuracy_level"] = 4
+    node = helper.make_node(op_type, ["a", "b", "scales"], ["y"], domain=domain, **attrs)
+    inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)]  # any rank and width
+    initializers = [numpy_helper.from_array(scales, "scales")]
+    if weight_as_input:
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.UINT8, list(codes.shape)))
+    else:
+        initializers.append(numpy_helper.from_array(codes, "b"))
+    graph = helper.make_graph(
+        [node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializers,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    opts = session_options(2)
+    assert ort_op.register(opts)
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "block"),
+    [(1, 256, 64, 128), (7, 512, 100, 128), (13, 96, 70, 32), (130, 640, 130, 16), (6, 8, 3, 4)],
+)
+def test_matches_the_defined_arithmetic(m: int, k: int, n: int, block: int) -> None:
+    rng = np.random.default_rng(m * k + n)
+    codes, scales = weights(rng, k, n, block)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    a[:, 1] *= 40  # an outlier channel: its blocks get their own scale
+    a[0, :block] = 0  # an all-zero block (scale 0)
+    y = session(one_node_model(codes, scales)).run(None, {"a": a})[0]
+    ref = expected(a, codes, scales)
+    assert y.shape == (m, n) and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_matches_onnx_runtime_matmulnbits_on_batched_input() -> None:
+    rng = np.random.default_rng(0)
+    codes, scales = weights(rng, 1024, 192, 128)
+    a = rng.standard_normal((2, 9, 1024)).astype(np.float32)
+    ours = session(one_node_model(codes, scales)).run(None, {"a": a})[0]
+    theirs = session(one_node_model(codes, scales, "MatMulNBits")).run(None, {"a": a})[0]
+    assert ours.shape == (2, 9, 192)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5 * np.abs(theirs).max())
+
+
+def test_a_weight_that_is_not_an_initializer_is_refused() -> None:
+    codes, scales = weights(np.random.default_rng(1), 64, 16, 32)
+    with pytest.raises(Exception, match="B must be a constant initializer"):
+        session(one_node_model(codes, scales, weight_as_input=True))
+
+
+def test_a_wrong_input_width_fails_the_run_and_the_session_goes_on() -> None:
+    rng = np.random.default_rng(2)
+    codes, scales = weights(rng, 64, 16, 32)
+    s = session(one_node_model(codes, scales))
+    with pytest.raises(Exception, match="last dimension must be K=64"):
+        s.run(None, {"a": np.ones((3, 32), np.float32)})
+    a = rng.standard_normal((3, 64)).astype(np.float32)
+    np.testing.assert_allclose(
+        s.run(None, {"a": a})[0], expected(a, codes, scales), rtol=1e-5, atol=1e-4
+    )
+
+
+def test_bad_attributes_are_refused() -> None:
+    codes, scales = weights(np.random.default_rng(3), 64, 16, 32)
+    model = one_node_model(codes, scales)
+    for attr in model.graph.node[0].attribute:
+        if attr.name == "bits":
+            attr.i = 4
+    with pytest.raises(Exception, match="needs bits=8"):
+        session(model)
+
+
+def test_rewrite_replaces_8_bit_nodes_only_and_keeps_the_result() -> None:
+    rng = np.random.default_rng(4)
+    codes, scales = weights(rng, 256, 48, 64)
+    model = one_node_model(codes, scales, "MatMulNBits")
+    four_bit = helper.make_node(
+        "MatMulNBits", ["a", "b4", "s4"], ["y4"], domain="com.microsoft",
+        K=256, N=8, bits=4, block_size=64,
+    )  # fmt: skip
+    model.graph.node.append(four_bit)
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(rng.integers(0, 256, (8, 4, 32), dtype=np.uint8), "b4"),
+            numpy_helper.from_array(np.full(32, 0.01, np.float32), "s4"),
+        ]
+    )
+    model.graph.output.append(helper.make_tensor_value_info("y4", TensorProto.FLOAT, None))
+    a = rng.standard_normal((5, 256)).astype(np.float32)
+    before = session(model).run(None, {"a": a})
+
+    assert rewrite_block_int8(model) == 1
+    assert [(n.op_type, n.domain) for n in model.graph.node] == [
+        (OP_TYPE, "llmc"),
+        ("MatMulNBits", "com.microsoft"),
+    ]
+    assert "llmc" in {o.domain for o in model.opset_import}
+    after = session(model).run(None, {"a": a})
+    np.testing.assert_allclose(after[0], before[0], rtol=1e-4, atol=1e-5 * np.abs(before[0]).max())
+    np.testing.assert_array_equal(after[1], before[1])
+    assert rewrite_block_int8(model) == 0  # nothing left to replace
+
+
+class _Weights(ctypes.Structure):
+    """``struct i8mm_weights`` (int8_matmul.h)."""
+
+    _fields_ = [
+        *((name, ctypes.c_int64) for name in ("k", "n", "block_size", "num_blocks", "num_panels")),
+        *((name, ctypes.c_void_p) for name in ("codes", "sums", "scales")),
+    ]
+
+
+@pytest.mark.parametrize("march", ["native", "x86-64"])
+def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: str) -> None:
+    """The C kernel alone (ctypes), built for this host and for baseline x86-64 (its portable
+    path, what hosts without AVX-512 VNNI run)."""
+    if march == "x86-64" and platform.machine() != "x86_64":
+        pytest.skip("baseline x86-64 build")
+    source = Path(ort_op.__file__).parent.parent / "int8_matmul" / "int8_matmul.c"
+    lib_path = tmp_path / f"i8mm_{march}.so"
+    subprocess.run(
+        ["gcc", "-O2", f"-march={march}", "-shared", "-fPIC", str(source), "-o", str(lib_path)],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(lib_path))
+    rng = np.random.default_rng(5)
+    m, k, n, block = 11, 384, 136, 128
+    codes, scales = weights(rng, k, n, block)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = _Weights()
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    packed = lib.i8mm_pack(
+        ctypes.byref(w), ptr(codes.ctypes.data), ptr(scales.ctypes.data), i64(k), i64(n), i64(block)
+    )
+    assert packed == 0
+    qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    qa_ptr, sa_ptr = ptr(qa.ctypes.data), ptr(sa.ctypes.data)
+    lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), i64(0), i64(m), qa_ptr, sa_ptr)
+    lib.i8mm_num_items.restype = ctypes.c_int64
+    for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
+        lib.i8mm_item(ctypes.byref(w), qa_ptr, sa_ptr, i64(m), i64(item), ptr(y.ctypes.data))
+    lib.i8mm_free(ctypes.byref(w))
+    ref = expected(a, codes, scales)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
