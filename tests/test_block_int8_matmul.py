@@ -49,11 +49,21 @@ def expected(a: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.ndarray
     return y.reshape(*a.shape[:-1], n)
 
 
-def one_node_model(codes, scales, op_type: str = OP_TYPE, weight_as_input: bool = False):
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh form (Hendrycks & Gimpel 2016), in float64."""
+    x = x.astype(np.float64)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def one_node_model(
+    codes, scales, op_type: str = OP_TYPE, weight_as_input: bool = False, input_gate: str = ""
+):
     n, num_blocks, block = codes.shape
     k = num_blocks * block
     domain = "llmc" if op_type == OP_TYPE else "com.microsoft"
     attrs = dict(K=k, N=n, bits=8, block_size=block)
+    if input_gate:
+        attrs["input_gate"] = input_gate
     if op_type != OP_TYPE:
         attrs["accuracy_level"] = 4
     node = helper.make_node(op_type, ["a", "b", "scales"], ["y"], domain=domain, **attrs)
@@ -113,12 +123,26 @@ def test_a_wrong_input_width_fails_the_run_and_the_session_goes_on() -> None:
     rng = np.random.default_rng(2)
     codes, scales = weights(rng, 64, 16, 32)
     s = session(one_node_model(codes, scales))
-    with pytest.raises(Exception, match="last dimension must be K=64"):
+    with pytest.raises(Exception, match="last dimension must be 64"):
         s.run(None, {"a": np.ones((3, 32), np.float32)})
     a = rng.standard_normal((3, 64)).astype(np.float32)
     np.testing.assert_allclose(
         s.run(None, {"a": a})[0], expected(a, codes, scales), rtol=1e-5, atol=1e-4
     )
+
+
+def test_gelu_tanh_gate_input_is_the_product_of_gelu_gate_and_up() -> None:
+    rng = np.random.default_rng(6)
+    codes, scales = weights(rng, 256, 80, 64)
+    gate_up = (rng.standard_normal((17, 512)) * 3).astype(np.float32)
+    gated = session(one_node_model(codes, scales, input_gate="gelu_tanh"))
+    y = gated.run(None, {"a": gate_up})[0]
+    product = (gelu_tanh(gate_up[:, :256]) * gate_up[:, 256:]).astype(np.float32)
+    ref = expected(product, codes, scales)
+    # a code may round the other way where GELU's float32 evaluation differs in the last bit
+    np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+    with pytest.raises(Exception, match=r"must be 512 \(K=256, gated: 2K\)"):
+        gated.run(None, {"a": product})
 
 
 def test_bad_attributes_are_refused() -> None:
@@ -129,6 +153,8 @@ def test_bad_attributes_are_refused() -> None:
             attr.i = 4
     with pytest.raises(Exception, match="needs bits=8"):
         session(model)
+    with pytest.raises(Exception, match="input_gate must be"):
+        session(one_node_model(codes, scales, input_gate="silu"))
 
 
 def test_rewrite_replaces_8_bit_nodes_only_and_keeps_the_result() -> None:
@@ -197,10 +223,57 @@ def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: s
     qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
     y = np.full((m, n), np.nan, np.float32)
     qa_ptr, sa_ptr = ptr(qa.ctypes.data), ptr(sa.ctypes.data)
-    lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), i64(0), i64(m), qa_ptr, sa_ptr)
+    plain = ctypes.c_int(0)  # I8MM_INPUT_PLAIN
+    lib.i8mm_quantize_rows(
+        ctypes.byref(w), ptr(a.ctypes.data), plain, i64(0), i64(m), qa_ptr, sa_ptr
+    )
     lib.i8mm_num_items.restype = ctypes.c_int64
     for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
         lib.i8mm_item(ctypes.byref(w), qa_ptr, sa_ptr, i64(m), i64(item), ptr(y.ctypes.data))
     lib.i8mm_free(ctypes.byref(w))
     ref = expected(a, codes, scales)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+    gate = np.concatenate([np.linspace(-30, 30, 301), [0.0, -0.0, 1e-30]]).astype(np.float32)
+    up = rng.standard_normal(gate.size).astype(np.float32)
+    out = np.empty_like(gate)
+    lib.i8mm_gelu_tanh_gate(
+        ptr(gate.ctypes.data), ptr(up.ctypes.data), i64(gate.size), ptr(out.ctypes.data)
+    )
+    # atol: deep in the negative tail float64 tanh rounds to -1 (GELU 0), ours keeps x * e^z
+    np.testing.assert_allclose(out, gelu_tanh(gate) * up, rtol=2e-6, atol=1e-9)
+
+
+def test_rewrite_folds_a_gelu_gated_down_projection_into_one_node() -> None:
+    """Split -> Gelu(tanh) -> Mul -> MatMulNBits, as ONNX Runtime leaves Gemma's MLP, becomes one
+    BlockInt8MatMul reading the gate/up output; a Gelu of the other form stays as it is."""
+    rng = np.random.default_rng(7)
+    k = 128
+    codes, scales = weights(rng, k, 32, 64)
+
+    def mlp(approximate: str) -> onnx.ModelProto:
+        model = one_node_model(codes, scales, "MatMulNBits")
+        model.graph.input[0].name = "gate_up"
+        nodes = [
+            helper.make_node("Split", ["gate_up", "sizes"], ["gate", "up"], axis=-1),
+            helper.make_node("Gelu", ["gate"], ["gelu"], approximate=approximate),
+            helper.make_node("Mul", ["gelu", "up"], ["a"]),
+        ]
+        matmul = model.graph.node.pop()
+        model.graph.node.extend([*nodes, matmul])
+        model.graph.initializer.append(numpy_helper.from_array(np.array([k, k]), "sizes"))
+        return model
+
+    x = (rng.standard_normal((9, 2 * k)) * 2).astype(np.float32)
+    model = mlp("tanh")
+    before = session(model).run(None, {"gate_up": x})[0]
+    assert rewrite_block_int8(model) == 1
+    (node,) = model.graph.node
+    assert node.op_type == OP_TYPE and list(node.input)[0] == "gate_up"
+    assert helper.get_attribute_value(node.attribute[-1]) == b"gelu_tanh"
+    after = session(model).run(None, {"gate_up": x})[0]
+    np.testing.assert_allclose(after, before, rtol=1e-3, atol=1e-3 * np.abs(before).max())
+
+    exact_gelu = mlp("none")
+    assert rewrite_block_int8(exact_gelu) == 1
+    assert [n.op_type for n in exact_gelu.graph.node] == ["Split", "Gelu", "Mul", OP_TYPE]

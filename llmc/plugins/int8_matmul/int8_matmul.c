@@ -85,12 +85,82 @@ static float block_amax(const float *x, int64_t len) {
   return amax;
 }
 
-void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int64_t m0, int64_t m1,
-                        uint8_t *qa, float *sa) {
+/* gelu_tanh(x) = x * sigmoid(z), z = 2 sqrt(2 / pi) (x + 0.044715 x^3), with
+ * sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) below, e = exp(-|z|): exp only ever sees
+ * a nonpositive argument (no overflow). exp: Cephes' expf reduction and polynomial. */
+#define GELU_Z 1.5957691216057308f /* 2 sqrt(2 / pi) */
+#define GELU_CUBIC 0.044715f
+
+static inline float exp_nonpositive(float x) {
+  x = x > -87.0f ? x : -87.0f;
+  float n = nearbyintf(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return ldexpf(p, (int)n);
+}
+
+static inline float gelu_tanh(float x) {
+  float z = GELU_Z * (x + GELU_CUBIC * x * x * x);
+  float e = exp_nonpositive(-fabsf(z));
+  return x * (z >= 0.f ? 1.f : e) / (1.f + e);
+}
+
+#if I8MM_VNNI
+static inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 gelu_tanh16(__m512 x) {
+  __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  __m512 z = _mm512_mul_ps(_mm512_set1_ps(GELU_Z),
+                           _mm512_fmadd_ps(_mm512_set1_ps(GELU_CUBIC), x3, x));
+  __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(z)));
+  __mmask16 positive = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_GE_OQ);
+  __m512 numerator = _mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.0f));
+  return _mm512_div_ps(_mm512_mul_ps(x, numerator), _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+}
+#endif
+
+void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *out) {
+  int64_t i = 0;
+#if I8MM_VNNI
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i,
+                     _mm512_mul_ps(gelu_tanh16(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
+#endif
+  for (; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
+                        int64_t m1, uint8_t *qa, float *sa) {
   const int64_t k = w->k, bs = w->block_size;
+  const int64_t row_stride = input == I8MM_INPUT_GELU_TANH_GATE ? 2 * k : k;
+  float gated[input == I8MM_INPUT_GELU_TANH_GATE ? bs : 1]; /* one block of the gated input */
   for (int64_t m = m0; m < m1; ++m) {
     for (int64_t g = 0; g < w->num_blocks; ++g) {
-      const float *x = a + m * k + g * bs;
+      const float *x = a + m * row_stride + g * bs;
+      if (input == I8MM_INPUT_GELU_TANH_GATE) {
+        i8mm_gelu_tanh_gate(x, x + k, bs, gated);
+        x = gated;
+      }
       uint8_t *q = qa + m * k + g * bs;
       float scale = block_amax(x, bs) / 127.f;
       float inverse = scale != 0.f ? 1.f / scale : 0.f;

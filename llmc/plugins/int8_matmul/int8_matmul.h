@@ -40,10 +40,18 @@ int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int
               int64_t n, int64_t block_size);
 void i8mm_free(struct i8mm_weights *w);
 
-/* Quantize rows [m0, m1) of a [m][k] float32: qa [m][k] as uint8 (code + 128), sa
- * [m][k / block_size] float32. */
-void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int64_t m0, int64_t m1,
-                        uint8_t *qa, float *sa);
+/* What the product reads of A: its rows as they are, or, for a gated MLP's down projection,
+ * gelu_tanh(gate) * up of rows [gate | up] (2k floats each; GELU's tanh form, Hendrycks &
+ * Gimpel 2016, as Gemma's MLP uses it). */
+enum { I8MM_INPUT_PLAIN = 0, I8MM_INPUT_GELU_TANH_GATE = 1 };
+
+/* Quantize rows [m0, m1) of a (float32, [m][k], or [m][2k] with I8MM_INPUT_GELU_TANH_GATE):
+ * qa [m][k] as uint8 (code + 128), sa [m][k / block_size] float32. */
+void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
+                        int64_t m1, uint8_t *qa, float *sa);
+
+/* gelu_tanh(gate[i]) * up[i] for i < n (the I8MM_INPUT_GELU_TANH_GATE input). */
+void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *out);
 
 /* y rows [m0, m0 + rows) (rows <= I8MM_TILE_ROWS), columns of panel p, from quantized rows:
  * y [m][n] float32. */

@@ -7,8 +7,12 @@
  *
  * Inputs: A float32 [..., K]; B uint8 [N, K / block_size, block_size] (codes, zero point 128)
  * and scales float32 [N * K / block_size], both constant initializers. Attributes: K, N,
- * block_size (bits must be 8; accuracy_level is ignored: always int8 compute). Output Y float32
- * [..., N]. A non-constant weight, a bad shape or attribute fails with ORT_INVALID_ARGUMENT.
+ * block_size (bits must be 8; accuracy_level is ignored: always int8 compute), and optional
+ * input_gate: "" (A is the product's input) or "gelu_tanh" (A is [..., 2K] = [gate | up] of a
+ * gated MLP and the product's input is gelu_tanh(gate) * up, computed as the rows are
+ * quantized: the down projection then reads the gate/up projection's output once, with no
+ * Split, Gelu and Mul between). Output Y float32 [..., N]. A non-constant weight, a bad shape or
+ * attribute fails with ORT_INVALID_ARGUMENT.
  */
 #include "ort_matmul.h"
 
@@ -24,6 +28,11 @@
 static const OrtApi *ort;
 
 enum { IN_A, IN_B, IN_SCALES, N_IN };
+
+struct kernel {
+  struct i8mm_weights w;
+  int input; /* I8MM_INPUT_* */
+};
 
 static OrtStatus *fail(const char *fmt, ...) {
   char message[512];
@@ -74,6 +83,19 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   TRY(ort->KernelInfoGetAttribute_int64(info, "block_size", &block_size));
   OrtStatus *status = ort->KernelInfoGetAttribute_int64(info, "bits", &bits);
   if (status != NULL) ort->ReleaseStatus(status); /* optional, 8 */
+  char gate[16] = "";
+  size_t gate_size = sizeof gate;
+  status = ort->KernelInfoGetAttribute_string(info, "input_gate", gate, &gate_size);
+  if (status != NULL) { /* optional, none */
+    ort->ReleaseStatus(status);
+    gate[0] = '\0';
+  }
+  int input = I8MM_INPUT_PLAIN;
+  if (strcmp(gate, "gelu_tanh") == 0) {
+    input = I8MM_INPUT_GELU_TANH_GATE;
+  } else if (gate[0] != '\0') {
+    return fail("BlockInt8MatMul: input_gate must be \"\" or \"gelu_tanh\", got \"%s\"", gate);
+  }
   if (bits != 8 || k < 1 || n < 1 || block_size < 4 || block_size % 4 != 0 ||
       k % block_size != 0) {
     return fail("BlockInt8MatMul: needs bits=8 and a block_size that is a multiple of 4 "
@@ -84,18 +106,20 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   TRY(constant_input(info, IN_B, "B", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, (size_t)(n * k), &b));
   TRY(constant_input(info, IN_SCALES, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
                      (size_t)(n * (k / block_size)), &scales));
-  struct i8mm_weights *w = malloc(sizeof *w);
-  if (w == NULL) return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory");
-  if (i8mm_pack(w, b, scales, k, n, block_size) != I8MM_OK) {
-    free(w);
+  struct kernel *kernel = malloc(sizeof *kernel);
+  if (kernel == NULL) return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory");
+  if (i8mm_pack(&kernel->w, b, scales, k, n, block_size) != I8MM_OK) {
+    free(kernel);
     return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory packing the weight");
   }
-  *out = w;
+  kernel->input = input;
+  *out = kernel;
   return NULL;
 }
 
-static void ORT_API_CALL destroy_kernel(void *kernel) {
-  i8mm_free(kernel);
+static void ORT_API_CALL destroy_kernel(void *state) {
+  struct kernel *kernel = state;
+  i8mm_free(&kernel->w);
   free(kernel);
 }
 
@@ -103,6 +127,7 @@ static void ORT_API_CALL destroy_kernel(void *kernel) {
 
 struct job {
   const struct i8mm_weights *w;
+  int input;
   const float *a;
   uint8_t *qa;
   float *sa, *y;
@@ -113,7 +138,7 @@ struct job {
 static void quantize_task(void *data, size_t task) {
   const struct job *j = data;
   int64_t m0 = j->m * (int64_t)task / j->tasks, m1 = j->m * ((int64_t)task + 1) / j->tasks;
-  i8mm_quantize_rows(j->w, j->a, m0, m1, j->qa, j->sa);
+  i8mm_quantize_rows(j->w, j->a, j->input, m0, m1, j->qa, j->sa);
 }
 
 /* Task t of j->tasks runs a contiguous range of items: whole weight panels per thread, so a
@@ -134,7 +159,9 @@ static void parallel_for(OrtKernelContext *context, void (*fn)(void *, size_t), 
 }
 
 static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *context) {
-  const struct i8mm_weights *w = kernel_state;
+  const struct kernel *kernel = kernel_state;
+  const struct i8mm_weights *w = &kernel->w;
+  const int64_t width = kernel->input == I8MM_INPUT_GELU_TANH_GATE ? 2 * w->k : w->k;
   const OrtValue *a_value;
   TRY(ort->KernelContext_GetInput(context, IN_A, &a_value));
   OrtTensorTypeAndShapeInfo *info;
@@ -147,9 +174,10 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   if (status == NULL) status = ort->GetDimensions(info, dims, rank);
   ort->ReleaseTensorTypeAndShapeInfo(info);
   if (status != NULL) return status;
-  if (dims[rank - 1] != w->k)
-    return fail("BlockInt8MatMul: A's last dimension must be K=%lld, got %lld",
-                (long long)w->k, (long long)dims[rank - 1]);
+  if (dims[rank - 1] != width)
+    return fail("BlockInt8MatMul: A's last dimension must be %lld (K=%lld%s), got %lld",
+                (long long)width, (long long)w->k, width != w->k ? ", gated: 2K" : "",
+                (long long)dims[rank - 1]);
   int64_t m = 1;
   for (size_t i = 0; i + 1 < rank; ++i) m *= dims[i];
   dims[rank - 1] = w->n;
@@ -170,7 +198,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   }
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int64_t items = i8mm_num_items(w, m);
-  struct job job = {w, a, qa, sa, y, m, cpus < 1 ? 1 : cpus < items ? cpus : items};
+  struct job job = {w, kernel->input, a, qa, sa, y, m, cpus < 1 ? 1 : cpus < items ? cpus : items};
   parallel_for(context, quantize_task, &job);
   parallel_for(context, tile_task, &job);
   free(qa);

@@ -847,12 +847,121 @@ static void accumulate_tile_avx2(const float (*restrict p)[QUERY_ROWS], int num_
 }
 #endif
 
+#if defined(LLMC_PA_AVX2) && defined(__AVX512F__)
+#define LLMC_PA_AVX512 1
+/* score_tile with AVX-512 (QUERY_ROWS = 32: two vectors per key): four keys x 32 rows = 8 sums
+ * in registers, each query vector loaded serving four keys (AVX2: two). Each lane sums over d
+ * in the same order as score_tile_avx2, so the scores are the same bits. */
+static void score_tile_avx512(const float *restrict qt, int head_dim, const float *restrict keys,
+                              int64_t row_stride, int n, float (*restrict s)[QUERY_ROWS]) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float *k0 = keys + i * row_stride, *k1 = k0 + row_stride;
+    const float *k2 = k1 + row_stride, *k3 = k2 + row_stride;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, e0 = a0,
+           e1 = a0;
+    for (int d = 0; d < head_dim; ++d) {
+      const float *qd = qt + d * QUERY_ROWS;
+      __m512 q0 = _mm512_loadu_ps(qd), q1 = _mm512_loadu_ps(qd + 16);
+      __m512 x = _mm512_set1_ps(k0[d]);
+      a0 = _mm512_fmadd_ps(x, q0, a0);
+      a1 = _mm512_fmadd_ps(x, q1, a1);
+      x = _mm512_set1_ps(k1[d]);
+      b0 = _mm512_fmadd_ps(x, q0, b0);
+      b1 = _mm512_fmadd_ps(x, q1, b1);
+      x = _mm512_set1_ps(k2[d]);
+      c0 = _mm512_fmadd_ps(x, q0, c0);
+      c1 = _mm512_fmadd_ps(x, q1, c1);
+      x = _mm512_set1_ps(k3[d]);
+      e0 = _mm512_fmadd_ps(x, q0, e0);
+      e1 = _mm512_fmadd_ps(x, q1, e1);
+    }
+    _mm512_storeu_ps(s[i], a0);
+    _mm512_storeu_ps(s[i] + 16, a1);
+    _mm512_storeu_ps(s[i + 1], b0);
+    _mm512_storeu_ps(s[i + 1] + 16, b1);
+    _mm512_storeu_ps(s[i + 2], c0);
+    _mm512_storeu_ps(s[i + 2] + 16, c1);
+    _mm512_storeu_ps(s[i + 3], e0);
+    _mm512_storeu_ps(s[i + 3] + 16, e1);
+  }
+  for (; i < n; ++i) {
+    const float *key = keys + i * row_stride;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    for (int d = 0; d < head_dim; ++d) {
+      const float *qd = qt + d * QUERY_ROWS;
+      __m512 x = _mm512_set1_ps(key[d]);
+      a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(qd), a0);
+      a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(qd + 16), a1);
+    }
+    _mm512_storeu_ps(s[i], a0);
+    _mm512_storeu_ps(s[i] + 16, a1);
+  }
+}
+
+/* accumulate_4x16_avx2 on 32 columns: o_g[0:32] += sum_i p[i * p_key + g * p_row] * values_i
+ * for four rows g, 8 accumulators of 16 lanes; the same sums in the same order. */
+static inline void accumulate_4x32_avx512(float *const o[4], const float *restrict values,
+                                          int64_t row_stride, int n, const float *restrict p,
+                                          int64_t p_key, int64_t p_row) {
+  __m512 c00 = _mm512_loadu_ps(o[0]), c01 = _mm512_loadu_ps(o[0] + 16);
+  __m512 c10 = _mm512_loadu_ps(o[1]), c11 = _mm512_loadu_ps(o[1] + 16);
+  __m512 c20 = _mm512_loadu_ps(o[2]), c21 = _mm512_loadu_ps(o[2] + 16);
+  __m512 c30 = _mm512_loadu_ps(o[3]), c31 = _mm512_loadu_ps(o[3] + 16);
+  for (int i = 0; i < n; ++i) {
+    const float *v = values + i * row_stride, *pi = p + i * p_key;
+    __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16), w;
+    w = _mm512_set1_ps(pi[0]);
+    c00 = _mm512_fmadd_ps(w, v0, c00);
+    c01 = _mm512_fmadd_ps(w, v1, c01);
+    w = _mm512_set1_ps(pi[p_row]);
+    c10 = _mm512_fmadd_ps(w, v0, c10);
+    c11 = _mm512_fmadd_ps(w, v1, c11);
+    w = _mm512_set1_ps(pi[2 * p_row]);
+    c20 = _mm512_fmadd_ps(w, v0, c20);
+    c21 = _mm512_fmadd_ps(w, v1, c21);
+    w = _mm512_set1_ps(pi[3 * p_row]);
+    c30 = _mm512_fmadd_ps(w, v0, c30);
+    c31 = _mm512_fmadd_ps(w, v1, c31);
+  }
+  _mm512_storeu_ps(o[3], c30);
+  _mm512_storeu_ps(o[3] + 16, c31);
+  _mm512_storeu_ps(o[2], c20);
+  _mm512_storeu_ps(o[2] + 16, c21);
+  _mm512_storeu_ps(o[1], c10);
+  _mm512_storeu_ps(o[1] + 16, c11);
+  _mm512_storeu_ps(o[0], c00);
+  _mm512_storeu_ps(o[0] + 16, c01);
+}
+
+/* accumulate_tile_avx2 for head_dim % 32 == 0 with accumulate_4x32_avx512. */
+static void accumulate_tile_avx512(const float (*restrict p)[QUERY_ROWS], int num_rows,
+                                   const float *restrict values, int64_t row_stride, int n,
+                                   int head_dim, float *const *rows) {
+  float scratch[32] __attribute__((aligned(64))) = {0}; /* spare rows of a last partial group */
+  for (int r = 0; r < num_rows; r += 4) {
+    int m = num_rows - r < 4 ? num_rows - r : 4;
+    for (int d = 0; d < head_dim; d += 32) {
+      float *o[4];
+      for (int g = 0; g < 4; ++g) o[g] = g < m ? rows[r + g] + d : scratch;
+      accumulate_4x32_avx512(o, values + d, row_stride, n, p[0] + r, QUERY_ROWS, 1);
+    }
+  }
+}
+#endif
+
 /* s[i][r] = key_i . qt[:, r] for n keys row_stride apart, qt being the tile's queries transposed
  * ([D][QUERY_ROWS], unused rows zero). Why transposed: each key element is broadcast against 32
  * queries with no horizontal sum, and the scores come out one query row per lane, the layout the
  * softmax of attend_tile runs in. Why four keys per pass: 4 x 32 sums stay in registers. */
 static void score_tile(const float *restrict qt, int head_dim, const float *restrict keys,
                        int64_t row_stride, int n, float (*restrict s)[QUERY_ROWS]) {
+#ifdef LLMC_PA_AVX512
+  if (QUERY_ROWS == 32) {
+    score_tile_avx512(qt, head_dim, keys, row_stride, n, s);
+    return;
+  }
+#endif
 #ifdef LLMC_PA_AVX2
   if (QUERY_ROWS == 32) {
     score_tile_avx2(qt, head_dim, keys, row_stride, n, s);
@@ -899,6 +1008,12 @@ static void score_tile(const float *restrict qt, int head_dim, const float *rest
 static void accumulate_tile(const float (*restrict p)[QUERY_ROWS], int num_rows,
                             const float *restrict values, int64_t row_stride, int n,
                             int head_dim, float *const *rows) {
+#ifdef LLMC_PA_AVX512
+  if (head_dim % 32 == 0) {
+    accumulate_tile_avx512(p, num_rows, values, row_stride, n, head_dim, rows);
+    return;
+  }
+#endif
 #ifdef LLMC_PA_AVX2
   if (head_dim % 16 == 0) {
     accumulate_tile_avx2(p, num_rows, values, row_stride, n, head_dim, rows);
