@@ -10,6 +10,9 @@ prefill) on each runtime:
   ``MatMulNBits`` with int8 compute (accuracy level 4, as the engines run them); ``dq8`` is
   ``DynamicQuantizeMatMul`` (activations quantized per tensor per call, int8 weights per output
   channel: MLAS's u8s8 GEMM, VNNI where the CPU has it).
+- ``ort-llmc``: the same graph optimized by ONNX Runtime, then its 8-bit ``MatMulNBits`` (w8;
+  int4's ``down``; the projection under w8) on llmc's ``BlockInt8MatMul``, as a cpu engine runs
+  on an AVX-512 VNNI host (``llmc.compiler.int8_matmul_rewrite``).
 - ``ov``, ``ov-bf16``: OpenVINO's runtime compiling the same ONNX graph (weights it sees as
   compressed: DequantizeLinear of int4/int8 constants; f32 or bf16 inference precision).
 
@@ -38,7 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 GEMMA_3_270M = dict(hidden=640, q=1024, kv=256, intermediate=2048, layers=18, vocab=262144)
 FORMS = ("f32", "int4", "w8", "dq8")
-RUNTIMES = ("ort", "ov", "ov-bf16")
+RUNTIMES = ("ort", "ort-llmc", "ov", "ov-bf16")
 BLOCK = 128
 MS = "com.microsoft"
 
@@ -120,15 +123,41 @@ def _model(nodes, inits, hidden: int, outputs: list[str]) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
+def _llmc_kernels(path: Path) -> Path:
+    """``path`` optimized by ONNX Runtime (as a cpu build lowers a segment), its 8-bit
+    MatMulNBits then put on llmc's BlockInt8MatMul; the rewritten model's path."""
+    import onnxruntime as ort
+
+    from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
+    from llmc.runtime.ort_env import session_options
+
+    optimized = path.with_suffix(".optimized.onnx")
+    opts = session_options(2)
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "4")
+    opts.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    model = onnx.load(str(optimized))
+    rewrite_block_int8(model)
+    rewritten = path.with_suffix(".llmc.onnx")
+    onnx.save(model, str(rewritten), save_as_external_data=True, location=rewritten.name + ".data")
+    return rewritten
+
+
 def make_runner(runtime: str, path: Path):
     """A callable ``x -> outputs`` of ``path`` on ``runtime``."""
-    if runtime == "ort":
+    if runtime in ("ort", "ort-llmc"):
         import onnxruntime as ort
 
+        from llmc.plugins.paged_attention import ort_op
         from llmc.runtime.ort_env import session_options
 
         opts = session_options(2)
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "4")
+        if runtime == "ort-llmc":
+            if not ort_op.register(opts):
+                raise RuntimeError("the llmc custom-op library is not built")
+            path = _llmc_kernels(path)
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         return lambda x: sess.run(None, {"x": x})
     import openvino as ov
@@ -196,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 for runtime in args.runtimes.split(","):
                     if form == "dq8" and runtime != "ort":
                         continue  # a contrib op: ONNX Runtime only
+                    if runtime == "ort-llmc" and form not in ("w8", "int4"):
+                        continue  # no 8-bit MatMulNBits to rewrite
                     try:
                         cells = measure(runtime, path, rows, dims["hidden"], args.seconds)
                     except Exception as e:  # a runtime that cannot run the form: say so, go on
