@@ -41,13 +41,13 @@ def block_int8_matmul_available(host_features: tuple[str, ...]) -> bool:
 def _eligible(node: onnx.NodeProto) -> bool:
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
         return False
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = _attrs(node)
     block = attrs.get("block_size", 0)
     return (
         attrs.get("bits", 4) == 8
         and not attrs.get("weight_prepacked", 0)
-        and len([i for i in node.input if i]) == 3
-        and len(node.input) == 3
+        and len(node.input) == 3  # no zero points, no group index, no bias
+        and all(node.input)
         and block >= 4
         and block % 4 == 0
         and attrs.get("K", 0) % block == 0
