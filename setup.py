@@ -38,6 +38,7 @@ OP_SOURCES = [
 ]
 # Every file the custom-op library is built from, in the order ort_op.py's OP_SOURCES hashes them.
 OP_HASHED = (
+    "llmc/plugins/ort_custom_op.h",
     f"{KERNEL_DIR}/ort_op.c",
     f"{KERNEL_DIR}/paged_attention.c",
     f"{KERNEL_DIR}/paged_attention.h",
@@ -126,7 +127,7 @@ def extensions() -> list[Extension]:
     op = Extension(
         "llmc.plugins.paged_attention._paged_attention_ort",
         sources=OP_SOURCES,
-        include_dirs=[str(include), KERNEL_DIR, MATMUL_DIR],
+        include_dirs=[str(include), "llmc/plugins", KERNEL_DIR, MATMUL_DIR],
         define_macros=[
             ("LLMC_PA_SOURCE_SHA256", f'"{SOURCE_SHA256}"'),
             ("LLMC_ORT_OP_SOURCE_SHA256", f'"{OP_SOURCE_SHA256}"'),

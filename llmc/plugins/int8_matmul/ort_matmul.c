@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "int8_matmul.h"
+#include "ort_custom_op.h"
 
 static const OrtApi *ort;
 
@@ -213,11 +214,6 @@ static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
   return "BlockInt8MatMul";
 }
 
-static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) {
-  (void)op;
-  return "CPUExecutionProvider";
-}
-
 static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t index) {
   (void)op;
   return index == IN_B ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -228,65 +224,19 @@ static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
   return N_IN;
 }
 
-static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-
-static size_t ORT_API_CALL one_count(const OrtCustomOp *op) {
-  (void)op;
-  return 1;
-}
-
-static OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp *op,
-                                                                  size_t index) {
-  (void)op;
-  (void)index;
-  return INPUT_OUTPUT_REQUIRED;
-}
-
-static OrtMemType ORT_API_CALL memory_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return OrtMemTypeDefault;
-}
-
-static int ORT_API_CALL one(const OrtCustomOp *op) {
-  (void)op;
-  return 1;
-}
-
-static int ORT_API_CALL last_version(const OrtCustomOp *op) {
-  (void)op;
-  return INT_MAX;
-}
-
 static OrtCustomOp block_int8_matmul_op;
 
 const OrtCustomOp *llmc_block_int8_matmul_op(const OrtApi *api) {
   ort = api;
   if (block_int8_matmul_op.version != 0) return &block_int8_matmul_op;
   OrtCustomOp op = {0};
-  op.version = ORT_API_VERSION;
+  llmc_op_defaults(&op);
   op.GetName = op_name;
-  op.GetExecutionProviderType = op_provider;
   op.GetInputType = input_type;
   op.GetInputTypeCount = input_count;
-  op.GetOutputType = output_type;
-  op.GetOutputTypeCount = one_count;
   op.KernelDestroy = destroy_kernel;
-  op.GetInputCharacteristic = required;
-  op.GetOutputCharacteristic = required;
-  op.GetInputMemoryType = memory_type;
-  op.GetVariadicInputMinArity = one;
-  op.GetVariadicInputHomogeneity = one;
-  op.GetVariadicOutputMinArity = one;
-  op.GetVariadicOutputHomogeneity = one;
   op.CreateKernelV2 = create_kernel;
   op.KernelComputeV2 = compute;
-  op.GetStartVersion = one;
-  op.GetEndVersion = last_version;
   block_int8_matmul_op = op;
   return &block_int8_matmul_op;
 }

@@ -24,6 +24,7 @@
 
 #include <onnxruntime_c_api.h>
 
+#include "ort_custom_op.h"
 #include "ort_matmul.h"
 #include "paged_attention.h"
 
@@ -262,11 +263,6 @@ static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
   return "PagedAttention";
 }
 
-static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) {
-  (void)op;
-  return "CPUExecutionProvider";
-}
-
 static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t index) {
   (void)op;
   switch (index) {
@@ -289,64 +285,18 @@ static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
   return N_IN;
 }
 
-static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-
-static size_t ORT_API_CALL output_count(const OrtCustomOp *op) {
-  (void)op;
-  return 1;
-}
-
-static OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp *op,
-                                                                  size_t index) {
-  (void)op;
-  (void)index;
-  return INPUT_OUTPUT_REQUIRED;
-}
-
-static OrtMemType ORT_API_CALL memory_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return OrtMemTypeDefault;
-}
-
-static int ORT_API_CALL one(const OrtCustomOp *op) {
-  (void)op;
-  return 1;
-}
-
-static int ORT_API_CALL last_version(const OrtCustomOp *op) {
-  (void)op;
-  return INT_MAX;
-}
-
 static OrtCustomOp paged_attention_op;
 
 /* Fills paged_attention_op; called once, before the first registration. */
 static void define_op(void) {
   OrtCustomOp op = {0};
-  op.version = ORT_API_VERSION;
+  llmc_op_defaults(&op);
   op.GetName = op_name;
-  op.GetExecutionProviderType = op_provider;
   op.GetInputType = input_type;
   op.GetInputTypeCount = input_count;
-  op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
   op.KernelDestroy = destroy_kernel;
-  op.GetInputCharacteristic = required;
-  op.GetOutputCharacteristic = required;
-  op.GetInputMemoryType = memory_type;
-  op.GetVariadicInputMinArity = one;
-  op.GetVariadicInputHomogeneity = one;
-  op.GetVariadicOutputMinArity = one;
-  op.GetVariadicOutputHomogeneity = one;
   op.CreateKernelV2 = create_kernel;
   op.KernelComputeV2 = compute;
-  op.GetStartVersion = one;
-  op.GetEndVersion = last_version;
   paged_attention_op = op;
 }
 

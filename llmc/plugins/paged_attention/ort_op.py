@@ -18,6 +18,7 @@ _DIR = Path(__file__).parent
 #: The sources the library is built from (relative to ``llmc/plugins``), in the order
 #: ``setup.py`` hashes them (its ``OP_HASHED``).
 OP_SOURCES = (
+    "ort_custom_op.h",
     "paged_attention/ort_op.c",
     "paged_attention/paged_attention.c",
     "paged_attention/paged_attention.h",

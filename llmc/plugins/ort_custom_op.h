@@ -1,0 +1,68 @@
+/* What llmc's ONNX Runtime custom ops (paged_attention/ort_op.c, int8_matmul/ort_matmul.c)
+ * share: one float32 output, every input and output required and in CPU memory, the CPU EP, one
+ * version range from 1 up. llmc_op_defaults fills those fields of an OrtCustomOp; each op adds its name, types,
+ * counts and kernel. */
+#ifndef LLMC_ORT_CUSTOM_OP_H
+#define LLMC_ORT_CUSTOM_OP_H
+
+#include <limits.h>
+
+#include <onnxruntime_c_api.h>
+
+static const char *ORT_API_CALL llmc_op_cpu_provider(const OrtCustomOp *op) {
+  (void)op;
+  return "CPUExecutionProvider";
+}
+
+static OrtCustomOpInputOutputCharacteristic ORT_API_CALL llmc_op_required(const OrtCustomOp *op,
+                                                                          size_t index) {
+  (void)op;
+  (void)index;
+  return INPUT_OUTPUT_REQUIRED;
+}
+
+static OrtMemType ORT_API_CALL llmc_op_memory_type(const OrtCustomOp *op, size_t index) {
+  (void)op;
+  (void)index;
+  return OrtMemTypeDefault;
+}
+
+static ONNXTensorElementDataType ORT_API_CALL llmc_op_float_output(const OrtCustomOp *op,
+                                                                  size_t index) {
+  (void)op;
+  (void)index;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+
+static size_t ORT_API_CALL llmc_op_one_output(const OrtCustomOp *op) {
+  (void)op;
+  return 1;
+}
+
+static int ORT_API_CALL llmc_op_one(const OrtCustomOp *op) {
+  (void)op;
+  return 1;
+}
+
+static int ORT_API_CALL llmc_op_last_version(const OrtCustomOp *op) {
+  (void)op;
+  return INT_MAX;
+}
+
+static inline void llmc_op_defaults(OrtCustomOp *op) {
+  op->version = ORT_API_VERSION;
+  op->GetExecutionProviderType = llmc_op_cpu_provider;
+  op->GetOutputType = llmc_op_float_output;
+  op->GetOutputTypeCount = llmc_op_one_output;
+  op->GetInputCharacteristic = llmc_op_required;
+  op->GetOutputCharacteristic = llmc_op_required;
+  op->GetInputMemoryType = llmc_op_memory_type;
+  op->GetVariadicInputMinArity = llmc_op_one;
+  op->GetVariadicInputHomogeneity = llmc_op_one;
+  op->GetVariadicOutputMinArity = llmc_op_one;
+  op->GetVariadicOutputHomogeneity = llmc_op_one;
+  op->GetStartVersion = llmc_op_one;
+  op->GetEndVersion = llmc_op_last_version;
+}
+
+#endif
