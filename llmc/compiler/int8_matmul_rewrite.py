@@ -4,8 +4,8 @@ in place of ONNX Runtime's ``MatMulNBits`` (bits 8) in the engine's single graph
 The op takes MatMulNBits' inputs and attributes unchanged and computes what MatMulNBits computes
 at accuracy level 4 (activations quantized to int8 per row and block, int32 dot products, block
 scales), with a VNNI micro-kernel that ORT's 8-bit kernel lacks at M > 1 (``llmc/plugins/
-int8_matmul``): measured on Gemma 3 270M's shapes, 2.1x at a 128-row prefill ([2048, 640]),
-1.5x for a 16-sequence decode's vocabulary projection (benchmarks/RESULTS.md). Only the single
+int8_matmul``): on Gemma 3 270M's shapes, 1.9x on its 18 layers at 128 rows and 1.6x on its
+vocabulary projection at 16 rows (benchmarks/RESULTS.md). Only the single
 graph is rewritten: the segments keep MatMulNBits, so OpenVINO's runtime (which knows
 MatMulNBits, not llmc's op) can still compile them, and the segments form still runs without
 the custom-op library. The two forms then agree to float32 rounding instead of bit for bit.
