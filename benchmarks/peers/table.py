@@ -5,7 +5,9 @@ tok/s, S16 total output tok/s and S16 mean TTFT ms.
 
 ``llmc bench`` JSON pairs (``NAME_c1.json``, ``NAME_c16.json``: llmc engines and llama.cpp)
 give S1 decode as 1000 / mean TPOT; OpenVINO GenAI's JSON (``openvino_*.json``) as measured by
-openvino_genai_bench.py (its ``LLMPipeline`` S1 on a row of its own, S16 columns blank).
+openvino_genai_bench.py (its ``LLMPipeline`` S1 on a row of its own, S16 columns blank). A
+``llmc_NAME_again`` row (run_all.sh serves its first engine again after the peers) is printed
+and kept out of the bars: its ratio to ``llmc_NAME`` per column is the host's drift over the run.
 """
 
 from __future__ import annotations
@@ -56,8 +58,26 @@ def main() -> None:
         cells = (f"{ttft:.0f}", f"{decode:.1f}", f"{total:.0f}", f"{mean_ttft:.0f}")
         print(f"| {name} | " + " | ".join(c if c != "nan" else "" for c in cells) + " |")
     print()
-    for line in against_peers(rows):
+    for line in against_peers([r for r in rows if not r[0].endswith(AGAIN)]):
         print(line)
+    for line in drift(rows):
+        print(line)
+
+
+AGAIN = "_again"
+
+
+def drift(rows: list[tuple[str, tuple[float, ...]]]) -> list[str]:
+    """Per ``NAME_again`` row: its cells over ``NAME``'s (1.00 = the host held its speed)."""
+    by_name = dict(rows)
+    lines = []
+    for name, again in rows:
+        first = by_name.get(name.removesuffix(AGAIN)) if name.endswith(AGAIN) else None
+        if first is not None:
+            cells = zip(BARS, again, first, strict=True)
+            ratios = ", ".join(f"{label} {a / f:.2f}x" for (label, _, _), a, f in cells)
+            lines.append(f"- drift, {name} over its first run: {ratios}")
+    return lines
 
 
 #: Issue 21's bars: (column, higher is better, the ratio llmc's best must reach).
