@@ -19,7 +19,11 @@ Parts (issue 18), each printed as a table:
    the cache (outside the timing; SDPA's own error against the reference is shown too).
 3. Shared memory: Triton's count for each kernel, compiled for this GPU, against
    ``triton_tiles.shared_memory_bytes`` (the TensorRT lint's formula): it must not be lower.
-4. TensorRT, where ``import tensorrt`` works: ``llmc build`` of tiny Llama and Gemma 3 engines
+4. The TensorRT AOT kernel (``trt_aot.compile_aot``'s PTX) loaded through the CUDA driver and
+   launched with the grid, threads, shared memory and argument order TensorRT's AOT plugin path
+   gives it (``gpu_aot_launch.py``), against the reference on the prefill, chunk, mixed and
+   decode workloads; its time beside the torch launcher's.
+5. TensorRT, where ``import tensorrt`` works: ``llmc build`` of tiny Llama and Gemma 3 engines
    for cpu and for this GPU's smXX, and their greedy generations compared.
 
 Exit status: 0 when every part that ran passed (a part that cannot run here prints SKIP and
@@ -147,6 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "3 with --interpret)")  # fmt: skip
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (16)")
     p.add_argument("--no-tensorrt", action="store_true", help="skip the TensorRT part")
+    p.add_argument(
+        "--no-aot", action="store_true", help="skip the AOT kernel's launch through the CUDA driver"
+    )
     p.add_argument("--min-match", type=int, default=8,
                    help="TensorRT part: greedy tokens each prompt must share with the CPU "
                    "engine's (of 16; default 8: TF32 and fused kernels may flip a near-tie "
@@ -451,6 +458,27 @@ def shared_memory_part(shapes: tuple[Shape, ...], dtypes: list[str], arch: int) 
     return ok
 
 
+#: Workloads the AOT kernel is checked on (it has no split decode: one launch per step).
+AOT_WORKLOADS = ("prefill 1x4096", "chunk 512 of 4096", "mixed 15x4096 dec+512",
+                 "decode 16x4096", "decode 16x32768")  # fmt: skip
+
+
+def aot_launch_part(args, shapes, workloads, dtypes: list[str], arch: int) -> bool:
+    """Part 4 (``gpu_aot_launch.aot_part``); SKIP (True) when CuPy is missing."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError as error:
+        print(f"\nSKIP AOT kernel: CuPy loads the PTX through the CUDA driver ({error})")
+        return True
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_aot_launch import aot_part
+
+    chosen = [w for w in workloads if w.name in AOT_WORKLOADS]
+    return aot_part(shapes, chosen, dtypes, arch, make_step=make_step, kwargs_of=kwargs_of,
+                    time_ms=time_ms, tolerance=TOLERANCE, block_size=args.block_size,
+                    repeat=args.repeat or 20)  # fmt: skip
+
+
 def tensorrt_part(args, arch: int | None) -> bool | None:
     """Build tiny Llama and Gemma 3 engines for cpu and for this GPU, compare greedy tokens.
     Returns None when skipped."""
@@ -548,6 +576,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(r.ok is not False for r in rows)
     if arch is not None:
         ok &= shared_memory_part(shapes, dtypes, arch)
+        if args.no_aot:
+            print("\nSKIP AOT kernel: --no-aot")
+        else:
+            ok &= aot_launch_part(args, shapes, workloads, dtypes, arch)
     else:
         print("\nSKIP shared memory: the interpreter compiles nothing (run without --interpret)")
     if args.no_tensorrt:

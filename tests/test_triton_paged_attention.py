@@ -304,8 +304,9 @@ def test_aot_compiles_to_ptx_for_sm80_and_sm90() -> None:
             entry = kernel.ptx[kernel.ptx.index(".entry"):]
             entry = entry[: entry.index(")")]
             target = re.search(r"\\.target (\\w+)", kernel.ptx).group(1)
+            vector_loads = len(re.findall(r"ld\\.global(\\.\\w+)*\\.v[24]", kernel.ptx))
             print(arch, kernel.name, target, entry.count(".param"), kernel.num_warps,
-                  kernel.shared_mem, kernel.block_m)
+                  kernel.shared_mem, kernel.block_m, vector_loads)
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
@@ -322,3 +323,6 @@ def test_aot_compiles_to_ptx_for_sm80_and_sm90() -> None:
         assert int(line[3]) == 16
         assert int(line[6]) == 2  # block_m: 16 rows / GROUP_PAD 8
         assert 0 < int(line[5]) <= 101376
+        # Pointers compiled as 16-byte aligned: the tile loads are vectorized (without the
+        # hint every load was scalar and the kernel ran 2.5-6.5x slower on an H200).
+        assert int(line[7]) > 0

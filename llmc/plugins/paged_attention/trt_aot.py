@@ -23,6 +23,11 @@ Two limits the PTX must meet, both checked again by the TensorRT lint on the por
   49152 && shared_optin > 49152) cuFuncSetAttribute(...MAX_DYNAMIC_SHARED_SIZE_BYTES...)``);
   TensorRT's launch of AOT PTX is not known to, so AOT kernels are tiled to fit
   :data:`AOT_SHARED_MEMORY_LIMIT`.
+
+The kernel is compiled with every pointer parameter 16-byte aligned (``tt.divisibility`` 16, as
+Triton's JIT specializes an aligned torch tensor): without it Triton emits scalar loads only, and
+the kernel ran 2.5-6.5x slower on an H200 (``benchmarks/bench_trt_aot.py``; RESULTS). TensorRT
+is assumed to hand the plugin 16-byte aligned buffers; no TensorRT document found states it.
 """
 
 from __future__ import annotations
@@ -126,6 +131,12 @@ class AotKernel:
     shared_mem: int
     block_m: int
 
+    def grid(self, num_tokens, num_seqs, num_kv_heads):
+        """The launch grid ``(T // block_m + B, KVH)``: one program per ``block_m`` new tokens of
+        a sequence (a sequence's last tile may be partial, hence ``+ B``) per KV head. Works on
+        ints and on TensorRT's symbolic shape expressions alike."""
+        return num_tokens // self.block_m + num_seqs, num_kv_heads
+
 
 def kernel_signature(activation_dtype: str, kv_cache_dtype: str) -> dict[str, str]:
     """Triton types of the kernel's runtime parameters, in launch order (input pointers, int32
@@ -184,13 +195,24 @@ def compile_aot(
         block_n //= 2
 
 
-def _compile(
+def compile_triton(
     attributes: PluginAttributes,
     activation_dtype: str,
     arch: int,
     block_m: int | None,
     block_n: int,
-) -> AotKernel:
+    num_stages: int = 1,
+    aligned: bool = True,
+):
+    """Triton's ``CompiledKernel`` of the main kernel (no split decode) for one layer and
+    ``sm{arch}``, PTX ISA :data:`PTX_ISA`: its ``asm`` holds the PTX and Triton's own cubin, its
+    ``metadata`` the name, warps and shared memory. No GPU needed. ``aligned`` compiles with
+    every pointer parameter known to be 16-byte aligned (``tt.divisibility`` 16: what Triton's
+    JIT assumes of an aligned torch tensor, and what lets it vectorize the K/V tile loads).
+
+    Raises:
+        LlmcError: ``TRITON_INTERPRET=1`` is set, or the attributes are invalid.
+    """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -206,6 +228,7 @@ def _compile(
         attributes.head_dim,
         block_m=block_m,
         block_n=block_n,
+        num_stages=num_stages,
     )
     constants = triton_tiles.kernel_constants(
         config,
@@ -216,15 +239,32 @@ def _compile(
     constexprs = {"C": constants, "SPLIT_DECODE": False}  # TensorRT launches one kernel
     signature = kernel_signature(activation_dtype, attributes.kv_cache_dtype)
     signature.update(dict.fromkeys(constexprs, "constexpr"))
+    pointers = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in pointers} if aligned else None
     source = ASTSource(
-        fn=triton_kernel.paged_attention_kernel, signature=signature, constexprs=constexprs
+        fn=triton_kernel.paged_attention_kernel,
+        signature=signature,
+        constexprs=constexprs,
+        attrs=attrs,
     )
     options = {
         "num_warps": config.num_warps,
         "num_stages": config.num_stages,
         "ptx_version": PTX_ISA[0] * 10 + PTX_ISA[1],
     }
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _compile(
+    attributes: PluginAttributes,
+    activation_dtype: str,
+    arch: int,
+    block_m: int | None,
+    block_n: int,
+) -> AotKernel:
+    from llmc.plugins.paged_attention import triton_tiles
+
+    compiled = compile_triton(attributes, activation_dtype, arch, block_m, block_n)
     metadata = compiled.metadata
     if metadata.global_scratch_size or metadata.profile_scratch_size:
         raise LlmcError(
@@ -234,6 +274,9 @@ def _compile(
     ptx = compiled.asm["ptx"]
     if ptx_isa_of(ptx) != PTX_ISA:
         raise LlmcError(f"Triton wrote PTX ISA {ptx_isa_of(ptx)}, not the pinned {PTX_ISA}")
+    config = triton_tiles.kernel_config(
+        attributes.num_heads, attributes.num_kv_heads, attributes.head_dim, block_m=block_m
+    )
     return AotKernel(
         name=metadata.name,
         ptx=ptx,

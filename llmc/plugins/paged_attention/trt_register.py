@@ -146,8 +146,7 @@ def _register(trt, trtp) -> None:
         kernel = compile_aot(attributes, dtypes[q.dtype][0], int(target.arch))
         num_tokens, num_seqs = q.shape_expr[0], seq_lens.shape_expr[0]
         launch = trtp.KernelLaunchParams()
-        launch.grid_x = num_tokens // kernel.block_m + num_seqs
-        launch.grid_y = num_kv_heads
+        launch.grid_x, launch.grid_y = kernel.grid(num_tokens, num_seqs, num_kv_heads)
         launch.block_x = kernel.num_warps * 32
         launch.shared_mem = kernel.shared_mem
         scalars = trtp.SymIntExprs.from_tuple(
