@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.model_source import resolve_model
 from llmc.runtime.engine import LLMEngine
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.step_inputs import StepInputs
@@ -118,6 +119,19 @@ def test_greedy_matches_hf_and_in_flight_batching(engine, hf_model, prompt_ids, 
                 together[int(out.request_id.split("-")[1])] = out.outputs[0].token_ids
         step += 1
     assert [together[i] for i in range(len(PROMPTS))] == ours
+
+
+def test_gguf_index_equals_transformers_load(hf_model):
+    """The streamed build's lazy GGUF index (every tensor dequantized by llmc) equals
+    transformers' float32 load of the same Q4_K_M file bit for bit (the mix of ggml types that
+    file holds is read)."""
+    import gguf
+
+    from tests.test_gguf_streaming import assert_index_is_transformers_load
+
+    q = gguf.GGMLQuantizationType
+    types = assert_index_is_transformers_load(resolve_model("gemma-3-270m"), hf_model)
+    assert {q.F32, q.Q8_0, q.Q5_0, q.Q4_K, q.Q6_K} <= types
 
 
 def test_last_position_logits_match_hf(engine, hf_model):
