@@ -22,7 +22,8 @@ Parts (issue 18), each printed as a table:
 4. The TensorRT AOT kernel (``trt_aot.compile_aot``'s PTX) loaded through the CUDA driver and
    launched with the grid, threads, shared memory and argument order TensorRT's AOT plugin path
    gives it (``gpu_aot_launch.py``), against the reference on the prefill, chunk, mixed and
-   decode workloads; its time beside the torch launcher's.
+   decode workloads, with a plain, an FP8 and an int8 KV cache; its time beside the torch
+   launcher's.
 5. TensorRT, where ``import tensorrt`` works: ``llmc build`` of tiny Llama and Gemma 3 engines
    for cpu and for this GPU's smXX, and their greedy generations compared.
 
@@ -476,7 +477,7 @@ def aot_launch_part(args, shapes, workloads, dtypes: list[str], arch: int) -> bo
     chosen = [w for w in workloads if w.name in AOT_WORKLOADS]
     return aot_part(shapes, chosen, dtypes, arch, make_step=make_step, kwargs_of=kwargs_of,
                     time_ms=time_ms, tolerance=TOLERANCE, block_size=args.block_size,
-                    repeat=args.repeat or 20)  # fmt: skip
+                    repeat=args.repeat or 20, caches=("auto", "fp8", "int8"))  # fmt: skip
 
 
 def tensorrt_part(args, arch: int | None) -> bool | None:

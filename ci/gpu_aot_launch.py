@@ -18,6 +18,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+#: The plugin's ``kv_cache_dtype`` -> the torch dtype of the cache's codes (None: the
+#: activations' dtype), and the scales the checks quantize with (the tests' values).
+CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn", "int8": "int8"}
+CACHE_SCALES = {"auto": (1.0, 1.0), "fp8": (0.02, 0.03), "int8": (0.031, 0.027)}
+
 
 def entry_parameters(ptx: str, name: str) -> int:
     """Number of ``.param`` declarations of the PTX entry ``name``.
@@ -37,12 +42,21 @@ class AotLauncher:
     input pointers, ``num_seqs`` and ``max_blocks`` as int32, the 3 output pointers, then a null
     pointer for each hidden parameter Triton appended to the entry."""
 
-    def __init__(self, kernel, num_kv_heads: int, declared: int, image: bytes | None = None):
+    def __init__(
+        self,
+        kernel,
+        num_kv_heads: int,
+        declared: int,
+        image: bytes | None = None,
+        kv_cache_dtype: str = "auto",
+    ):
         """``image``: a cubin to load instead of ``kernel.ptx`` (the same kernel through
-        ``ptxas`` rather than the driver's JIT)."""
+        ``ptxas`` rather than the driver's JIT); ``kv_cache_dtype``: the cache the kernel was
+        compiled for (a key of :data:`CACHE_DTYPES`)."""
         import cupy
 
         self.kernel = kernel
+        self.kv_cache_dtype = kv_cache_dtype
         self.num_kv_heads = num_kv_heads
         self.module = cupy.cuda.function.Module()
         self.module.load(image or kernel.ptx.encode())
@@ -68,6 +82,20 @@ class AotLauncher:
         )
 
 
+def cache_difference(got, want) -> str:
+    """'' when two caches are equal bit for bit, else how many bytes differ and the first
+    differing code of each (written by the kernel, by the reference)."""
+    import torch
+
+    a, b = got.view(torch.uint8).flatten(), want.view(torch.uint8).flatten()
+    bad = (a != b).nonzero()
+    if bad.numel() == 0:
+        return ""
+    i = int(bad[0])
+    return (f"caches: {bad.numel()} of {a.numel()} bytes differ, first at byte {i}: "
+            f"{int(a[i]):#04x} against the reference's {int(b[i]):#04x}")  # fmt: skip
+
+
 def aot_case(
     launcher: AotLauncher,
     shape,
@@ -85,10 +113,15 @@ def aot_case(
     and torch-launcher ms, verdict)."""
     import torch
 
-    from llmc.plugins.paged_attention.reference import paged_attention_reference
+    from llmc.plugins.paged_attention.reference import paged_attention_reference, quantize_kv
     from llmc.plugins.paged_attention.triton_launch import paged_attention_triton
 
     step = make_step(shape, workload, getattr(torch, dtype_name), "cuda", block_size, seed=7)
+    cache_dtype = CACHE_DTYPES[launcher.kv_cache_dtype]
+    cache_dtype = None if cache_dtype is None else getattr(torch, cache_dtype)
+    if cache_dtype is not None:  # the cache's old tokens as codes, as the engine stores them
+        step[3] = quantize_kv(step[3], cache_dtype, kwargs["k_scale"])
+        step[4] = quantize_kv(step[4], cache_dtype, kwargs["v_scale"])
     reference_step = [t.clone() for t in step]
     out = torch.empty_like(step[0])
     torch.cuda.synchronize()
@@ -99,13 +132,13 @@ def aot_case(
     atol, rtol = tolerance
     error = (out.float() - expected.float()).abs()
     close = bool((error <= atol + rtol * expected.float().abs()).all())
-    same = all(
-        torch.equal(a.view(torch.int16), b.view(torch.int16))
-        for a, b in ((step[3], reference_step[3]), (step[4], reference_step[4]))
-    )
+    differ = [cache_difference(a, b) for a, b in ((step[3], reference_step[3]),
+                                                  (step[4], reference_step[4]))]  # fmt: skip
+    same = not any(differ)
     aot_ms = time_ms(lambda: launcher(step, out), repeat, True)
     torch_ms = time_ms(lambda: paged_attention_triton(*step, **kwargs, out=out), repeat, True)
-    verdict = "ok" if close and same else "FAIL: " + ("output" if not close else "caches")
+    faults = ([] if close else ["output"]) + [d for d in differ if d]
+    verdict = "FAIL: " + "; ".join(faults) if faults else "ok"
     return close and same, f"{error.max().item():>10.2e}{aot_ms:>9.3f}{torch_ms:>10.3f}  {verdict}"
 
 
@@ -121,36 +154,40 @@ def aot_part(
     tolerance: dict[str, tuple[float, float]],
     block_size: int,
     repeat: int,
+    caches: Sequence[str] = ("auto",),
 ) -> bool:
-    """Compile, load and launch the AOT kernel for each shape x dtype on ``sm{arch}`` and check
-    every workload against the reference; print one row per case. True when all pass."""
+    """Compile, load and launch the AOT kernel for each shape x dtype x KV cache dtype
+    (``caches``: keys of :data:`CACHE_DTYPES`) on ``sm{arch}`` and check every workload against
+    the reference; print one row per case. True when all pass."""
     from llmc.engine.plugin import PluginAttributes
     from llmc.plugins.paged_attention import triton_kernel as tk
     from llmc.plugins.paged_attention.trt_aot import compile_aot
 
     declared = len(tk.POINTER_INPUTS) + len(tk.SCALAR_INPUTS) + len(tk.POINTER_OUTPUTS)
     print(f"\nAOT kernel (TensorRT's launch through the CUDA driver), sm{arch}; ms: CUDA events")
-    print(f"{'shape':<22}{'dtype':<10}{'workload':<24}{'params':>7}{'smem':>7}{'max err':>10}"
-          f"{'AOT ms':>9}{'torch ms':>10}")  # fmt: skip
+    print(f"{'shape':<22}{'dtype':<10}{'cache':<6}{'workload':<24}{'params':>7}{'smem':>7}"
+          f"{'max err':>10}{'AOT ms':>9}{'torch ms':>10}")  # fmt: skip
     ok = True
     for shape in shapes:
-        kwargs = kwargs_of(shape)
-        attributes = PluginAttributes(
-            shape.num_heads, shape.num_kv_heads, shape.head_dim, kwargs["scale"],
-            shape.sliding_window or 0, shape.logit_softcap or 0.0, block_size, 0, "auto",
-            1.0, 1.0,
-        )  # fmt: skip
-        for dtype_name in dtypes:
-            kernel = compile_aot(attributes, dtype_name, arch)
-            launcher = AotLauncher(kernel, shape.num_kv_heads, declared)
-            for workload in workloads:
-                passed, tail = aot_case(
-                    launcher, shape, workload, dtype_name, kwargs, make_step=make_step,
-                    time_ms=time_ms, tolerance=tolerance[dtype_name], block_size=block_size,
-                    repeat=repeat,
-                )  # fmt: skip
-                ok &= passed
-                params = f"{declared}+{launcher.hidden}"
-                print(f"{shape.name:<22}{dtype_name:<10}{workload.name:<24}{params:>7}"
-                      f"{kernel.shared_mem:>7}{tail}")  # fmt: skip
+        for cache in caches:
+            k_scale, v_scale = CACHE_SCALES[cache]
+            kwargs = {**kwargs_of(shape), "k_scale": k_scale, "v_scale": v_scale}
+            attributes = PluginAttributes(
+                shape.num_heads, shape.num_kv_heads, shape.head_dim, kwargs["scale"],
+                shape.sliding_window or 0, shape.logit_softcap or 0.0, block_size, 0, cache,
+                k_scale, v_scale,
+            )  # fmt: skip
+            for dtype_name in dtypes:
+                kernel = compile_aot(attributes, dtype_name, arch)
+                launcher = AotLauncher(kernel, shape.num_kv_heads, declared, None, cache)
+                for workload in workloads:
+                    passed, tail = aot_case(
+                        launcher, shape, workload, dtype_name, kwargs, make_step=make_step,
+                        time_ms=time_ms, tolerance=tolerance[dtype_name],
+                        block_size=block_size, repeat=repeat,
+                    )  # fmt: skip
+                    ok &= passed
+                    params = f"{declared}+{launcher.hidden}"
+                    print(f"{shape.name:<22}{dtype_name:<10}{cache:<6}{workload.name:<24}"
+                          f"{params:>7}{kernel.shared_mem:>7}{tail}")  # fmt: skip
     return ok
