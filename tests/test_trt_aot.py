@@ -80,3 +80,25 @@ def test_aot_compile_writes_pinned_ptx_within_48_kb():
     assert [r[7] for r in rows] == [32, 16, 32]
     for *_, shared, formula, _ in rows:
         assert 0 < shared <= formula <= 48 * 1024  # the lint's formula bounds Triton's number
+
+
+def test_the_launch_harness_counts_parameters_and_differing_cache_bytes():
+    """ci/gpu_aot_launch.py's two pure helpers (the GPU part itself needs a GPU): the PTX entry's
+    parameter count (the hidden trailing pointers it passes as null) and the cache comparison
+    that names how many bytes differ and the first pair of codes."""
+    import torch
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ci"))
+    from gpu_aot_launch import cache_difference, entry_parameters
+
+    ptx = ".visible .entry k(\n .param .u64 k_param_0,\n .param .u32 k_param_1\n)\n{\n}\n"
+    assert entry_parameters(ptx, "k") == 2
+    with pytest.raises(ValueError, match="no entry 'other'"):
+        entry_parameters(ptx, "other")
+    cache = torch.arange(64, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(2, 4, 8)
+    assert cache_difference(cache, cache.clone()) == ""
+    other = cache.clone()
+    other.view(torch.uint8).view(-1)[37] = 0x80
+    assert cache_difference(cache, other) == (
+        "caches: 1 of 64 bytes differ, first at byte 37: 0x25 against the reference's 0x80"
+    )
