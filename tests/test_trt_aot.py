@@ -102,3 +102,25 @@ def test_the_launch_harness_counts_parameters_and_differing_cache_bytes():
     assert cache_difference(cache, other) == (
         "caches: 1 of 64 bytes differ, first at byte 37: 0x25 against the reference's 0x80"
     )
+
+
+def test_the_fp8_cache_encoder_compiles_to_no_approximate_division():
+    """FP8 codes must be exact (round half to even, as the reference): on a GPU Triton compiles
+    float32 `/` to ``div.full.f32`` (approximate), which made the AOT kernel's FP8 codes differ
+    from the reference's on an H200. The FP8 kernel may hold no more approximate divisions than
+    the plain-cache kernel (the softmax's, which the outputs' tolerance covers)."""
+    pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0)")
+    script = textwrap.dedent("""
+        from llmc.engine.plugin import PluginAttributes
+        from llmc.plugins.paged_attention import trt_aot
+        for cache in ("auto", "fp8", "int8"):
+            a = PluginAttributes(32, 8, 128, 0.0884, 0, 0.0, 16, 0, cache, 0.02, 0.03)
+            print(cache, trt_aot.compile_aot(a, "bfloat16", 90).ptx.count("div.full.f32"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = dict(line.split() for line in result.stdout.strip().splitlines())
+    assert int(counts["auto"]) > 0  # the count is of the instruction Triton really emits
+    assert counts["fp8"] == counts["int8"] == counts["auto"]

@@ -33,8 +33,12 @@ def fp8_round(y):
     a = tl.abs(y)
     exponent = (a.to(tl.int32, bitcast=True) >> 23) & 0xFF
     # Spacing of E4M3 values near a: 2^(e-3) in binade [2^e, 2^(e+1)); 2^-9 below 2^-6.
-    step = (tl.maximum(exponent - 3, 127 - 9) << 23).to(tl.float32, bitcast=True)
-    r = round_half_even(a / step) * step  # division by a power of two: exact
+    step_field = tl.maximum(exponent - 3, 127 - 9)
+    step = (step_field << 23).to(tl.float32, bitcast=True)
+    # a / step as a product with the exact reciprocal 2^-(e-3): Triton compiles float32 `/`
+    # to the GPU's approximate division (div.full.f32), which moved ties on an H200.
+    inv_step = ((254 - step_field) << 23).to(tl.float32, bitcast=True)
+    r = round_half_even(a * inv_step) * step  # products with powers of two: exact
     return tl.where(y.to(tl.int32, bitcast=True) < 0, -r, r)  # the sign bit: -0.0 too
 
 
