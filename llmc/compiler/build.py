@@ -31,6 +31,7 @@ from llmc.compiler.tensorrt.gpu_build import build_gpu
 from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
 from llmc.engine.manifest import parse_manifest, read_manifest, write_manifest
 from llmc.errors import BuildConfigError
+from llmc.heap import collect_new_objects_only
 from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR
 
 
@@ -42,6 +43,11 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
     calibration text, FastPathError when quantized layers miss their kernels, and whatever
     export/ORT raise for a model they cannot handle.
     """
+    with collect_new_objects_only():
+        return _build(config, progress)
+
+
+def _build(config: BuildConfig, progress: BuildProgress | None) -> BuildResult:
     config.validate()
     if not config.target.is_cpu:
         if config.quantization.draft is not None:
