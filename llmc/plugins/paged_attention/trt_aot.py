@@ -26,7 +26,7 @@ Two limits the PTX must meet, both checked again by the TensorRT lint on the por
 
 The kernel is compiled with every pointer parameter 16-byte aligned (``tt.divisibility`` 16, as
 Triton's JIT specializes an aligned torch tensor): without it Triton emits scalar loads only, and
-the kernel ran 2.5-6.5x slower on an H200 (``benchmarks/bench_trt_aot.py``; RESULTS). TensorRT
+the kernel ran 1.1-6.5x slower on an H200 (``benchmarks/bench_trt_aot.py``; RESULTS). TensorRT
 is assumed to hand the plugin 16-byte aligned buffers; no TensorRT document found states it.
 """
 
