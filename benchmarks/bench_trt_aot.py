@@ -23,40 +23,26 @@ WORKLOADS = ("prefill 1x4096", "chunk 512 of 4096", "decode 16x32768", "decode 6
 
 
 def variants(attributes, shape, arch: int) -> dict:
-    """name -> (AotKernel, cubin or None) for one layer."""
+    """name -> AotKernel for one layer, those an AOT launch can run (48 KB of shared memory)."""
     from llmc.plugins.paged_attention import triton_tiles
     from llmc.plugins.paged_attention.trt_aot import (
         AOT_SHARED_MEMORY_LIMIT,
-        AotKernel,
         compile_aot,
-        compile_triton,
+        compile_kernel,
     )
 
-    base = compile_aot(attributes, "bfloat16", arch)
     group_pad = triton_tiles.kernel_config(
         shape.num_heads, shape.num_kv_heads, shape.head_dim
     ).group_pad
     rows64 = max(1, triton_tiles.PREFILL_ROWS // group_pad)
-
-    def kernel(block_m, stages, aligned=True):
-        compiled = compile_triton(attributes, "bfloat16", arch, block_m, 32, stages, aligned)
-        md = compiled.metadata
-        config = triton_tiles.kernel_config(
-            shape.num_heads, shape.num_kv_heads, shape.head_dim, block_m=block_m
-        )
-        aot = AotKernel(md.name, compiled.asm["ptx"], arch, md.num_warps, md.shared,
-                        config.block_m)  # fmt: skip
-        return aot, None
-
     found = {
-        "aot": (base, None),
-        "unaligned": kernel(None, 1, aligned=False),
-        "s3": kernel(None, 3),
-        "m64 s1": kernel(rows64, 1),
-        "m64 s3": kernel(rows64, 3),
+        "aot": compile_aot(attributes, "bfloat16", arch),
+        "unaligned": compile_kernel(attributes, "bfloat16", arch, None, 32, aligned=False),
+        "s3": compile_kernel(attributes, "bfloat16", arch, None, 32, num_stages=3),
+        "m64 s1": compile_kernel(attributes, "bfloat16", arch, rows64, 32),
+        "m64 s3": compile_kernel(attributes, "bfloat16", arch, rows64, 32, num_stages=3),
     }
-    # An AOT launch gets no shared-memory opt-in (trt_aot's module doc): drop what needs it.
-    return {n: v for n, v in found.items() if v[0].shared_mem <= AOT_SHARED_MEMORY_LIMIT}
+    return {n: k for n, k in found.items() if k.shared_mem <= AOT_SHARED_MEMORY_LIMIT}
 
 
 def workload_row(shape, workload, kwargs: dict, launchers: dict, repeat: int) -> str:
@@ -92,14 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_aot_launch import AotLauncher
 
     from llmc.engine.plugin import PluginAttributes
-    from llmc.plugins.paged_attention import triton_kernel as tk
 
     if not torch.cuda.is_available():
         print("no CUDA GPU")
         return 3
     major, minor = torch.cuda.get_device_capability()
     arch = 10 * major + minor
-    declared = len(tk.POINTER_INPUTS) + len(tk.SCALAR_INPUTS) + len(tk.POINTER_OUTPUTS)
     print(f"{torch.cuda.get_device_name()} sm{arch}; ms (max abs error against the reference)")
     workloads = [w for w in real_workloads(32768) if w.name in WORKLOADS]
     for shape in (REAL_SHAPES[0], REAL_SHAPES[2]):
@@ -109,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             shape.sliding_window or 0, 0.0, 16, 0, "auto", 1.0, 1.0,
         )  # fmt: skip
         launchers = {
-            name: AotLauncher(k, shape.num_kv_heads, declared, image)
-            for name, (k, image) in variants(attributes, shape, arch).items()
+            name: AotLauncher(k, shape.num_kv_heads)
+            for name, k in variants(attributes, shape, arch).items()
         }
         for workload in workloads:
             print(

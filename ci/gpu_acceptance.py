@@ -18,7 +18,8 @@ Parts (issue 18), each printed as a table:
    ``torch.nn.functional.scaled_dot_product_attention`` on the same data gathered dense from
    the cache (outside the timing; SDPA's own error against the reference is shown too).
 3. Shared memory: Triton's count for each kernel, compiled for this GPU, against
-   ``triton_tiles.shared_memory_bytes`` (the TensorRT lint's formula): it must not be lower.
+   ``triton_tiles.shared_memory_bytes`` (the TensorRT lint's formula): it must not be lower
+   (``gpu_shared_memory.py``).
 4. The TensorRT AOT kernel (``trt_aot.compile_aot``'s PTX) loaded through the CUDA driver and
    launched with the grid, threads, shared memory and argument order TensorRT's AOT plugin path
    gives it (``gpu_aot_launch.py``), against the reference on the prefill, chunk, mixed and
@@ -387,78 +388,6 @@ def print_row(r: Row) -> None:
     print(line, flush=True)
 
 
-def compiled_shared_memory(
-    num_heads: int, num_kv_heads: int, head_dim: int, dtype: str, arch: int, config
-) -> tuple[int, int, int]:
-    """Triton's shared memory (bytes) of the main, split and reduce kernels compiled for
-    ``arch`` (80, 90, ...) with ``config``'s tiles and launch options, as the launcher launches
-    them. Needs no GPU; needs a process without TRITON_INTERPRET."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from llmc.plugins.paged_attention import triton_flash_decoding as fd
-    from llmc.plugins.paged_attention import triton_kernel as tk
-    from llmc.plugins.paged_attention.triton_tiles import MAX_SPLITS, kernel_constants
-
-    name = str(dtype).removeprefix("torch.")
-    act = "*" + {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[name]
-    constants = kernel_constants(
-        config, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        block_size=16, scale=head_dim**-0.5, sliding_window=512, logit_softcap=None,
-        cache_quant="none", k_scale=1.0, v_scale=1.0,
-    )  # fmt: skip
-    pointers = [act] * 5 + ["*i32"] * 3
-    main_types = [*pointers, "*i64", "i32", "i32", act, act, act]
-    main_names = (*tk.POINTER_INPUTS, *tk.SCALAR_INPUTS, *tk.POINTER_OUTPUTS)
-    split_names = (*tk.POINTER_INPUTS[:8], "max_blocks", "num_splits", "partial_out_ptr",
-                   "partial_lse_ptr")  # fmt: skip
-    split_types = [*pointers, "i32", "i32", "*fp32", "*fp32"]
-    reduce_constants = dict(NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-                            SPLITS_PAD=MAX_SPLITS, BLOCK_D=config.block_d)  # fmt: skip
-    reduce_signature = {"partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32",
-                        "query_start_loc_ptr": "*i32", "num_splits": "i32",
-                        "out_ptr": act}  # fmt: skip
-    kernels = (
-        (tk.paged_attention_kernel, dict(zip(main_names, main_types, strict=True)),
-         dict(C=constants, SPLIT_DECODE=True)),
-        (fd.flash_decoding_split_kernel, dict(zip(split_names, split_types, strict=True)),
-         dict(C=constants)),
-        (fd.flash_decoding_reduce_kernel, reduce_signature, reduce_constants),
-    )  # fmt: skip
-    shared = []
-    for fn, signature, consts in kernels:
-        signature = {**signature, **dict.fromkeys(consts, "constexpr")}
-        compiled = triton.compile(
-            ASTSource(fn=fn, signature=signature, constexprs=consts),
-            target=GPUTarget("cuda", arch, 32),
-            options=dict(num_warps=config.num_warps, num_stages=config.num_stages),
-        )
-        shared.append(compiled.metadata.shared)
-    return tuple(shared)
-
-
-def shared_memory_part(shapes: tuple[Shape, ...], dtypes: list[str], arch: int) -> bool:
-    """Compile the kernels for ``sm{arch}`` and compare Triton's shared memory (bytes) with
-    ``shared_memory_bytes``; True when every one matches and fits."""
-    from llmc.plugins.paged_attention.triton_tiles import kernel_config, shared_memory_bytes
-
-    print(f"\nshared memory, compiled for sm{arch} (bytes; 49152 = 48 KB without opt-in)")
-    print(f"{'shape':<22}{'dtype':<10}{'formula':>9}{'main':>8}{'split':>8}{'reduce':>8}")
-    ok = True
-    for shape in shapes:
-        for dtype in dtypes:
-            config = kernel_config(shape.num_heads, shape.num_kv_heads, shape.head_dim)
-            formula = shared_memory_bytes(shape.head_dim, dtype, config)
-            measured = compiled_shared_memory(shape.num_heads, shape.num_kv_heads,
-                                              shape.head_dim, dtype, arch, config)  # fmt: skip
-            verdict = "ok" if max(measured) <= formula else "FAIL: formula below Triton's count"
-            ok &= max(measured) <= formula
-            print(f"{shape.name:<22}{dtype:<10}{formula:>9}{measured[0]:>8}{measured[1]:>8}"
-                  f"{measured[2]:>8}  {verdict}")  # fmt: skip
-    return ok
-
-
 #: Workloads the AOT kernel is checked on (it has no split decode: one launch per step).
 AOT_WORKLOADS = ("prefill 1x4096", "chunk 512 of 4096", "mixed 15x4096 dec+512",
                  "decode 16x4096", "decode 16x32768")  # fmt: skip
@@ -471,8 +400,7 @@ def aot_launch_part(args, shapes, workloads, dtypes: list[str], arch: int) -> bo
     except ImportError as error:
         print(f"\nSKIP AOT kernel: CuPy loads the PTX through the CUDA driver ({error})")
         return True
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_aot_launch import aot_part
+    from gpu_aot_launch import aot_part  # ci/ is on sys.path (this script's)
 
     chosen = [w for w in workloads if w.name in AOT_WORKLOADS]
     return aot_part(shapes, chosen, dtypes, arch, make_step=make_step, kwargs_of=kwargs_of,
@@ -576,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                 print_row(rows[-1])
     ok = all(r.ok is not False for r in rows)
     if arch is not None:
+        from gpu_shared_memory import shared_memory_part  # ci/ is on sys.path (this script's)
+
         ok &= shared_memory_part(shapes, dtypes, arch)
         if args.no_aot:
             print("\nSKIP AOT kernel: --no-aot")

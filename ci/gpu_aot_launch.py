@@ -1,4 +1,4 @@
-"""The TensorRT AOT kernel launched as TensorRT would launch it, without TensorRT: part 5 of
+"""The TensorRT AOT kernel launched as TensorRT would launch it, without TensorRT: part 4 of
 ``ci/gpu_acceptance.py``.
 
 TensorRT's AOT plugin path (``trt_register.paged_attention_aot_impl``) hands the engine a PTX
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 #: The plugin's ``kv_cache_dtype`` -> the torch dtype of the cache's codes (None: the
 #: activations' dtype), and the scales the checks quantize with (the tests' values).
-CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn", "int8": "int8"}
+CACHE_DTYPES = {"auto": None, "fp8": "float8_e4m3fn", "int8": "int8"}  # torch's names
 CACHE_SCALES = {"auto": (1.0, 1.0), "fp8": (0.02, 0.03), "int8": (0.031, 0.027)}
 
 
@@ -42,26 +42,21 @@ class AotLauncher:
     input pointers, ``num_seqs`` and ``max_blocks`` as int32, the 3 output pointers, then a null
     pointer for each hidden parameter Triton appended to the entry."""
 
-    def __init__(
-        self,
-        kernel,
-        num_kv_heads: int,
-        declared: int,
-        image: bytes | None = None,
-        kv_cache_dtype: str = "auto",
-    ):
-        """``image``: a cubin to load instead of ``kernel.ptx`` (the same kernel through
-        ``ptxas`` rather than the driver's JIT); ``kv_cache_dtype``: the cache the kernel was
-        compiled for (a key of :data:`CACHE_DTYPES`)."""
+    def __init__(self, kernel, num_kv_heads: int, kv_cache_dtype: str = "auto"):
+        """``kernel``: a ``trt_aot.AotKernel``; ``kv_cache_dtype``: the cache it was compiled
+        for (a key of :data:`CACHE_DTYPES`)."""
         import cupy
+
+        from llmc.plugins.paged_attention import triton_kernel as tk
 
         self.kernel = kernel
         self.kv_cache_dtype = kv_cache_dtype
         self.num_kv_heads = num_kv_heads
         self.module = cupy.cuda.function.Module()
-        self.module.load(image or kernel.ptx.encode())
+        self.module.load(kernel.ptx.encode())
         self.function = self.module.get_function(kernel.name)
-        self.hidden = entry_parameters(kernel.ptx, kernel.name) - declared
+        self.declared = len(tk.POINTER_INPUTS) + len(tk.SCALAR_INPUTS) + len(tk.POINTER_OUTPUTS)
+        self.hidden = entry_parameters(kernel.ptx, kernel.name) - self.declared
 
     def __call__(self, step: Sequence, out) -> None:
         """Launch on ``step`` (the plugin's 9 inputs as CUDA torch tensors), writing ``out``
@@ -117,11 +112,10 @@ def aot_case(
     from llmc.plugins.paged_attention.triton_launch import paged_attention_triton
 
     step = make_step(shape, workload, getattr(torch, dtype_name), "cuda", block_size, seed=7)
-    cache_dtype = CACHE_DTYPES[launcher.kv_cache_dtype]
-    cache_dtype = None if cache_dtype is None else getattr(torch, cache_dtype)
-    if cache_dtype is not None:  # the cache's old tokens as codes, as the engine stores them
-        step[3] = quantize_kv(step[3], cache_dtype, kwargs["k_scale"])
-        step[4] = quantize_kv(step[4], cache_dtype, kwargs["v_scale"])
+    codes = CACHE_DTYPES[launcher.kv_cache_dtype]
+    if codes is not None:  # the cache's old tokens as codes, as the engine stores them
+        step[3] = quantize_kv(step[3], getattr(torch, codes), kwargs["k_scale"])
+        step[4] = quantize_kv(step[4], getattr(torch, codes), kwargs["v_scale"])
     reference_step = [t.clone() for t in step]
     out = torch.empty_like(step[0])
     torch.cuda.synchronize()
@@ -160,10 +154,8 @@ def aot_part(
     (``caches``: keys of :data:`CACHE_DTYPES`) on ``sm{arch}`` and check every workload against
     the reference; print one row per case. True when all pass."""
     from llmc.engine.plugin import PluginAttributes
-    from llmc.plugins.paged_attention import triton_kernel as tk
     from llmc.plugins.paged_attention.trt_aot import compile_aot
 
-    declared = len(tk.POINTER_INPUTS) + len(tk.SCALAR_INPUTS) + len(tk.POINTER_OUTPUTS)
     print(f"\nAOT kernel (TensorRT's launch through the CUDA driver), sm{arch}; ms: CUDA events")
     print(f"{'shape':<22}{'dtype':<10}{'cache':<6}{'workload':<24}{'params':>7}{'smem':>7}"
           f"{'max err':>10}{'AOT ms':>9}{'torch ms':>10}")  # fmt: skip
@@ -179,7 +171,7 @@ def aot_part(
             )  # fmt: skip
             for dtype_name in dtypes:
                 kernel = compile_aot(attributes, dtype_name, arch)
-                launcher = AotLauncher(kernel, shape.num_kv_heads, declared, None, cache)
+                launcher = AotLauncher(kernel, shape.num_kv_heads, cache)
                 for workload in workloads:
                     passed, tail = aot_case(
                         launcher, shape, workload, dtype_name, kwargs, make_step=make_step,
@@ -187,7 +179,7 @@ def aot_part(
                         block_size=block_size, repeat=repeat,
                     )  # fmt: skip
                     ok &= passed
-                    params = f"{declared}+{launcher.hidden}"
+                    params = f"{launcher.declared}+{launcher.hidden}"
                     print(f"{shape.name:<22}{dtype_name:<10}{cache:<6}{workload.name:<24}"
                           f"{params:>7}{kernel.shared_mem:>7}{tail}")  # fmt: skip
     return ok

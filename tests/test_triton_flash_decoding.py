@@ -185,7 +185,7 @@ def test_shared_memory_bytes_bounds_what_triton_allocates() -> None:
         import sys
         sys.path.insert(0, "ci")
         import torch
-        from gpu_acceptance import compiled_shared_memory
+        from gpu_shared_memory import compiled_shared_memory
         from llmc.plugins.paged_attention.triton_tiles import kernel_config, shared_memory_bytes
         for heads, kv_heads, head_dim, dtype, arch in ((4, 1, 256, "bfloat16", 90),
                                                        (32, 8, 128, "float16", 80)):

@@ -184,7 +184,7 @@ def compile_aot(
     limit = shared_memory_limit(arch)
     block_n = block_n or aot_block_n(attributes, activation_dtype, arch) or 16
     while True:
-        kernel = _compile(attributes, activation_dtype, arch, block_m, block_n)
+        kernel = compile_kernel(attributes, activation_dtype, arch, block_m, block_n)
         if kernel.shared_mem <= limit:
             return kernel
         if block_n <= 16:
@@ -195,7 +195,7 @@ def compile_aot(
         block_n //= 2
 
 
-def compile_triton(
+def compile_kernel(
     attributes: PluginAttributes,
     activation_dtype: str,
     arch: int,
@@ -203,15 +203,16 @@ def compile_triton(
     block_n: int,
     num_stages: int = 1,
     aligned: bool = True,
-):
-    """Triton's ``CompiledKernel`` of the main kernel (no split decode) for one layer and
-    ``sm{arch}``, PTX ISA :data:`PTX_ISA`: its ``asm`` holds the PTX and Triton's own cubin, its
-    ``metadata`` the name, warps and shared memory. No GPU needed. ``aligned`` compiles with
-    every pointer parameter known to be 16-byte aligned (``tt.divisibility`` 16: what Triton's
-    JIT assumes of an aligned torch tensor, and what lets it vectorize the K/V tile loads).
+) -> AotKernel:
+    """The main kernel (no split decode) for one layer and ``sm{arch}`` with these tiles, as PTX
+    ISA :data:`PTX_ISA`; no GPU needed. ``aligned`` compiles with every pointer parameter known
+    to be 16-byte aligned (``tt.divisibility`` 16: what Triton's JIT assumes of an aligned torch
+    tensor, and what lets it vectorize the K/V tile loads). :func:`compile_aot` chooses the
+    tiles; ``benchmarks/bench_trt_aot.py`` compares others.
 
     Raises:
-        LlmcError: ``TRITON_INTERPRET=1`` is set, or the attributes are invalid.
+        LlmcError: ``TRITON_INTERPRET=1`` is set, the attributes are invalid, the kernel needs
+            Triton's scratch memory, or its PTX is not :data:`PTX_ISA`.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -252,19 +253,7 @@ def compile_triton(
         "num_stages": config.num_stages,
         "ptx_version": PTX_ISA[0] * 10 + PTX_ISA[1],
     }
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-
-
-def _compile(
-    attributes: PluginAttributes,
-    activation_dtype: str,
-    arch: int,
-    block_m: int | None,
-    block_n: int,
-) -> AotKernel:
-    from llmc.plugins.paged_attention import triton_tiles
-
-    compiled = compile_triton(attributes, activation_dtype, arch, block_m, block_n)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     metadata = compiled.metadata
     if metadata.global_scratch_size or metadata.profile_scratch_size:
         raise LlmcError(
@@ -274,9 +263,6 @@ def _compile(
     ptx = compiled.asm["ptx"]
     if ptx_isa_of(ptx) != PTX_ISA:
         raise LlmcError(f"Triton wrote PTX ISA {ptx_isa_of(ptx)}, not the pinned {PTX_ISA}")
-    config = triton_tiles.kernel_config(
-        attributes.num_heads, attributes.num_kv_heads, attributes.head_dim, block_m=block_m
-    )
     return AotKernel(
         name=metadata.name,
         ptx=ptx,
