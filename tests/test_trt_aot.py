@@ -104,23 +104,36 @@ def test_the_launch_harness_counts_parameters_and_differing_cache_bytes():
     )
 
 
-def test_the_fp8_cache_encoder_compiles_to_no_approximate_division():
-    """FP8 codes must be exact (round half to even, as the reference): on a GPU Triton compiles
-    float32 `/` to ``div.full.f32`` (approximate), which made the AOT kernel's FP8 codes differ
-    from the reference's on an H200. The FP8 kernel may hold no more approximate divisions than
-    the plain-cache kernel (the softmax's, which the outputs' tolerance covers)."""
+def test_the_fp8_cache_encoder_compiles_to_exact_integer_and_float_operations():
+    """FP8 codes must equal the reference's bit for bit, and two things that the interpreter
+    cannot see broke that on an H200: Triton compiles float32 `/` to ``div.full.f32``
+    (approximate), which moved ties; and a float negation lost the sign of -0.0 (a negative value
+    that rounds to zero came out 0x00 where the reference writes 0x80). So the FP8 kernel may hold
+    no more approximate divisions than the plain-cache kernel (the softmax's, which the outputs'
+    tolerance covers), and a ``neg.f32`` in it may only feed an ``fma`` (``x - floor(x)`` fused),
+    never a value whose sign bit becomes a code's."""
     pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.9.0)")
-    script = textwrap.dedent("""
+    script = textwrap.dedent(r"""
+        import re
         from llmc.engine.plugin import PluginAttributes
         from llmc.plugins.paged_attention import trt_aot
         for cache in ("auto", "fp8", "int8"):
             a = PluginAttributes(32, 8, 128, 0.0884, 0, 0.0, 16, 0, cache, 0.02, 0.03)
-            print(cache, trt_aot.compile_aot(a, "bfloat16", 90).ptx.count("div.full.f32"))
+            ptx = trt_aot.compile_aot(a, "bfloat16", 90).ptx
+            consumers = set()
+            for reg in re.findall(r"neg\.f32\s+(%r\d+),", ptx):
+                for line in re.findall(rf"^\s*(\S+)\s[^\n]*{reg}(?!\d)", ptx, re.M):
+                    consumers.add(line)
+            consumers.discard("neg.f32")
+            print(cache, ptx.count("div.full.f32"), ",".join(sorted(consumers)) or "-")
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                             text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    counts = dict(line.split() for line in result.stdout.strip().splitlines())
-    assert int(counts["auto"]) > 0  # the count is of the instruction Triton really emits
-    assert counts["fp8"] == counts["int8"] == counts["auto"]
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.strip().splitlines()}
+    divisions = {cache: int(row[0]) for cache, row in rows.items()}
+    assert divisions["auto"] > 0  # the count is of the instruction Triton really emits
+    assert divisions["fp8"] == divisions["int8"] == divisions["auto"]
+    for cache, row in rows.items():
+        assert set(row[1].split(",")) <= {"-", "fma.rn.f32"}, (cache, row[1])

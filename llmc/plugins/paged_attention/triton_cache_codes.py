@@ -39,7 +39,10 @@ def fp8_round(y):
     # to the GPU's approximate division (div.full.f32), which moved ties on an H200.
     inv_step = ((254 - step_field) << 23).to(tl.float32, bitcast=True)
     r = round_half_even(a * inv_step) * step  # products with powers of two: exact
-    return tl.where(y.to(tl.int32, bitcast=True) < 0, -r, r)  # the sign bit: -0.0 too
+    # y's sign bit put on r with integer operations: negating r lost the sign of -0.0 on an
+    # H200 (a negative y that rounds to zero gave code 0x00 where the reference has 0x80).
+    sign = (y.to(tl.int32, bitcast=True) >> 31) << 31
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -64,7 +67,8 @@ def fp8_value(code):
     magnitude = tl.where(
         exponent == 0, mantissa.to(tl.float32) * 0.001953125, (8 + mantissa).to(tl.float32) * power
     )
-    return tl.where((code & 0x80) != 0, -magnitude, magnitude)
+    sign = (code & 0x80) << 24  # the sign bit set with integer operations, as in fp8_round
+    return (magnitude.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
