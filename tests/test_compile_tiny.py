@@ -96,6 +96,7 @@ def test_graph_has_one_plugin_per_layer_and_fused_ops(tiny):
     # Llama: 2 norms per layer + final = 5; Gemma 3: 4 norms + q/k norms per layer + final = 13.
     assert report["rms_norm"] == {"llama": 5, "gemma3": 13}[name]
     assert report["rotary_embedding"] == 4  # q and k in each of 2 layers
+    assert report["head_layout"] == 4  # the same q and k kept [B, S, H, D]
     assert report["parallel_matmul"] == 4  # QKV and gate/up in each of 2 layers
     assert result.optimized_ops["Split"] >= 4
     plan = json.loads((result.engine_dir / "plan.json").read_text())

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
+from llmc.compiler.passes.head_layout import keep_heads_token_major
 from llmc.compiler.passes.no_op import remove_no_ops
 from llmc.compiler.passes.parallel_matmul import fuse_parallel_matmuls
 from llmc.compiler.passes.rms_norm import fuse_rms_norm
@@ -47,6 +48,7 @@ PIPELINE: list[tuple[str, Callable[[ir.Model], int]]] = [
     ("no_op_arithmetic", remove_no_ops),
     ("rms_norm", fuse_rms_norm),
     ("rotary_embedding", fuse_rotary_embedding),
+    ("head_layout", keep_heads_token_major),
     ("parallel_matmul", fuse_parallel_matmuls),
     ("tied_weights", use_tied_weights),
     ("dead_and_duplicate_nodes", _dedupe),
