@@ -1,0 +1,82 @@
+"""Fuse a residual ``Add`` and the ``RMSNormalization`` of its sum into ONNX Runtime's
+``com.microsoft.SkipSimplifiedLayerNormalization`` (CPU engines only).
+
+A decoder layer adds each sublayer's output to the residual stream and normalizes the sum for
+the next sublayer: ``h = residual + x; y = RMSNorm(h) * w``. The fused kernel reads ``residual``
+and ``x`` once, writes ``y`` and (as its fourth output) ``h``, where the pair reads and writes
+``h`` twice. ONNX Runtime's own SkipLayerNormFusion does not match the opset-23
+``RMSNormalization`` the passes produce, so the CPU lowering rewrites it before ORT optimizes a
+segment. The values are the same up to float32 rounding order. Measured on Gemma 3 270M int8
+(36 pairs) at a 128-token prefill: 0.98x the step time.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+CONTRIB_DOMAIN = "com.microsoft"
+FUSED_OP = "SkipSimplifiedLayerNormalization"
+
+
+def _attribute(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _fusable_norm(norm: onnx.NodeProto, sum_name: str, vectors: set[str]) -> bool:
+    """``norm`` normalizes ``sum_name`` over its last axis in float32, scaled by a vector."""
+    return (
+        norm.op_type == "RMSNormalization"
+        and norm.domain in ("", "ai.onnx")
+        and len(norm.input) == 2
+        and norm.input[0] == sum_name
+        and norm.input[1] in vectors
+        and _attribute(norm, "axis", -1) == -1
+        and _attribute(norm, "stash_type", 1) == 1
+    )
+
+
+def fuse_skip_rms_norm(model: onnx.ModelProto) -> int:
+    """Rewrite every ``Add`` of two activations whose sum one ``RMSNormalization`` (last axis,
+    a constant 1-D scale) normalizes, in ``model`` in place; returns the number fused. The sum
+    stays available to its other consumers through the fused node's fourth output."""
+    graph = model.graph
+    constants = {t.name for t in graph.initializer}
+    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    vectors = {t.name for t in graph.initializer if len(t.dims) == 1}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    fused = []
+    for add in graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        if any(name in constants for name in add.input):
+            continue  # a bias, not a residual stream
+        norms = [
+            n for n in consumers.get(add.output[0], []) if _fusable_norm(n, add.output[0], vectors)
+        ]
+        if len(norms) != 1:
+            continue
+        norm = norms[0]
+        node = helper.make_node(
+            FUSED_OP,
+            [add.input[0], add.input[1], norm.input[1]],
+            [norm.output[0], "", "", add.output[0]],
+            name=f"{norm.name}/skip",
+            domain=CONTRIB_DOMAIN,
+            epsilon=float(_attribute(norm, "epsilon", 1e-5)),
+        )
+        fused.append((add, norm, node))
+    for add, norm, node in fused:
+        index = list(graph.node).index(add)
+        graph.node.remove(add)
+        graph.node.insert(index, node)
+        graph.node.remove(norm)
+    if fused and not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return len(fused)
