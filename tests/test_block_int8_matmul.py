@@ -89,7 +89,15 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 @pytest.mark.parametrize(
     ("m", "k", "n", "block"),
-    [(1, 256, 64, 128), (7, 512, 100, 128), (13, 96, 70, 32), (130, 640, 130, 16), (6, 8, 3, 4)],
+    [
+        (1, 256, 64, 128),
+        (7, 512, 100, 128),
+        (13, 96, 70, 32),
+        (130, 640, 130, 16),
+        (6, 8, 3, 4),
+        (70, 256, 100, 128),  # the AMX path where the host has it: 3 tiles of 32, rows padded
+        (32, 128, 64, 64),
+    ],
 )
 def test_matches_the_defined_arithmetic(m: int, k: int, n: int, block: int) -> None:
     rng = np.random.default_rng(m * k + n)
@@ -277,3 +285,59 @@ def test_rewrite_folds_a_gelu_gated_down_projection_into_one_node() -> None:
     exact_gelu = mlp("none")
     assert rewrite_block_int8(exact_gelu) == 1
     assert [n.op_type for n in exact_gelu.graph.node] == ["Split", "Gelu", "Mul", OP_TYPE]
+
+
+def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path) -> None:
+    """On a host whose OS grants AMX tile data, the AMX items (signed codes, tdpbssd) give the
+    same floats as the VNNI tiles (unsigned codes, vpdpbusd): the same integer block sums,
+    scaled in the same order; rows past m stay unwritten."""
+    source = Path(ort_op.__file__).parent.parent / "int8_matmul" / "int8_matmul.c"
+    lib_path = tmp_path / "i8mm_native.so"
+    subprocess.run(
+        ["gcc", "-O2", "-march=native", "-shared", "-fPIC", str(source), "-o", str(lib_path)],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(lib_path))
+    for name in ("i8mm_amx_rows", "i8mm_amx_num_items", "i8mm_num_items"):
+        getattr(lib, name).restype = ctypes.c_int64
+    rng = np.random.default_rng(9)
+    m, k, n, block = 45, 256, 200, 128
+    codes, scales = weights(rng, k, n, block)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = _Weights()
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    assert (
+        lib.i8mm_pack(
+            ctypes.byref(w),
+            ptr(codes.ctypes.data),
+            ptr(scales.ctypes.data),
+            i64(k),
+            i64(n),
+            i64(block),
+        )
+        == 0
+    )
+    rows = lib.i8mm_amx_rows(ctypes.byref(w), i64(m))
+    if rows == 0:
+        lib.i8mm_free(ctypes.byref(w))
+        pytest.skip("no AMX here (not built for it, or the OS does not grant tile data)")
+    assert rows == 64  # 45 rows -> two tiles of 32
+    plain = ctypes.c_int(0)
+    qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
+    lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), plain, i64(0), i64(m),
+                           ptr(qa.ctypes.data), ptr(sa.ctypes.data))  # fmt: skip
+    vnni = np.full((m, n), np.nan, np.float32)
+    for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
+        lib.i8mm_item(ctypes.byref(w), ptr(qa.ctypes.data), ptr(sa.ctypes.data), i64(m),
+                      i64(item), ptr(vnni.ctypes.data))  # fmt: skip
+    qs, ss = np.zeros((rows, k), np.int8), np.zeros((rows, k // block), np.float32)
+    lib.i8mm_quantize_rows_signed(ctypes.byref(w), ptr(a.ctypes.data), plain, i64(0), i64(m),
+                                  ptr(qs.ctypes.data), ptr(ss.ctypes.data))  # fmt: skip
+    np.testing.assert_array_equal(qs[:m].view(np.uint8) ^ 0x80, qa)  # the same codes
+    amx = np.full((m + 1, n), np.nan, np.float32)  # one row more: must stay untouched
+    for item in range(lib.i8mm_amx_num_items(ctypes.byref(w), i64(rows))):
+        lib.i8mm_amx_item(ctypes.byref(w), ptr(qs.ctypes.data), ptr(ss.ctypes.data), i64(m),
+                          i64(rows), i64(item), ptr(amx.ctypes.data))  # fmt: skip
+    lib.i8mm_free(ctypes.byref(w))
+    np.testing.assert_array_equal(amx[:m], vnni)
+    assert np.isnan(amx[m]).all()

@@ -23,6 +23,18 @@
 #define I8MM_VNNI 0
 #endif
 
+/* AMX where the compiler targets it (-march=native on a host that has it); whether the OS lets
+ * this process use the tiles is asked at run time (i8mm_amx_rows). */
+#if I8MM_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#include <cpuid.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define I8MM_AMX 1
+#else
+#define I8MM_AMX 0
+#endif
+
 #define PANEL_BYTES(k) ((k) / 4 * I8MM_PANEL * 4)
 
 int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int64_t k,
@@ -149,8 +161,10 @@ void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *o
   for (; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
 }
 
-void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
-                        int64_t m1, uint8_t *qa, float *sa) {
+/* Rows [m0, m1) quantized per block, each code stored plus offset (128: vpdpbusd's unsigned
+ * operand; 0: AMX's signed tdpbssd). */
+static void quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
+                          int64_t m1, uint8_t *qa, float *sa, int32_t offset_value) {
   const int64_t k = w->k, bs = w->block_size;
   const int64_t row_stride = input == I8MM_INPUT_GELU_TANH_GATE ? 2 * k : k;
   float gated[input == I8MM_INPUT_GELU_TANH_GATE ? bs : 1]; /* one block of the gated input */
@@ -168,16 +182,26 @@ void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input,
       int64_t i = 0;
 #if I8MM_VNNI
       const __m512 vinv = _mm512_set1_ps(inverse);
-      const __m512i offset = _mm512_set1_epi32(128);
+      const __m512i offset = _mm512_set1_epi32(offset_value);
       for (; i + 16 <= bs; i += 16) {
         __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
         _mm_storeu_si128((__m128i *)(q + i),
-                         _mm512_cvtusepi32_epi8(_mm512_add_epi32(code, offset)));
+                         _mm512_cvtepi32_epi8(_mm512_add_epi32(code, offset)));
       }
 #endif
-      for (; i < bs; ++i) q[i] = (uint8_t)((int32_t)nearbyintf(x[i] * inverse) + 128);
+      for (; i < bs; ++i) q[i] = (uint8_t)((int32_t)nearbyintf(x[i] * inverse) + offset_value);
     }
   }
+}
+
+void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
+                        int64_t m1, uint8_t *qa, float *sa) {
+  quantize_rows(w, a, input, m0, m1, qa, sa, 128);
+}
+
+void i8mm_quantize_rows_signed(const struct i8mm_weights *w, const float *a, int input,
+                               int64_t m0, int64_t m1, int8_t *qa, float *sa) {
+  quantize_rows(w, a, input, m0, m1, (uint8_t *)qa, sa, 0);
 }
 
 /* ---- Micro-kernel ----------------------------------------------------------------------------- */
@@ -317,6 +341,129 @@ void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
   }
 #endif
   tile_portable(w, qa, sa, m0, rows, p, y);
+}
+
+
+/* ---- AMX ------------------------------------------------------------------------------------
+ * Sapphire Rapids' tile unit: tdpbssd multiplies a 16 x 64 int8 tile of activations by a
+ * 16 x 64 int8 tile of weights in VNNI order (16 rows of 4 input channels x 16 columns) into
+ * 16 x 16 int32, 16x the multiply-adds of one vpdpbusd. The packed panel ([k / 4][64][4]) is
+ * already that order: a weight tile is 16 of its 256-byte rows, 64 bytes each, read with a
+ * 256-byte stride. An item computes 32 rows x 64 columns (two halves of 32 columns, each four
+ * accumulator tiles: rows 0-15 / 16-31 x columns 0-15 / 16-31); after each block it stores
+ * the accumulators and adds them, scaled by sa * sw, into float32 outputs, as the VNNI tile
+ * does. Activations are signed codes (no zero point, so no column sums). Linux hands the
+ * tile registers to a process only after arch_prctl(ARCH_REQ_XCOMP_PERM) (without it the
+ * first tile instruction faults), which i8mm_amx_rows asks for once.
+ * Method: Intel's AMX programming reference (tile configuration, tdpbssd), as oneDNN's and
+ * MLAS's AMX int8 GEMMs use it. */
+#if I8MM_AMX
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_granted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void ask_for_amx(void) {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return;
+  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return; /* AMX-TILE, AMX-INT8 */
+  amx_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+struct tile_config {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+} __attribute__((packed, aligned(64)));
+
+static void configure_tiles(void) {
+  struct tile_config config;
+  memset(&config, 0, sizeof config);
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) { /* 0-3 accumulators, 4-5 activations, 6-7 weights */
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+}
+
+static void amx_half(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
+                     int64_t m0, int64_t p, int half, float *y) {
+  const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
+  const int64_t width = w->num_panels * I8MM_PANEL;
+  const int8_t *panel = w->codes + p * PANEL_BYTES(k) + half * 32 * 4;
+  const int64_t col0 = p * I8MM_PANEL + half * 32;
+  float out[32][32] __attribute__((aligned(64)));
+  int32_t acc[32][32] __attribute__((aligned(64)));
+  memset(out, 0, sizeof out);
+  for (int64_t g = 0; g < nb; ++g) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kk = g * bs; kk < (g + 1) * bs; kk += 64) {
+      _tile_loadd(4, qa + m0 * k + kk, k);
+      _tile_loadd(5, qa + (m0 + 16) * k + kk, k);
+      _tile_loadd(6, panel + (kk / 4) * (I8MM_PANEL * 4), I8MM_PANEL * 4);
+      _tile_loadd(7, panel + (kk / 4) * (I8MM_PANEL * 4) + 64, I8MM_PANEL * 4);
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 4, 7);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    }
+    _tile_stored(0, &acc[0][0], sizeof acc[0]);
+    _tile_stored(1, &acc[0][16], sizeof acc[0]);
+    _tile_stored(2, &acc[16][0], sizeof acc[0]);
+    _tile_stored(3, &acc[16][16], sizeof acc[0]);
+    const float *scales = w->scales + g * width + col0;
+    __m512 scale0 = _mm512_loadu_ps(scales), scale1 = _mm512_loadu_ps(scales + 16);
+    for (int r = 0; r < 32; ++r) {
+      __m512 row = _mm512_set1_ps(sa[(m0 + r) * nb + g]);
+      __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&acc[r][0])), scale0);
+      __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&acc[r][16])), scale1);
+      _mm512_store_ps(&out[r][0], _mm512_fmadd_ps(v0, row, _mm512_load_ps(&out[r][0])));
+      _mm512_store_ps(&out[r][16], _mm512_fmadd_ps(v1, row, _mm512_load_ps(&out[r][16])));
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    int64_t col = col0 + c * 16, left = w->n - col;
+    if (left <= 0) break;
+    __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    for (int64_t r = 0; r < 32 && m0 + r < m; ++r)
+      _mm512_mask_storeu_ps(y + (m0 + r) * w->n + col, mask, _mm512_load_ps(&out[r][c * 16]));
+  }
+}
+#endif
+
+int64_t i8mm_amx_rows(const struct i8mm_weights *w, int64_t m) {
+#if I8MM_AMX
+  if (m < I8MM_AMX_ROWS || w->block_size % 64 != 0) return 0;
+  pthread_once(&amx_once, ask_for_amx);
+  if (!amx_granted) return 0;
+  return (m + I8MM_AMX_ROWS - 1) / I8MM_AMX_ROWS * I8MM_AMX_ROWS;
+#else
+  (void)w;
+  (void)m;
+  return 0;
+#endif
+}
+
+int64_t i8mm_amx_num_items(const struct i8mm_weights *w, int64_t rows) {
+  return rows / I8MM_AMX_ROWS * w->num_panels;
+}
+
+void i8mm_amx_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
+                   int64_t rows, int64_t item, float *y) {
+#if I8MM_AMX
+  int64_t num_tiles = rows / I8MM_AMX_ROWS;
+  int64_t p = item / num_tiles, m0 = item % num_tiles * I8MM_AMX_ROWS;
+  configure_tiles(); /* per thread: ORT's pool threads each hold their own tile state */
+  amx_half(w, qa, sa, m, m0, p, 0, y);
+  if (p * I8MM_PANEL + 32 < w->n) amx_half(w, qa, sa, m, m0, p, 1, y);
+#else
+  (void)w, (void)qa, (void)sa, (void)m, (void)rows, (void)item, (void)y;
+#endif
 }
 
 int64_t i8mm_num_items(const struct i8mm_weights *w, int64_t m) {

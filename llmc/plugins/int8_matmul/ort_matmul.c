@@ -133,22 +133,35 @@ struct job {
   uint8_t *qa;
   float *sa, *y;
   int64_t m, tasks;
+  int64_t amx_rows; /* rows the AMX path computes (i8mm_amx_rows), 0: the VNNI tiles */
 };
 
-/* Task t of j->tasks quantizes a contiguous range of rows. */
+/* Task t of j->tasks quantizes a contiguous range of rows (signed codes for AMX). */
 static void quantize_task(void *data, size_t task) {
   const struct job *j = data;
   int64_t m0 = j->m * (int64_t)task / j->tasks, m1 = j->m * ((int64_t)task + 1) / j->tasks;
-  i8mm_quantize_rows(j->w, j->a, j->input, m0, m1, j->qa, j->sa);
+  if (j->amx_rows > 0)
+    i8mm_quantize_rows_signed(j->w, j->a, j->input, m0, m1, (int8_t *)j->qa, j->sa);
+  else
+    i8mm_quantize_rows(j->w, j->a, j->input, m0, m1, j->qa, j->sa);
+}
+
+static int64_t num_items(const struct job *j) {
+  return j->amx_rows > 0 ? i8mm_amx_num_items(j->w, j->amx_rows) : i8mm_num_items(j->w, j->m);
 }
 
 /* Task t of j->tasks runs a contiguous range of items: whole weight panels per thread, so a
  * panel is read from memory once (a vocabulary projection's weight is far larger than L2). */
 static void tile_task(void *data, size_t task) {
   const struct job *j = data;
-  int64_t items = i8mm_num_items(j->w, j->m);
+  int64_t items = num_items(j);
   int64_t i0 = items * (int64_t)task / j->tasks, i1 = items * ((int64_t)task + 1) / j->tasks;
-  for (int64_t i = i0; i < i1; ++i) i8mm_item(j->w, j->qa, j->sa, j->m, i, j->y);
+  for (int64_t i = i0; i < i1; ++i) {
+    if (j->amx_rows > 0)
+      i8mm_amx_item(j->w, (const int8_t *)j->qa, j->sa, j->m, j->amx_rows, i, j->y);
+    else
+      i8mm_item(j->w, j->qa, j->sa, j->m, i, j->y);
+  }
 }
 
 static void parallel_for(OrtKernelContext *context, void (*fn)(void *, size_t), struct job *j) {
@@ -190,16 +203,21 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   TRY(ort->GetTensorMutableData((OrtValue *)a_value, (void **)&a));
   if (m == 0) return NULL;
 
-  uint8_t *qa = malloc((size_t)(m * w->k));
-  float *sa = malloc((size_t)(m * w->num_blocks) * sizeof *sa);
+  /* The AMX path computes whole 32-row tiles: rows past m are zero codes with zero scales. */
+  int64_t amx_rows = i8mm_amx_rows(w, m), rows = amx_rows > 0 ? amx_rows : m;
+  uint8_t *qa = malloc((size_t)(rows * w->k));
+  float *sa = malloc((size_t)(rows * w->num_blocks) * sizeof *sa);
   if (qa == NULL || sa == NULL) {
     free(qa);
     free(sa);
     return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory");
   }
+  memset(qa + m * w->k, 0, (size_t)((rows - m) * w->k));
+  memset(sa + m * w->num_blocks, 0, (size_t)((rows - m) * w->num_blocks) * sizeof *sa);
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int64_t items = i8mm_num_items(w, m);
-  struct job job = {w, kernel->input, a, qa, sa, y, m, cpus < 1 ? 1 : cpus < items ? cpus : items};
+  struct job job = {w, kernel->input, a, qa, sa, y, m, 1, amx_rows};
+  int64_t items = num_items(&job);
+  job.tasks = cpus < 1 ? 1 : cpus < items ? cpus : items;
   parallel_for(context, quantize_task, &job);
   parallel_for(context, tile_task, &job);
   free(qa);
