@@ -349,12 +349,12 @@ void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
  * 16 x 64 int8 tile of weights in VNNI order (16 rows of 4 input channels x 16 columns) into
  * 16 x 16 int32, 16x the multiply-adds of one vpdpbusd. The packed panel ([k / 4][64][4]) is
  * already that order: a weight tile is 16 of its 256-byte rows, 64 bytes each, read with a
- * 256-byte stride. An item computes 32 rows x 64 columns (two halves of 32 columns, each four
- * accumulator tiles: rows 0-15 / 16-31 x columns 0-15 / 16-31); after each block it stores
- * the accumulators and adds them, scaled by sa * sw, into float32 outputs, as the VNNI tile
- * does. Activations are signed codes (no zero point, so no column sums). Linux hands the
- * tile registers to a process only after arch_prctl(ARCH_REQ_XCOMP_PERM) (without it the
- * first tile instruction faults), which i8mm_amx_rows asks for once.
+ * 256-byte stride. An item computes 32 rows x 64 columns, block by block: two halves of 32
+ * columns, each four accumulator tiles (rows 0-15 / 16-31 x columns 0-15 / 16-31), stored and
+ * added, scaled by sa * sw, into float32 outputs, as the VNNI tile does. Activations are
+ * signed codes (no zero point, so no column sums). Linux hands the tile registers to a process
+ * only after arch_prctl(ARCH_REQ_XCOMP_PERM) (without it the first tile instruction faults),
+ * which i8mm_amx_rows asks for once.
  * Method: Intel's AMX programming reference (tile configuration, tdpbssd), as oneDNN's and
  * MLAS's AMX int8 GEMMs use it. */
 #if I8MM_AMX
@@ -388,50 +388,61 @@ static void configure_tiles(void) {
   _tile_loadconfig(&config);
 }
 
-static void amx_half(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
-                     int64_t m0, int64_t p, int half, float *y) {
-  const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
-  const int64_t width = w->num_panels * I8MM_PANEL;
+/* One block's products of 32 rows (m0..) by 32 columns (half 0 or 1 of panel p's 64) into the
+ * accumulator tiles, stored to acc. */
+static void amx_block(const struct i8mm_weights *w, const int8_t *qa, int64_t m0, int64_t p,
+                      int half, int64_t g, int32_t (*acc)[I8MM_PANEL]) {
+  const int64_t k = w->k, bs = w->block_size;
   const int8_t *panel = w->codes + p * PANEL_BYTES(k) + half * 32 * 4;
-  const int64_t col0 = p * I8MM_PANEL + half * 32;
-  float out[32][32] __attribute__((aligned(64)));
-  int32_t acc[32][32] __attribute__((aligned(64)));
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kk = g * bs; kk < (g + 1) * bs; kk += 64) {
+    _tile_loadd(4, qa + m0 * k + kk, k);
+    _tile_loadd(5, qa + (m0 + 16) * k + kk, k);
+    _tile_loadd(6, panel + (kk / 4) * (I8MM_PANEL * 4), I8MM_PANEL * 4);
+    _tile_loadd(7, panel + (kk / 4) * (I8MM_PANEL * 4) + 64, I8MM_PANEL * 4);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  const int c = half * 32;
+  _tile_stored(0, &acc[0][c], sizeof acc[0]);
+  _tile_stored(1, &acc[0][c + 16], sizeof acc[0]);
+  _tile_stored(2, &acc[16][c], sizeof acc[0]);
+  _tile_stored(3, &acc[16][c + 16], sizeof acc[0]);
+}
+
+/* 32 rows x panel p: per block, both halves' tiles (the block's activation rows are then read
+ * from L1 the second time), then acc scaled by sa * sw into the float32 outputs. */
+static void amx_tile(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
+                     int64_t m0, int64_t p, float *y) {
+  const int64_t nb = w->num_blocks, width = w->num_panels * I8MM_PANEL;
+  const int halves = p * I8MM_PANEL + 32 < w->n ? 2 : 1;
+  float out[32][I8MM_PANEL] __attribute__((aligned(64)));
+  int32_t acc[32][I8MM_PANEL] __attribute__((aligned(64)));
   memset(out, 0, sizeof out);
   for (int64_t g = 0; g < nb; ++g) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t kk = g * bs; kk < (g + 1) * bs; kk += 64) {
-      _tile_loadd(4, qa + m0 * k + kk, k);
-      _tile_loadd(5, qa + (m0 + 16) * k + kk, k);
-      _tile_loadd(6, panel + (kk / 4) * (I8MM_PANEL * 4), I8MM_PANEL * 4);
-      _tile_loadd(7, panel + (kk / 4) * (I8MM_PANEL * 4) + 64, I8MM_PANEL * 4);
-      _tile_dpbssd(0, 4, 6);
-      _tile_dpbssd(1, 4, 7);
-      _tile_dpbssd(2, 5, 6);
-      _tile_dpbssd(3, 5, 7);
-    }
-    _tile_stored(0, &acc[0][0], sizeof acc[0]);
-    _tile_stored(1, &acc[0][16], sizeof acc[0]);
-    _tile_stored(2, &acc[16][0], sizeof acc[0]);
-    _tile_stored(3, &acc[16][16], sizeof acc[0]);
-    const float *scales = w->scales + g * width + col0;
-    __m512 scale0 = _mm512_loadu_ps(scales), scale1 = _mm512_loadu_ps(scales + 16);
+    for (int half = 0; half < halves; ++half) amx_block(w, qa, m0, p, half, g, acc);
+    const float *scales = w->scales + g * width + p * I8MM_PANEL;
+    __m512 sw[4];
+    for (int c = 0; c < 4; ++c) sw[c] = _mm512_load_ps(scales + 16 * c);
     for (int r = 0; r < 32; ++r) {
       __m512 row = _mm512_set1_ps(sa[(m0 + r) * nb + g]);
-      __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&acc[r][0])), scale0);
-      __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&acc[r][16])), scale1);
-      _mm512_store_ps(&out[r][0], _mm512_fmadd_ps(v0, row, _mm512_load_ps(&out[r][0])));
-      _mm512_store_ps(&out[r][16], _mm512_fmadd_ps(v1, row, _mm512_load_ps(&out[r][16])));
+      for (int c = 0; c < 2 * halves; ++c) {
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&acc[r][16 * c])), sw[c]);
+        _mm512_store_ps(&out[r][16 * c], _mm512_fmadd_ps(v, row, _mm512_load_ps(&out[r][16 * c])));
+      }
     }
   }
-  for (int c = 0; c < 2; ++c) {
-    int64_t col = col0 + c * 16, left = w->n - col;
+  for (int c = 0; c < 2 * halves; ++c) {
+    int64_t col = p * I8MM_PANEL + 16 * c, left = w->n - col;
     if (left <= 0) break;
     __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
     for (int64_t r = 0; r < 32 && m0 + r < m; ++r)
-      _mm512_mask_storeu_ps(y + (m0 + r) * w->n + col, mask, _mm512_load_ps(&out[r][c * 16]));
+      _mm512_mask_storeu_ps(y + (m0 + r) * w->n + col, mask, _mm512_load_ps(&out[r][16 * c]));
   }
 }
 #endif
@@ -459,8 +470,7 @@ void i8mm_amx_item(const struct i8mm_weights *w, const int8_t *qa, const float *
   int64_t num_tiles = rows / I8MM_AMX_ROWS;
   int64_t p = item / num_tiles, m0 = item % num_tiles * I8MM_AMX_ROWS;
   configure_tiles(); /* per thread: ORT's pool threads each hold their own tile state */
-  amx_half(w, qa, sa, m, m0, p, 0, y);
-  if (p * I8MM_PANEL + 32 < w->n) amx_half(w, qa, sa, m, m0, p, 1, y);
+  amx_tile(w, qa, sa, m, m0, p, y);
 #else
   (void)w, (void)qa, (void)sa, (void)m, (void)rows, (void)item, (void)y;
 #endif
