@@ -205,19 +205,24 @@ class _Weights(ctypes.Structure):
     ]
 
 
-@pytest.mark.parametrize("march", ["native", "x86-64"])
-def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: str) -> None:
-    """The C kernel alone (ctypes), built for this host and for baseline x86-64 (its portable
-    path, what hosts without AVX-512 VNNI run)."""
-    if march == "x86-64" and platform.machine() != "x86_64":
-        pytest.skip("baseline x86-64 build")
+def kernel_library(tmp_path: Path, march: str) -> ctypes.CDLL:
+    """int8_matmul.c alone, built with gcc for ``-march=march``, loaded with ctypes."""
     source = Path(ort_op.__file__).parent.parent / "int8_matmul" / "int8_matmul.c"
     lib_path = tmp_path / f"i8mm_{march}.so"
     subprocess.run(
         ["gcc", "-O2", f"-march={march}", "-shared", "-fPIC", str(source), "-o", str(lib_path)],
         check=True,
     )
-    lib = ctypes.CDLL(str(lib_path))
+    return ctypes.CDLL(str(lib_path))
+
+
+@pytest.mark.parametrize("march", ["native", "x86-64"])
+def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: str) -> None:
+    """The C kernel alone (ctypes), built for this host and for baseline x86-64 (its portable
+    path, what hosts without AVX-512 VNNI run)."""
+    if march == "x86-64" and platform.machine() != "x86_64":
+        pytest.skip("baseline x86-64 build")
+    lib = kernel_library(tmp_path, march)
     rng = np.random.default_rng(5)
     m, k, n, block = 11, 384, 136, 128
     codes, scales = weights(rng, k, n, block)
@@ -291,13 +296,7 @@ def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path) -> None:
     """On a host whose OS grants AMX tile data, the AMX items (signed codes, tdpbssd) give the
     same floats as the VNNI tiles (unsigned codes, vpdpbusd): the same integer block sums,
     scaled in the same order; rows past m stay unwritten."""
-    source = Path(ort_op.__file__).parent.parent / "int8_matmul" / "int8_matmul.c"
-    lib_path = tmp_path / "i8mm_native.so"
-    subprocess.run(
-        ["gcc", "-O2", "-march=native", "-shared", "-fPIC", str(source), "-o", str(lib_path)],
-        check=True,
-    )
-    lib = ctypes.CDLL(str(lib_path))
+    lib = kernel_library(tmp_path, "native")
     for name in ("i8mm_amx_rows", "i8mm_amx_num_items", "i8mm_num_items"):
         getattr(lib, name).restype = ctypes.c_int64
     rng = np.random.default_rng(9)
