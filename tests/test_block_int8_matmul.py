@@ -216,15 +216,10 @@ def kernel_library(tmp_path: Path, march: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib_path))
 
 
-@pytest.mark.parametrize("march", ["native", "x86-64"])
-def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: str) -> None:
-    """The C kernel alone (ctypes), built for this host and for baseline x86-64 (its portable
-    path, what hosts without AVX-512 VNNI run)."""
-    if march == "x86-64" and platform.machine() != "x86_64":
-        pytest.skip("baseline x86-64 build")
-    lib = kernel_library(tmp_path, march)
-    rng = np.random.default_rng(5)
-    m, k, n, block = 11, 384, 136, 128
+def packed_problem(lib: ctypes.CDLL, seed: int, m: int, k: int, n: int, block: int):
+    """A random weight packed by ``lib.i8mm_pack`` and activations: (weights struct, codes,
+    scales, a [m, k] float32)."""
+    rng = np.random.default_rng(seed)
     codes, scales = weights(rng, k, n, block)
     a = rng.standard_normal((m, k)).astype(np.float32)
     w = _Weights()
@@ -233,6 +228,19 @@ def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: s
         ctypes.byref(w), ptr(codes.ctypes.data), ptr(scales.ctypes.data), i64(k), i64(n), i64(block)
     )
     assert packed == 0
+    return w, codes, scales, a
+
+
+@pytest.mark.parametrize("march", ["native", "x86-64"])
+def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: str) -> None:
+    """The C kernel alone (ctypes), built for this host and for baseline x86-64 (its portable
+    path, what hosts without AVX-512 VNNI run)."""
+    if march == "x86-64" and platform.machine() != "x86_64":
+        pytest.skip("baseline x86-64 build")
+    lib = kernel_library(tmp_path, march)
+    m, k, n, block = 11, 384, 136, 128
+    w, codes, scales, a = packed_problem(lib, 5, m, k, n, block)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
     y = np.full((m, n), np.nan, np.float32)
     qa_ptr, sa_ptr = ptr(qa.ctypes.data), ptr(sa.ctypes.data)
@@ -248,7 +256,7 @@ def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: s
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
     gate = np.concatenate([np.linspace(-30, 30, 301), [0.0, -0.0, 1e-30]]).astype(np.float32)
-    up = rng.standard_normal(gate.size).astype(np.float32)
+    up = np.random.default_rng(5).standard_normal(gate.size).astype(np.float32)
     out = np.empty_like(gate)
     lib.i8mm_gelu_tanh_gate(
         ptr(gate.ctypes.data), ptr(up.ctypes.data), i64(gate.size), ptr(out.ctypes.data)
@@ -299,23 +307,9 @@ def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path) -> None:
     lib = kernel_library(tmp_path, "native")
     for name in ("i8mm_amx_rows", "i8mm_amx_num_items", "i8mm_num_items"):
         getattr(lib, name).restype = ctypes.c_int64
-    rng = np.random.default_rng(9)
     m, k, n, block = 45, 256, 200, 128
-    codes, scales = weights(rng, k, n, block)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    w = _Weights()
+    w, codes, scales, a = packed_problem(lib, 9, m, k, n, block)
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    assert (
-        lib.i8mm_pack(
-            ctypes.byref(w),
-            ptr(codes.ctypes.data),
-            ptr(scales.ctypes.data),
-            i64(k),
-            i64(n),
-            i64(block),
-        )
-        == 0
-    )
     rows = lib.i8mm_amx_rows(ctypes.byref(w), i64(m))
     if rows == 0:
         lib.i8mm_free(ctypes.byref(w))
