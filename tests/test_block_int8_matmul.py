@@ -56,7 +56,12 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def one_node_model(
-    codes, scales, op_type: str = OP_TYPE, weight_as_input: bool = False, input_gate: str = ""
+    codes,
+    scales,
+    op_type: str = OP_TYPE,
+    weight_as_input: bool = False,
+    input_gate: str = "",
+    output_gate: str = "",
 ):
     n, num_blocks, block = codes.shape
     k = num_blocks * block
@@ -64,6 +69,8 @@ def one_node_model(
     attrs = dict(K=k, N=n, bits=8, block_size=block)
     if input_gate:
         attrs["input_gate"] = input_gate
+    if output_gate:
+        attrs["output_gate"] = output_gate
     if op_type != OP_TYPE:
         attrs["accuracy_level"] = 4
     node = helper.make_node(op_type, ["a", "b", "scales"], ["y"], domain=domain, **attrs)
@@ -163,6 +170,26 @@ def test_bad_attributes_are_refused() -> None:
         session(model)
     with pytest.raises(Exception, match="input_gate must be"):
         session(one_node_model(codes, scales, input_gate="silu"))
+    with pytest.raises(Exception, match="output_gate must be"):
+        session(one_node_model(codes, scales, output_gate="silu"))
+    with pytest.raises(Exception, match="output_gate needs N a multiple of 128"):
+        session(one_node_model(codes, scales, output_gate="gelu_tanh"))  # N = 16
+
+
+@pytest.mark.parametrize("m", [1, 7, 70])  # the VNNI tiles; 70: the AMX path where it runs
+def test_gelu_tanh_output_gate_is_gelu_of_the_gate_half_times_the_up_half(m: int) -> None:
+    """output_gate: Y = gelu_tanh(Y_full[:, :N/2]) * Y_full[:, N/2:], Y_full the plain op's
+    output (the same tiles), with the GELU in float32 as the input gate computes it."""
+    rng = np.random.default_rng(m)
+    codes, scales = weights(rng, 256, 256, 128)
+    a = rng.standard_normal((m, 256)).astype(np.float32)
+    full = session(one_node_model(codes, scales)).run(None, {"a": a})[0]
+    gated = session(one_node_model(codes, scales, output_gate="gelu_tanh")).run(None, {"a": a})[0]
+    assert gated.shape == (m, 128)
+    ref = gelu_tanh(full[:, :128]) * full[:, 128:]
+    np.testing.assert_allclose(gated, ref, rtol=2e-6, atol=1e-6 * np.abs(ref).max())
+    exact = gelu_tanh(expected(a, codes, scales)[:, :128]) * expected(a, codes, scales)[:, 128:]
+    np.testing.assert_allclose(gated, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
 
 
 def test_rewrite_replaces_8_bit_nodes_only_and_keeps_the_result() -> None:
@@ -298,6 +325,43 @@ def test_rewrite_folds_a_gelu_gated_down_projection_into_one_node() -> None:
     exact_gelu = mlp("none")
     assert rewrite_block_int8(exact_gelu) == 1
     assert [n.op_type for n in exact_gelu.graph.node] == ["Split", "Gelu", "Mul", OP_TYPE]
+
+
+def test_rewrite_folds_the_gate_into_a_quantized_gate_up_projection() -> None:
+    """When the gate/up projection is 8-bit too, the GELU gate folds into its output
+    (``output_gate``): two BlockInt8MatMul nodes, the first writing gelu_tanh(gate) * up."""
+    rng = np.random.default_rng(8)
+    hidden, k = 64, 128
+    up_codes, up_scales = weights(rng, hidden, 2 * k, 64)
+    down_codes, down_scales = weights(rng, k, 32, 64)
+    model = one_node_model(up_codes, up_scales, "MatMulNBits")
+    down = one_node_model(down_codes, down_scales, "MatMulNBits").graph.node[0]
+    down.input[:] = ["a2", "b2", "scales2"]
+    model.graph.node[0].output[0] = "gate_up"
+    model.graph.node.extend(
+        [
+            helper.make_node("Split", ["gate_up", "sizes"], ["gate", "up"], axis=-1),
+            helper.make_node("Gelu", ["gate"], ["gelu"], approximate="tanh"),
+            helper.make_node("Mul", ["gelu", "up"], ["a2"]),
+            down,
+        ]
+    )
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([k, k]), "sizes"),
+            numpy_helper.from_array(down_codes, "b2"),
+            numpy_helper.from_array(down_scales, "scales2"),
+        ]
+    )
+    x = (rng.standard_normal((40, hidden)) * 2).astype(np.float32)
+    before = session(model).run(None, {"a": x})[0]
+    assert rewrite_block_int8(model) == 2
+    ops = [(n.op_type, {a.name for a in n.attribute} & {"input_gate", "output_gate"})
+           for n in model.graph.node]  # fmt: skip
+    assert ops == [(OP_TYPE, {"output_gate"}), (OP_TYPE, set())]
+    assert list(model.graph.node[1].input)[0] == model.graph.node[0].output[0]
+    after = session(model).run(None, {"a": x})[0]
+    np.testing.assert_allclose(after, before, rtol=1e-3, atol=2e-3 * np.abs(before).max())
 
 
 def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path) -> None:

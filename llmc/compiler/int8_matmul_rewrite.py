@@ -100,16 +100,27 @@ def _split_halves(node: onnx.NodeProto | None, k: int, inits: dict) -> bool:
     return sizes == [k, k]
 
 
+def _gates_its_output(node: onnx.NodeProto | None, uses: int, k: int) -> bool:
+    """Whether ``node`` is a BlockInt8MatMul producing [gate | up] of width 2k for the Split
+    alone, which its output gate can fold (2k a multiple of 128: whole weight panels)."""
+    if node is None or node.op_type != OP_TYPE or node.domain != DOMAIN or uses != 1:
+        return False
+    attrs = _attrs(node)
+    return "output_gate" not in attrs and attrs["N"] == 2 * k and attrs["N"] % 128 == 0
+
+
 def fuse_gelu_tanh_gates(model: onnx.ModelProto) -> int:
     """Fold, in place, ``Split(x) -> (gate, up); Mul(Gelu_tanh(gate), up) -> BlockInt8MatMul``
-    into ``BlockInt8MatMul(x, input_gate="gelu_tanh")`` wherever every intermediate tensor has
-    that one consumer. Returns how many were folded."""
+    wherever every intermediate tensor has that one consumer: into the producer of ``x`` when
+    it is a BlockInt8MatMul too (``output_gate="gelu_tanh"``: it writes the product, half its
+    columns), else into the consumer (``BlockInt8MatMul(x, input_gate="gelu_tanh")``). Returns
+    how many were folded."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     uses = Counter(i for n in graph.node for i in n.input if i)
     uses.update(o.name for o in graph.output)
     inits = {t.name: t for t in graph.initializer}
-    dropped: set[str] = set()  # output names of the nodes folded away
+    dropped: set[int] = set()  # id() of the nodes folded away
     for node in graph.node:
         if node.op_type != OP_TYPE or node.domain != DOMAIN or "input_gate" in _attrs(node):
             continue
@@ -124,11 +135,16 @@ def fuse_gelu_tanh_gates(model: onnx.ModelProto) -> int:
                 and list(split.output) == [gelu.input[0], up]
                 and uses[gelu_input] == uses[gelu.input[0]] == uses[up] == 1
             ):
-                node.input[0] = split.input[0]
-                node.attribute.append(helper.make_attribute("input_gate", "gelu_tanh"))
-                dropped.update((mul.output[0], gelu.output[0], split.output[0]))
+                gate_up = producer.get(split.input[0])
+                if _gates_its_output(gate_up, uses[split.input[0]], _attrs(node)["K"]):
+                    gate_up.output[0] = mul.output[0]
+                    gate_up.attribute.append(helper.make_attribute("output_gate", "gelu_tanh"))
+                else:
+                    node.input[0] = split.input[0]
+                    node.attribute.append(helper.make_attribute("input_gate", "gelu_tanh"))
+                dropped.update((id(mul), id(gelu), id(split)))
                 break
-    kept = [n for n in graph.node if n.output[0] not in dropped]
+    kept = [n for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
     return len(dropped) // 3

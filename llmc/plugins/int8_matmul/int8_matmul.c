@@ -161,6 +161,15 @@ void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *o
   for (; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
 }
 
+/* out [rows][n / 2] at (m0, q * 64) = gelu_tanh(gate) * up of two [rows][64] tiles. */
+static void gate_tiles(const struct i8mm_weights *w, int64_t rows, int64_t m0, int64_t q,
+                       const float *gate, const float *up, float *y) {
+  const int64_t half = w->n / 2;
+  for (int64_t r = 0; r < rows; ++r)
+    i8mm_gelu_tanh_gate(gate + r * I8MM_PANEL, up + r * I8MM_PANEL, I8MM_PANEL,
+                        y + (m0 + r) * half + q * I8MM_PANEL);
+}
+
 /* Rows [m0, m1) quantized per block, each code stored plus offset (128: vpdpbusd's unsigned
  * operand; 0: AMX's signed tdpbssd). */
 static void quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
@@ -255,7 +264,7 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
  * float32 outputs wait in out (L1) between blocks. */
 #define DEFINE_TILE(ROWS)                                                                        \
   static void tile_vnni_##ROWS(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, \
-                               int64_t m0, int64_t p, float *y) {                               \
+                               int64_t m0, int64_t p, float *dst, int64_t ld) {                 \
     const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                              \
     const int64_t width = w->num_panels * I8MM_PANEL;                                            \
     const int8_t *panel = w->codes + p * PANEL_BYTES(k);                                         \
@@ -286,7 +295,7 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
       int64_t col = p * I8MM_PANEL + c * 16, left = w->n - col;                                  \
       if (left <= 0) break;                                                                      \
       __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);           \
-      for (int r = 0; r < ROWS; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * w->n + col, mask,      \
+      for (int r = 0; r < ROWS; ++r) _mm512_mask_storeu_ps(dst + r * ld + c * 16, mask,          \
                                                            out[r][c]);                           \
     }                                                                                            \
   }
@@ -300,7 +309,7 @@ DEFINE_TILE(6)
 #endif
 
 static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
-                          int64_t m0, int64_t rows, int64_t p, float *y) {
+                          int64_t m0, int64_t rows, int64_t p, float *dst, int64_t ld) {
   const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
   const int64_t width = w->num_panels * I8MM_PANEL;
   const int8_t *panel = w->codes + p * PANEL_BYTES(k);
@@ -324,23 +333,29 @@ static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const
   }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < I8MM_PANEL && p * I8MM_PANEL + c < w->n; ++c)
-      y[(m0 + r) * w->n + p * I8MM_PANEL + c] = out[r][c];
+      dst[r * ld + c] = out[r][c];
+}
+
+/* Rows [m0, m0 + rows) x panel p into dst (their first element), rows ld floats apart. */
+static void tile_at(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
+                    int64_t rows, int64_t p, float *dst, int64_t ld) {
+#if I8MM_VNNI
+  switch (rows) { /* one micro-kernel per row count */
+    case 6: tile_vnni_6(w, qa, sa, m0, p, dst, ld); return;
+    case 5: tile_vnni_5(w, qa, sa, m0, p, dst, ld); return;
+    case 4: tile_vnni_4(w, qa, sa, m0, p, dst, ld); return;
+    case 3: tile_vnni_3(w, qa, sa, m0, p, dst, ld); return;
+    case 2: tile_vnni_2(w, qa, sa, m0, p, dst, ld); return;
+    case 1: tile_vnni_1(w, qa, sa, m0, p, dst, ld); return;
+    default: break;
+  }
+#endif
+  tile_portable(w, qa, sa, m0, rows, p, dst, ld);
 }
 
 void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
                int64_t rows, int64_t p, float *y) {
-#if I8MM_VNNI
-  switch (rows) { /* one micro-kernel per row count */
-    case 6: tile_vnni_6(w, qa, sa, m0, p, y); return;
-    case 5: tile_vnni_5(w, qa, sa, m0, p, y); return;
-    case 4: tile_vnni_4(w, qa, sa, m0, p, y); return;
-    case 3: tile_vnni_3(w, qa, sa, m0, p, y); return;
-    case 2: tile_vnni_2(w, qa, sa, m0, p, y); return;
-    case 1: tile_vnni_1(w, qa, sa, m0, p, y); return;
-    default: break;
-  }
-#endif
-  tile_portable(w, qa, sa, m0, rows, p, y);
+  tile_at(w, qa, sa, m0, rows, p, y + m0 * w->n + p * I8MM_PANEL, w->n);
 }
 
 
@@ -418,7 +433,7 @@ static void amx_block(const struct i8mm_weights *w, const int8_t *qa, int64_t m0
 /* 32 rows x panel p: per block, both halves' tiles (the block's activation rows are then read
  * from L1 the second time), then acc scaled by sa * sw into the float32 outputs. */
 static void amx_tile(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
-                     int64_t m0, int64_t p, float *y) {
+                     int64_t m0, int64_t p, float *dst, int64_t ld) {
   const int64_t nb = w->num_blocks, width = w->num_panels * I8MM_PANEL;
   const int halves = p * I8MM_PANEL + 32 < w->n ? 2 : 1;
   float out[32][I8MM_PANEL] __attribute__((aligned(64)));
@@ -442,7 +457,7 @@ static void amx_tile(const struct i8mm_weights *w, const int8_t *qa, const float
     if (left <= 0) break;
     __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
     for (int64_t r = 0; r < 32 && m0 + r < m; ++r)
-      _mm512_mask_storeu_ps(y + (m0 + r) * w->n + col, mask, _mm512_load_ps(&out[r][16 * c]));
+      _mm512_mask_storeu_ps(dst + r * ld + 16 * c, mask, _mm512_load_ps(&out[r][16 * c]));
   }
 }
 #endif
@@ -470,7 +485,27 @@ void i8mm_amx_item(const struct i8mm_weights *w, const int8_t *qa, const float *
   int64_t num_tiles = rows / I8MM_AMX_ROWS;
   int64_t p = item / num_tiles, m0 = item % num_tiles * I8MM_AMX_ROWS;
   configure_tiles(); /* per thread: ORT's pool threads each hold their own tile state */
-  amx_tile(w, qa, sa, m, m0, p, y);
+  amx_tile(w, qa, sa, m, m0, p, y + m0 * w->n + p * I8MM_PANEL, w->n);
+#else
+  (void)w, (void)qa, (void)sa, (void)m, (void)rows, (void)item, (void)y;
+#endif
+}
+
+int64_t i8mm_amx_gated_num_items(const struct i8mm_weights *w, int64_t rows) {
+  return rows / I8MM_AMX_ROWS * (w->num_panels / 2);
+}
+
+void i8mm_amx_gated_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
+                         int64_t m, int64_t rows, int64_t item, float *y) {
+#if I8MM_AMX
+  int64_t num_tiles = rows / I8MM_AMX_ROWS;
+  int64_t q = item / num_tiles, m0 = item % num_tiles * I8MM_AMX_ROWS;
+  float gate[I8MM_AMX_ROWS * I8MM_PANEL] __attribute__((aligned(64)));
+  float up[I8MM_AMX_ROWS * I8MM_PANEL] __attribute__((aligned(64)));
+  configure_tiles();
+  amx_tile(w, qa, sa, m, m0, q, gate, I8MM_PANEL);
+  amx_tile(w, qa, sa, m, m0, q + w->num_panels / 2, up, I8MM_PANEL);
+  gate_tiles(w, m - m0 < I8MM_AMX_ROWS ? m - m0 : I8MM_AMX_ROWS, m0, q, gate, up, y);
 #else
   (void)w, (void)qa, (void)sa, (void)m, (void)rows, (void)item, (void)y;
 #endif
@@ -486,4 +521,27 @@ void i8mm_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
   int64_t p = item / num_tiles, tile = item % num_tiles;
   int64_t m0 = tile * I8MM_TILE_ROWS, rows = m - m0 < I8MM_TILE_ROWS ? m - m0 : I8MM_TILE_ROWS;
   i8mm_tile(w, qa, sa, m0, rows, p, y);
+}
+
+/* ---- GELU-gated output ------------------------------------------------------------------------
+ * A gated MLP's fused [gate | up] projection whose consumer wants gelu_tanh(gate) * up: each item
+ * computes panel q of the gate half and its partner q + num_panels / 2 of the up half for the
+ * same rows into two local tiles, and writes only their product: [m][n / 2] floats leave the
+ * kernel instead of [m][n] (half the output traffic; the consumer also reads half), and the
+ * GELU runs on data still in L1. Needs n % 128 == 0 (whole panels in both halves). */
+
+int64_t i8mm_gated_num_items(const struct i8mm_weights *w, int64_t m) {
+  return (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS * (w->num_panels / 2);
+}
+
+
+void i8mm_gated_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
+                     int64_t item, float *y) {
+  int64_t num_tiles = (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS;
+  int64_t q = item / num_tiles, m0 = item % num_tiles * I8MM_TILE_ROWS;
+  int64_t rows = m - m0 < I8MM_TILE_ROWS ? m - m0 : I8MM_TILE_ROWS;
+  float gate[I8MM_TILE_ROWS * I8MM_PANEL], up[I8MM_TILE_ROWS * I8MM_PANEL];
+  tile_at(w, qa, sa, m0, rows, q, gate, I8MM_PANEL);
+  tile_at(w, qa, sa, m0, rows, q + w->num_panels / 2, up, I8MM_PANEL);
+  gate_tiles(w, rows, m0, q, gate, up, y);
 }

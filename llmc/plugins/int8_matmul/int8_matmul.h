@@ -83,6 +83,17 @@ int64_t i8mm_amx_num_items(const struct i8mm_weights *w, int64_t rows);
 void i8mm_amx_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
                    int64_t rows, int64_t item, float *y);
 
+/* The GELU-gated output of a fused [gate | up] weight (n % 128 == 0): y [m][n / 2] =
+ * gelu_tanh(x W_gate) * (x W_up), W_gate the first n / 2 columns; items as i8mm_num_items's,
+ * each a tile of rows x one gate panel and its up partner. The AMX forms take the rows and codes
+ * of the AMX path (i8mm_amx_rows). */
+int64_t i8mm_gated_num_items(const struct i8mm_weights *w, int64_t m);
+void i8mm_gated_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
+                     int64_t item, float *y);
+int64_t i8mm_amx_gated_num_items(const struct i8mm_weights *w, int64_t rows);
+void i8mm_amx_gated_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
+                         int64_t m, int64_t rows, int64_t item, float *y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,8 +11,10 @@
  * input_gate: "" (A is the product's input) or "gelu_tanh" (A is [..., 2K] = [gate | up] of a
  * gated MLP and the product's input is gelu_tanh(gate) * up, computed as the rows are
  * quantized: the down projection then reads the gate/up projection's output once, with no
- * Split, Gelu and Mul between). Output Y float32 [..., N]. A non-constant weight, a bad shape or
- * attribute fails with ORT_INVALID_ARGUMENT.
+ * Split, Gelu and Mul between); and output_gate: "" (Y is [..., N]) or "gelu_tanh" (the weight
+ * is a gated MLP's fused [gate | up] projection, N % 128 == 0, and Y is [..., N / 2] =
+ * gelu_tanh(gate) * up, computed per tile: half the output written and read). Output Y float32.
+ * A non-constant weight, a bad shape or attribute fails with ORT_INVALID_ARGUMENT.
  */
 #include "ort_matmul.h"
 
@@ -32,8 +34,10 @@ enum { IN_A, IN_B, IN_SCALES, N_IN };
 
 struct kernel {
   struct i8mm_weights w;
-  int input; /* I8MM_INPUT_* */
+  int input;       /* I8MM_INPUT_* */
+  int output_gate; /* 1: Y = gelu_tanh(gate) * up of the two halves of N */
 };
+
 
 static OrtStatus *fail(const char *fmt, ...) {
   char message[512];
@@ -42,6 +46,21 @@ static OrtStatus *fail(const char *fmt, ...) {
   vsnprintf(message, sizeof message, fmt, args);
   va_end(args);
   return ort->CreateStatus(ORT_INVALID_ARGUMENT, message);
+}
+
+/* A string attribute that may be absent ("" then) or "gelu_tanh"; 1 for "gelu_tanh". */
+static OrtStatus *gate_attribute(const OrtKernelInfo *info, const char *name, int *gelu) {
+  char gate[16] = "";
+  size_t size = sizeof gate;
+  OrtStatus *status = ort->KernelInfoGetAttribute_string(info, name, gate, &size);
+  if (status != NULL) { /* optional, none */
+    ort->ReleaseStatus(status);
+    gate[0] = '\0';
+  }
+  *gelu = strcmp(gate, "gelu_tanh") == 0;
+  if (!*gelu && gate[0] != '\0')
+    return fail("BlockInt8MatMul: %s must be \"\" or \"gelu_tanh\", got \"%s\"", name, gate);
+  return NULL;
 }
 
 #define TRY(call)                        \
@@ -84,19 +103,13 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   TRY(ort->KernelInfoGetAttribute_int64(info, "block_size", &block_size));
   OrtStatus *status = ort->KernelInfoGetAttribute_int64(info, "bits", &bits);
   if (status != NULL) ort->ReleaseStatus(status); /* optional, 8 */
-  char gate[16] = "";
-  size_t gate_size = sizeof gate;
-  status = ort->KernelInfoGetAttribute_string(info, "input_gate", gate, &gate_size);
-  if (status != NULL) { /* optional, none */
-    ort->ReleaseStatus(status);
-    gate[0] = '\0';
-  }
-  int input = I8MM_INPUT_PLAIN;
-  if (strcmp(gate, "gelu_tanh") == 0) {
-    input = I8MM_INPUT_GELU_TANH_GATE;
-  } else if (gate[0] != '\0') {
-    return fail("BlockInt8MatMul: input_gate must be \"\" or \"gelu_tanh\", got \"%s\"", gate);
-  }
+  int input_gelu, output_gate;
+  TRY(gate_attribute(info, "input_gate", &input_gelu));
+  TRY(gate_attribute(info, "output_gate", &output_gate));
+  int input = input_gelu ? I8MM_INPUT_GELU_TANH_GATE : I8MM_INPUT_PLAIN;
+  if (output_gate && n % 128 != 0)
+    return fail("BlockInt8MatMul: output_gate needs N a multiple of 128, got N=%lld",
+                (long long)n);
   if (bits != 8 || k < 1 || n < 1 || block_size < 4 || block_size % 4 != 0 ||
       k % block_size != 0) {
     return fail("BlockInt8MatMul: needs bits=8 and a block_size that is a multiple of 4 "
@@ -114,6 +127,7 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
     return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory packing the weight");
   }
   kernel->input = input;
+  kernel->output_gate = output_gate;
   *out = kernel;
   return NULL;
 }
@@ -134,6 +148,7 @@ struct job {
   float *sa, *y;
   int64_t m, tasks;
   int64_t amx_rows; /* rows the AMX path computes (i8mm_amx_rows), 0: the VNNI tiles */
+  int output_gate;  /* y [m][n / 2] = gelu_tanh(gate) * up */
 };
 
 /* Task t of j->tasks quantizes a contiguous range of rows (signed codes for AMX). */
@@ -147,7 +162,22 @@ static void quantize_task(void *data, size_t task) {
 }
 
 static int64_t num_items(const struct job *j) {
-  return j->amx_rows > 0 ? i8mm_amx_num_items(j->w, j->amx_rows) : i8mm_num_items(j->w, j->m);
+  if (j->amx_rows > 0)
+    return j->output_gate ? i8mm_amx_gated_num_items(j->w, j->amx_rows)
+                          : i8mm_amx_num_items(j->w, j->amx_rows);
+  return j->output_gate ? i8mm_gated_num_items(j->w, j->m) : i8mm_num_items(j->w, j->m);
+}
+
+static void run_item(const struct job *j, int64_t i) {
+  const int8_t *codes = (const int8_t *)j->qa;
+  if (j->amx_rows > 0 && j->output_gate)
+    i8mm_amx_gated_item(j->w, codes, j->sa, j->m, j->amx_rows, i, j->y);
+  else if (j->amx_rows > 0)
+    i8mm_amx_item(j->w, codes, j->sa, j->m, j->amx_rows, i, j->y);
+  else if (j->output_gate)
+    i8mm_gated_item(j->w, j->qa, j->sa, j->m, i, j->y);
+  else
+    i8mm_item(j->w, j->qa, j->sa, j->m, i, j->y);
 }
 
 /* Task t of j->tasks runs a contiguous range of items: whole weight panels per thread, so a
@@ -156,12 +186,7 @@ static void tile_task(void *data, size_t task) {
   const struct job *j = data;
   int64_t items = num_items(j);
   int64_t i0 = items * (int64_t)task / j->tasks, i1 = items * ((int64_t)task + 1) / j->tasks;
-  for (int64_t i = i0; i < i1; ++i) {
-    if (j->amx_rows > 0)
-      i8mm_amx_item(j->w, (const int8_t *)j->qa, j->sa, j->m, j->amx_rows, i, j->y);
-    else
-      i8mm_item(j->w, j->qa, j->sa, j->m, i, j->y);
-  }
+  for (int64_t i = i0; i < i1; ++i) run_item(j, i);
 }
 
 static void parallel_for(OrtKernelContext *context, void (*fn)(void *, size_t), struct job *j) {
@@ -194,7 +219,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
                 (long long)dims[rank - 1]);
   int64_t m = 1;
   for (size_t i = 0; i + 1 < rank; ++i) m *= dims[i];
-  dims[rank - 1] = w->n;
+  dims[rank - 1] = kernel->output_gate ? w->n / 2 : w->n;
   OrtValue *y_value;
   TRY(ort->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
   float *y;
@@ -215,7 +240,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   memset(qa + m * w->k, 0, (size_t)((rows - m) * w->k));
   memset(sa + m * w->num_blocks, 0, (size_t)((rows - m) * w->num_blocks) * sizeof *sa);
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  struct job job = {w, kernel->input, a, qa, sa, y, m, 1, amx_rows};
+  struct job job = {w, kernel->input, a, qa, sa, y, m, 1, amx_rows, kernel->output_gate};
   int64_t items = num_items(&job);
   job.tasks = cpus < 1 ? 1 : cpus < items ? cpus : items;
   parallel_for(context, quantize_task, &job);
