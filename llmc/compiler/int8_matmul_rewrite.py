@@ -13,7 +13,9 @@ the custom-op library. The two forms then agree to float32 rounding instead of b
 A gated MLP's down projection (``Split`` of the fused gate/up output, ``Gelu`` of the gate in
 its tanh form, ``Mul`` by up) becomes one BlockInt8MatMul with ``input_gate="gelu_tanh"``, which
 computes the product's input as it quantizes the rows: three ops and two [M, K] tensors less per
-layer.
+layer. Where the gate/up projection is a BlockInt8MatMul too (every layer 8-bit weight-only),
+the gate goes into that node's output instead (``output_gate="gelu_tanh"``): it writes the
+[M, K] product rather than [M, 2K] (Gemma 3 270M: 0.94x the 128-token prefill, bit for bit).
 """
 
 from __future__ import annotations
