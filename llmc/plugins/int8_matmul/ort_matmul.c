@@ -1,6 +1,6 @@
 /* llmc::BlockInt8MatMul: com.microsoft MatMulNBits with 8-bit weights at accuracy level 4
  * (int8 compute) -- same inputs, attributes and arithmetic -- run by int8_matmul.c's VNNI
- * kernel at every M. ONNX Runtime's own kernel for it is fast at M = 1 and 3-4x slower than its
+ * kernel at every M (its AMX tiles at 32 rows or more where the host grants them). ONNX Runtime's own kernel for it is fast at M = 1 and 3-4x slower than its
  * W8A8 GEMM per FLOP at prefill sizes (benchmarks/RESULTS.md); this one packs the weight once,
  * when the session creates the kernel, and runs tiles of 6 rows x 64 columns on ORT's intra-op
  * pool.
@@ -37,7 +37,6 @@ struct kernel {
   int input;       /* I8MM_INPUT_* */
   int output_gate; /* 1: Y = gelu_tanh(gate) * up of the two halves of N */
 };
-
 
 static OrtStatus *fail(const char *fmt, ...) {
   char message[512];
