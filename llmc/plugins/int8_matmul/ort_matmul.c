@@ -1,9 +1,10 @@
 /* llmc::BlockInt8MatMul: com.microsoft MatMulNBits with 8-bit weights at accuracy level 4
  * (int8 compute) -- same inputs, attributes and arithmetic -- run by int8_matmul.c's VNNI
- * kernel at every M (its AMX tiles at 32 rows or more where the host grants them). ONNX Runtime's own kernel for it is fast at M = 1 and 3-4x slower than its
- * W8A8 GEMM per FLOP at prefill sizes (benchmarks/RESULTS.md); this one packs the weight once,
- * when the session creates the kernel, and runs tiles of 6 rows x 64 columns on ORT's intra-op
- * pool.
+ * kernel at every M (its AMX tiles at 32 rows or more where the host grants them). ONNX
+ * Runtime's own kernel for it is fast at M = 1 and 3-4x slower than its W8A8 GEMM per FLOP at
+ * prefill sizes (benchmarks/RESULTS.md); this one packs the weight once, when the session
+ * creates the kernel, and runs tiles of 6 (VNNI) or 32 (AMX) rows x 64 columns on ORT's
+ * intra-op pool.
  *
  * Inputs: A float32 [..., K]; B uint8 [N, K / block_size, block_size] (codes, zero point 128)
  * and scales float32 [N * K / block_size], both constant initializers. Attributes: K, N,
