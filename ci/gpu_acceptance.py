@@ -26,7 +26,7 @@ Parts (issue 18), each printed as a table:
    decode workloads, with a plain, an FP8 and an int8 KV cache; its time beside the torch
    launcher's.
 5. TensorRT, where ``import tensorrt`` works: ``llmc build`` of tiny Llama and Gemma 3 engines
-   for cpu and for this GPU's smXX, and their greedy generations compared.
+   for cpu and for this GPU's smXX, and their greedy generations compared (``gpu_tensorrt.py``).
 
 Exit status: 0 when every part that ran passed (a part that cannot run here prints SKIP and
 why); 1 on any failure (accuracy, caches, the formula, a build, the generations); 3 when there
@@ -39,9 +39,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -408,63 +406,6 @@ def aot_launch_part(args, shapes, workloads, dtypes: list[str], arch: int) -> bo
                     repeat=args.repeat or 20, caches=("auto", "fp8", "int8"))  # fmt: skip
 
 
-def tensorrt_part(args, arch: int | None) -> bool | None:
-    """Build tiny Llama and Gemma 3 engines for cpu and for this GPU, compare greedy tokens.
-    Returns None when skipped."""
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError as error:
-        print(f"\nSKIP tensorrt: `import tensorrt` failed ({error}); install TensorRT 11's "
-              "Python package to build and run an engine")  # fmt: skip
-        return None
-    from llmc.compiler.build_config import GPU_TARGETS
-
-    target = f"sm{arch}"
-    if arch is None or target not in GPU_TARGETS:
-        print(f"\nSKIP tensorrt: no GPU target for this device ({target}); llmc builds "
-              f"{', '.join(GPU_TARGETS)}")  # fmt: skip
-        return None
-    sys.path.insert(0, str(REPO))
-    from llmc.runtime.llm import LLM
-    from llmc.runtime.sampling_params import SamplingParams
-    from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
-
-    prompts = ["To be, or not to be", "ROMEO:", "First Citizen:\nBefore we proceed"]
-    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-    ok = True
-    print(f"\nTensorRT: tiny engines for cpu and {target}, greedy tokens compared")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, make in (("llama", make_tiny_llama), ("gemma3", make_tiny_gemma3)):
-            try:
-                ckpt = make(Path(tmp) / name / "ckpt", sharp=True)
-            except (ImportError, OSError) as error:  # transformers, or the tokenizer's text
-                print(f"  SKIP tensorrt: cannot make the tiny {name} checkpoint ({error})")
-                return None
-            tokens = {}
-            for arch_name in ("cpu", target):
-                engine = Path(tmp) / name / arch_name
-                command = [sys.executable, "-m", "llmc.cli", "build", str(ckpt), "--arch",
-                           arch_name, "--dtype", "float32", "-o", str(engine)]  # fmt: skip
-                built = subprocess.run(command, capture_output=True, text=True)
-                if built.returncode != 0:
-                    print(f"  {name} {arch_name}: FAIL build exit {built.returncode}\n"
-                          f"{built.stdout[-2000:]}{built.stderr[-2000:]}")  # fmt: skip
-                    ok = False
-                    break
-                outputs = LLM(engine).generate(prompts, greedy)
-                tokens[arch_name] = [o.outputs[0].token_ids for o in outputs]
-            else:
-                for prompt, cpu, gpu in zip(prompts, tokens["cpu"], tokens[target], strict=True):
-                    same = next(
-                        (i for i, (a, b) in enumerate(zip(cpu, gpu, strict=True)) if a != b),
-                        len(cpu),
-                    )
-                    verdict = "ok" if same >= args.min_match else "FAIL"
-                    ok &= same >= args.min_match
-                    print(f"  {name:<7}{prompt[:24]!r:<28} {same:>2}/16 tokens equal  {verdict}")
-    return ok
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the acceptance; exit 0 passed, 1 a failure, 2 bad arguments, 3 no CUDA GPU."""
     args = parse_args(argv)
@@ -518,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.device == "cpu":
         print("\nSKIP tensorrt: --device cpu (TensorRT needs an NVIDIA GPU)")
     else:
-        ok &= tensorrt_part(args, arch) is not False
+        from gpu_tensorrt import tensorrt_part  # ci/ is on sys.path (this script's)
+
+        ok &= tensorrt_part(arch, args.min_match) is not False
     print(f"\n{'PASSED' if ok else 'FAILED'}")
     return EXIT_OK if ok else EXIT_FAILED
 

@@ -161,6 +161,14 @@ void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *o
   for (; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
 }
 
+/* ---- GELU-gated output ------------------------------------------------------------------------
+ * A gated MLP's fused [gate | up] projection whose consumer wants gelu_tanh(gate) * up: each
+ * gated item (i8mm_gated_item, i8mm_amx_gated_item, below) computes panel q of the gate half
+ * and its partner q + num_panels / 2 of the up half for the same rows into two local tiles, and
+ * writes only their product: [m][n / 2] floats leave the kernel instead of [m][n] (half the
+ * output traffic; the consumer also reads half), and the GELU runs on data still in L1. Needs
+ * n % 128 == 0 (whole panels in both halves). */
+
 /* out [rows][n / 2] at (m0, q * 64) = gelu_tanh(gate) * up of two [rows][64] tiles. */
 static void gate_tiles(const struct i8mm_weights *w, int64_t rows, int64_t m0, int64_t q,
                        const float *gate, const float *up, float *y) {
@@ -358,7 +366,6 @@ void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
   tile_at(w, qa, sa, m0, rows, p, y + m0 * w->n + p * I8MM_PANEL, w->n);
 }
 
-
 /* ---- AMX ------------------------------------------------------------------------------------
  * Sapphire Rapids' tile unit: tdpbssd multiplies a 16 x 64 int8 tile of activations by a
  * 16 x 64 int8 tile of weights in VNNI order (16 rows of 4 input channels x 16 columns) into
@@ -523,17 +530,9 @@ void i8mm_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
   i8mm_tile(w, qa, sa, m0, rows, p, y);
 }
 
-/* ---- GELU-gated output ------------------------------------------------------------------------
- * A gated MLP's fused [gate | up] projection whose consumer wants gelu_tanh(gate) * up: each item
- * computes panel q of the gate half and its partner q + num_panels / 2 of the up half for the
- * same rows into two local tiles, and writes only their product: [m][n / 2] floats leave the
- * kernel instead of [m][n] (half the output traffic; the consumer also reads half), and the
- * GELU runs on data still in L1. Needs n % 128 == 0 (whole panels in both halves). */
-
 int64_t i8mm_gated_num_items(const struct i8mm_weights *w, int64_t m) {
   return (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS * (w->num_panels / 2);
 }
-
 
 void i8mm_gated_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
                      int64_t item, float *y) {
