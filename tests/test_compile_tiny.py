@@ -103,10 +103,13 @@ def test_graph_has_one_plugin_per_layer_and_fused_ops(tiny):
     assert [p["layer_idx"] for p in plan["plugins"]] == [0, 1]
     windows = [p["sliding_window"] for p in plan["plugins"]]
     assert windows == {"llama": [0, 0], "gemma3": [8, 0]}[name]
-    # each layer's residual Adds go into the norm that follows them (Skip...); the rest stay
+    # each layer's residual Adds go into the norm that follows them (Skip...); the rest run on
+    # SimplifiedLayerNormalization, none on RMSNormalization
     skip = result.optimized_ops.get("SkipSimplifiedLayerNormalization", 0)
     assert skip == {"llama": 4, "gemma3": 4}[name]
-    assert result.optimized_ops.get("RMSNormalization") + skip == report["rms_norm"]
+    plain = result.optimized_ops.get("SimplifiedLayerNormalization", 0)
+    assert plain + skip == report["rms_norm"]
+    assert "RMSNormalization" not in result.optimized_ops
 
 
 def test_exported_plugin_nodes_carry_the_contract(tiny):

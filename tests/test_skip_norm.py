@@ -1,6 +1,7 @@
 """skip_norm.py: a residual Add and the RMSNormalization of its sum become one
-SkipSimplifiedLayerNormalization, and only then; checked by running both graphs in ONNX
-Runtime (the same values to float32 rounding, the sum still reaching its other consumers)."""
+SkipSimplifiedLayerNormalization, and only then; other norms become SimplifiedLayerNormalization.
+Checked by running both graphs in ONNX Runtime (the same values to float32 rounding, the sum
+still reaching its other consumers)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.skip_norm import FUSED_OP, fuse_skip_rms_norm
+from llmc.compiler.skip_norm import (
+    FUSED_OP,
+    PLAIN_OP,
+    fuse_skip_rms_norm,
+    use_simplified_layer_norm,
+)
 from llmc.runtime.ort_env import session_options
 
 HIDDEN = 16
@@ -81,3 +87,52 @@ def test_other_adds_and_norms_are_left_alone(addend: str, axis: int, second_norm
     before = [n.op_type for n in model.graph.node]
     assert fuse_skip_rms_norm(model) == 0
     assert [n.op_type for n in model.graph.node] == before
+
+
+def norm_model(axis: int, stash_type: int) -> onnx.ModelProto:
+    """y = RMSNorm(x) over axes [axis, rank) of x [2, T, 3, HIDDEN], then y * 2."""
+    rng = np.random.default_rng(2)
+    scale_shape = [HIDDEN] if axis == -1 else [3, HIDDEN]
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "RMSNormalization",
+                ["x", "w"],
+                ["y"],
+                axis=axis,
+                epsilon=1e-3,
+                stash_type=stash_type,
+            ),
+            helper.make_node("Add", ["y", "y"], ["z"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "T", 3, HIDDEN])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        initializer=[
+            numpy_helper.from_array(rng.uniform(0.5, 1.5, scale_shape).astype(np.float32), "w")
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("axis", [-1, 2])
+def test_other_norms_run_on_simplified_layer_normalization(axis: int) -> None:
+    model = norm_model(axis, stash_type=1)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert use_simplified_layer_norm(rewritten) == 1
+    assert [n.op_type for n in rewritten.graph.node] == [PLAIN_OP, "Add"]
+    x = {"x": np.random.default_rng(3).standard_normal([2, 7, 3, HIDDEN]).astype(np.float32) * 5}
+    expected = run(model, x)
+    rms = np.sqrt(np.mean(np.square(x["x"]), axis=tuple(range(axis % 4, 4)), keepdims=True))
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_allclose(expected, 2 * x["x"] / np.sqrt(rms**2 + 1e-3) * w, rtol=1e-5)
+    np.testing.assert_allclose(run(rewritten, x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_norm_stashed_in_another_precision_is_left_alone() -> None:
+    model = norm_model(-1, stash_type=0)
+    assert use_simplified_layer_norm(model) == 0
+    assert model.graph.node[0].op_type == "RMSNormalization"

@@ -19,7 +19,7 @@ from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
 from llmc.compiler.quantized_embedding import gather_from_projection
 from llmc.compiler.shared_weights import compact_files, share_weights
 from llmc.compiler.single_graph import write_single_graph
-from llmc.compiler.skip_norm import fuse_skip_rms_norm
+from llmc.compiler.skip_norm import fuse_skip_rms_norm, use_simplified_layer_norm
 from llmc.compiler.split_projection import split_projections
 from llmc.compiler.stored_weights import widen_segment
 from llmc.engine.plan import ExecutionPlan, save_plan
@@ -125,6 +125,7 @@ def lower_to_cpu(
             if external_data_dir is not None:  # a float graph's 16-bit weights as float32
                 seg = widen_segment(seg, external_data_dir, scratch)
             fuse_skip_rms_norm(seg)  # residual Add + RMSNorm: one ORT kernel
+            use_simplified_layer_norm(seg)  # the other norms: ORT's cheaper kernel
             ops += _optimize_segment(
                 seg,
                 engine_dir / spec.file,
