@@ -102,7 +102,8 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
         (13, 96, 70, 32),
         (130, 640, 130, 16),
         (6, 8, 3, 4),
-        (70, 256, 100, 128),  # the AMX path where the host has it: 3 tiles of 32, rows padded
+        (70, 256, 100, 128),  # the AMX path where the host has it: 32 + 32 + 16 rows, padded
+        (16, 256, 100, 128),  # the AMX path's fewest rows: one 16-row tile
         (32, 128, 64, 64),
     ],
 )
@@ -176,7 +177,7 @@ def test_bad_attributes_are_refused() -> None:
         session(one_node_model(codes, scales, output_gate="gelu_tanh"))  # N = 16
 
 
-@pytest.mark.parametrize("m", [1, 7, 70])  # the VNNI tiles; 70: the AMX path where it runs
+@pytest.mark.parametrize("m", [1, 7, 20, 70])  # the VNNI tiles; 20, 70: AMX where it runs
 def test_gelu_tanh_output_gate_is_gelu_of_the_gate_half_times_the_up_half(m: int) -> None:
     """output_gate: Y = gelu_tanh(Y_full[:, :N/2]) * Y_full[:, N/2:], Y_full the plain op's
     output (the same tiles), with the GELU in float32 as the input gate computes it."""
@@ -364,21 +365,31 @@ def test_rewrite_folds_the_gate_into_a_quantized_gate_up_projection() -> None:
     np.testing.assert_allclose(after, before, rtol=1e-3, atol=2e-3 * np.abs(before).max())
 
 
-def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("m", "padded"),
+    [(45, 48), (16, 16), (15, 0), (32, 32), (33, 48)],
+    ids=["32+16", "16", "too-few", "32", "32+16-of-1"],
+)
+def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path, m: int, padded: int) -> None:
     """On a host whose OS grants AMX tile data, the AMX items (signed codes, tdpbssd) give the
     same floats as the VNNI tiles (unsigned codes, vpdpbusd): the same integer block sums,
-    scaled in the same order; rows past m stay unwritten."""
+    scaled in the same order; rows past m stay unwritten. Products of 16 rows and more take
+    the path, their rows padded to a multiple of 16 (items of 32 rows, the last of 16)."""
     lib = kernel_library(tmp_path, "native")
     for name in ("i8mm_amx_rows", "i8mm_amx_num_items", "i8mm_num_items"):
         getattr(lib, name).restype = ctypes.c_int64
-    m, k, n, block = 45, 256, 200, 128
+    k, n, block = 256, 200, 128
     w, codes, scales, a = packed_problem(lib, 9, m, k, n, block)
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    rows = lib.i8mm_amx_rows(ctypes.byref(w), i64(m))
-    if rows == 0:
+    if lib.i8mm_amx_rows(ctypes.byref(w), i64(64)) == 0:
         lib.i8mm_free(ctypes.byref(w))
         pytest.skip("no AMX here (not built for it, or the OS does not grant tile data)")
-    assert rows == 64  # 45 rows -> two tiles of 32
+    rows = lib.i8mm_amx_rows(ctypes.byref(w), i64(m))
+    assert rows == padded
+    if rows == 0:  # fewer than 16 rows stay on the VNNI tiles
+        lib.i8mm_free(ctypes.byref(w))
+        return
+    assert lib.i8mm_amx_num_items(ctypes.byref(w), i64(rows)) == -(-rows // 32) * -(-n // 64)
     plain = ctypes.c_int(0)
     qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
     lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), plain, i64(0), i64(m),

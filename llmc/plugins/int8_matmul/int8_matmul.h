@@ -22,8 +22,10 @@ extern "C" {
 /* Columns per packed panel and rows per tile of the micro-kernel. */
 #define I8MM_PANEL 64
 #define I8MM_TILE_ROWS 6
-/* Rows per item of the AMX path (two 16-row tiles). */
+/* Rows per item of the AMX path (two 16-row tiles; the last item of a product may hold one), and
+ * the fewest rows of a product that takes it. */
 #define I8MM_AMX_ROWS 32
+#define I8MM_AMX_MIN_ROWS 16
 
 enum { I8MM_OK = 0, I8MM_BAD_SHAPE = 1, I8MM_NO_MEMORY = 2 };
 
@@ -72,12 +74,13 @@ void i8mm_quantize_rows_signed(const struct i8mm_weights *w, const float *a, int
                                int64_t m0, int64_t m1, int8_t *qa, float *sa);
 
 /* The AMX path (Intel AMX-INT8, tdpbssd): 0 when an m-row product does not take it (built
- * without AMX, the host or OS does not grant tile data to this process, m < I8MM_AMX_ROWS, or a
- * block size that is not a multiple of 64), else the rows it computes: m rounded up to
- * I8MM_AMX_ROWS. The caller then quantizes rows [0, m) with i8mm_quantize_rows_signed into qa
- * [rows][k] and sa [rows][k / block_size] whose rows past m hold zeros, and runs
- * i8mm_amx_num_items items of 32 rows x one panel; only rows below m are written to y. The
- * first call asks Linux for the tile registers (arch_prctl), once per process. */
+ * without AMX, the host or OS does not grant tile data to this process, m < I8MM_AMX_MIN_ROWS,
+ * or a block size that is not a multiple of 64), else the rows it computes: m rounded up to a
+ * multiple of I8MM_AMX_MIN_ROWS. The caller then quantizes rows [0, m) with
+ * i8mm_quantize_rows_signed into qa [rows][k] and sa [rows][k / block_size] whose rows past m
+ * hold zeros, and runs i8mm_amx_num_items items of 32 rows (the last 16 where rows % 32 == 16)
+ * x one panel; only rows below m are written to y. The first call asks Linux for the tile
+ * registers (arch_prctl), once per process. */
 int64_t i8mm_amx_rows(const struct i8mm_weights *w, int64_t m);
 int64_t i8mm_amx_num_items(const struct i8mm_weights *w, int64_t rows);
 void i8mm_amx_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
