@@ -16,6 +16,9 @@ import onnx
 
 from llmc.compiler.int8_matmul_rewrite import OP_TYPE as BLOCK_INT8
 from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
+from llmc.compiler.norm_rewrite import PLAIN_OP as NORM_OP
+from llmc.compiler.norm_rewrite import SKIP_OP as SKIP_NORM_OP
+from llmc.compiler.norm_rewrite import rewrite_rms_norms
 from llmc.compiler.quantized_embedding import gather_from_projection
 from llmc.compiler.shared_weights import compact_files, share_weights
 from llmc.compiler.single_graph import write_single_graph
@@ -98,6 +101,7 @@ def lower_to_cpu(
     session_config: dict[str, str] | None = None,
     external_data_dir: Path | None = None,
     block_int8: bool = False,
+    llmc_norms: bool = False,
 ) -> tuple[ExecutionPlan, dict[str, int]]:
     """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``, and
     for the CPU EP ``engine.onnx``, the segments joined into one graph (``single_graph.py``).
@@ -108,8 +112,10 @@ def lower_to_cpu(
     (e.g. MatMulNBits' accuracy level); ``external_data_dir`` is where the weights of a
     ``model`` holding external-data references are (a streamed build); ``block_int8`` puts
     ``llmc::BlockInt8MatMul`` in the single graph in place of 8-bit MatMulNBits
-    (``int8_matmul_rewrite``; the host must run it). Returns the plan and the op counts of the
-    saved segments (recorded in the manifest), with the single graph's BlockInt8MatMul nodes.
+    (``int8_matmul_rewrite``; the host must run it) and ``llmc_norms`` ``llmc::RMSNorm`` and
+    ``llmc::SkipRMSNorm`` in place of ORT's norm kernels (``norm_rewrite``). Returns the plan
+    and the op counts of the saved segments (recorded in the manifest), with the single graph's
+    llmc nodes.
     ``progress(done, total)`` is called after each segment. Raises onnxruntime errors if a
     segment does not load.
     """
@@ -149,11 +155,17 @@ def lower_to_cpu(
     if choice.optimize_at_build:
         split_projections(models)  # ONNX Runtime packs a large projection a block at a time
         plan = replace(plan, graph=write_single_graph(engine_dir, plan))
-        if block_int8:
+        if block_int8 or llmc_norms:
             graph = onnx.load(str(engine_dir / plan.graph), load_external_data=False)
-            rewritten = rewrite_block_int8(graph)
-            if rewritten:
-                ops[BLOCK_INT8] = rewritten
+            single: Counter = Counter()
+            if block_int8:
+                single[BLOCK_INT8] = rewrite_block_int8(graph)
+            if llmc_norms and rewrite_rms_norms(graph):
+                kinds = Counter(n.op_type for n in graph.graph.node)
+                single.update({op: kinds[op] for op in (NORM_OP, SKIP_NORM_OP)})
+            single = +single  # the ops the single graph got
+            if single:
+                ops.update(single)
                 onnx.save(graph, str(engine_dir / plan.graph))
     save_plan(plan, engine_dir)
     return plan, dict(sorted(ops.items()))

@@ -1,13 +1,31 @@
-/* What llmc's ONNX Runtime custom ops (paged_attention/ort_op.c, int8_matmul/ort_matmul.c)
- * share: one float32 output, every input and output required and in CPU memory, the CPU EP, one
- * version range from 1 up. llmc_op_defaults fills those fields of an OrtCustomOp; each op adds its name, types,
- * counts and kernel. */
+/* What llmc's ONNX Runtime custom ops (paged_attention/ort_op.c, int8_matmul/ort_matmul.c,
+ * rms_norm/ort_rms_norm.c) share: float32 outputs (one unless the op sets its count), every
+ * input and output required and in CPU memory, the CPU EP, one version range from 1 up.
+ * llmc_op_defaults fills those fields of an OrtCustomOp; each op adds its name, types, counts
+ * and kernel. */
 #ifndef LLMC_ORT_CUSTOM_OP_H
 #define LLMC_ORT_CUSTOM_OP_H
 
 #include <limits.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <onnxruntime_c_api.h>
+
+/* The online cores, asked once per library: glibc's sysconf(_SC_NPROCESSORS_ONLN) reads /sys
+ * on every call (~3 us here), and the ops size their task counts on every run. */
+static long llmc_op_cpus_value = 1;
+static pthread_once_t llmc_op_cpus_once = PTHREAD_ONCE_INIT;
+
+static void llmc_op_count_cpus(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  llmc_op_cpus_value = cpus < 1 ? 1 : cpus;
+}
+
+static inline long llmc_op_cpus(void) {
+  pthread_once(&llmc_op_cpus_once, llmc_op_count_cpus);
+  return llmc_op_cpus_value;
+}
 
 static const char *ORT_API_CALL llmc_op_cpu_provider(const OrtCustomOp *op) {
   (void)op;

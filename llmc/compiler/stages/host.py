@@ -11,6 +11,7 @@ from llmc.compiler.quantize.formats import FORMATS
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.provider import ProviderChoice, provider_for_dtype
 from llmc.errors import BuildConfigError
+from llmc.plugins.paged_attention import ort_op
 
 
 @dataclass(frozen=True)
@@ -18,14 +19,17 @@ class CpuPlan:
     """How a cpu engine is built on this host: ``isa`` the features it will require (recorded
     in the manifest), ``arch`` the machine ("x86_64", "aarch64"), ``layout`` the graph form and
     precision lowering writes for the dtype (the provider that runs it is measured later),
-    ``bound_pairs`` whether int8 weight pairs stay within 128 (no VNNI here), and ``block_int8``
-    whether 8-bit weight-only layers run on llmc's VNNI kernel (``int8_matmul_rewrite``)."""
+    ``bound_pairs`` whether int8 weight pairs stay within 128 (no VNNI here), ``block_int8``
+    whether 8-bit weight-only layers run on llmc's VNNI kernel (``int8_matmul_rewrite``), and
+    ``llmc_norms`` whether the single graph's RMS norms run on llmc's kernel (``norm_rewrite``;
+    the custom-op library is built)."""
 
     isa: list[str]
     arch: str
     layout: ProviderChoice
     bound_pairs: bool
     block_int8: bool = False
+    llmc_norms: bool = False
 
 
 def plan_cpu(config: BuildConfig) -> CpuPlan:
@@ -43,7 +47,8 @@ def plan_cpu(config: BuildConfig) -> CpuPlan:
     block_int8 = config.quantization.quant != "none" and block_int8_matmul_available(host.features)
     if block_int8 and REQUIRED_ISA not in isa:
         isa.append(REQUIRED_ISA)
-    return CpuPlan(isa, host.arch, layout, int8_bound_pairs(host.features), block_int8)
+    llmc_norms = ort_op.library_path() is not None
+    return CpuPlan(isa, host.arch, layout, int8_bound_pairs(host.features), block_int8, llmc_norms)
 
 
 def int8_bound_pairs(host_features: tuple[str, ...]) -> bool:

@@ -49,6 +49,7 @@ def lower_cpu(
             session_config=qp.session_config(quant),
             external_data_dir=graph.weights_dir,
             block_int8=plan.block_int8,
+            llmc_norms=plan.llmc_norms,
         )
     if report is None:
         return LoweredEngine(engine_dir, optimized_ops)

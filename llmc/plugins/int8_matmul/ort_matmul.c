@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "int8_matmul.h"
 #include "ort_custom_op.h"
@@ -239,10 +238,10 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   }
   memset(qa + m * w->k, 0, (size_t)((rows - m) * w->k));
   memset(sa + m * w->num_blocks, 0, (size_t)((rows - m) * w->num_blocks) * sizeof *sa);
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  long cpus = llmc_op_cpus();
   struct job job = {w, kernel->input, a, qa, sa, y, m, 1, amx_rows, kernel->output_gate};
   int64_t items = num_items(&job);
-  job.tasks = cpus < 1 ? 1 : cpus < items ? cpus : items;
+  job.tasks = cpus < items ? cpus : items;
   parallel_for(context, quantize_task, &job);
   parallel_for(context, tile_task, &job);
   free(qa);

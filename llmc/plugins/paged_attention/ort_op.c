@@ -20,12 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <onnxruntime_c_api.h>
 
 #include "ort_custom_op.h"
 #include "ort_matmul.h"
+#include "ort_rms_norm.h"
 #include "paged_attention.h"
 
 #ifndef LLMC_ORT_OP_SOURCE_SHA256
@@ -182,8 +182,8 @@ static void ORT_API_CALL run_task(void *data, size_t task) {
 
 static void run_on_ort(void *runner, llmc_pa_item_fn fn, const void *ctx, int64_t num_items) {
   struct ort_items items = {runner, fn, ctx, num_items, 0};
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  size_t tasks = (size_t)(cpus < 1 ? 1 : cpus < num_items ? cpus : num_items);
+  long cpus = llmc_op_cpus();
+  size_t tasks = (size_t)(cpus < num_items ? cpus : num_items);
   OrtStatus *status = ort->KernelContext_ParallelFor(items.context, run_task, tasks, 0, &items);
   if (status != NULL) { /* no pool: run every item here */
     ort->ReleaseStatus(status);
@@ -309,5 +309,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   TRY(ort->CreateCustomOpDomain("llmc", &domain));
   TRY(ort->CustomOpDomain_Add(domain, &paged_attention_op));
   TRY(ort->CustomOpDomain_Add(domain, llmc_block_int8_matmul_op(ort)));
+  TRY(ort->CustomOpDomain_Add(domain, llmc_rms_norm_op(ort)));
+  TRY(ort->CustomOpDomain_Add(domain, llmc_skip_rms_norm_op(ort)));
   return ort->AddCustomOpDomain(options, domain);
 }

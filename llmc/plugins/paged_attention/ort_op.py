@@ -26,6 +26,8 @@ OP_SOURCES = (
     "int8_matmul/ort_matmul.h",
     "int8_matmul/int8_matmul.c",
     "int8_matmul/int8_matmul.h",
+    "rms_norm/ort_rms_norm.c",
+    "rms_norm/ort_rms_norm.h",
 )
 
 
