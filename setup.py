@@ -30,6 +30,7 @@ ROOT = Path(__file__).parent
 KERNEL_DIR = "llmc/plugins/paged_attention"
 MATMUL_DIR = "llmc/plugins/int8_matmul"
 NORM_DIR = "llmc/plugins/rms_norm"
+ROPE_DIR = "llmc/plugins/qkv_rope"
 SOURCE = f"{KERNEL_DIR}/paged_attention.c"
 OP_SOURCES = [
     f"{KERNEL_DIR}/ort_op.c",
@@ -37,6 +38,7 @@ OP_SOURCES = [
     f"{MATMUL_DIR}/ort_matmul.c",
     f"{MATMUL_DIR}/int8_matmul.c",
     f"{NORM_DIR}/ort_rms_norm.c",
+    f"{ROPE_DIR}/ort_qkv_rope.c",
 ]
 # Every file the custom-op library is built from, in the order ort_op.py's OP_SOURCES hashes them.
 OP_HASHED = (
@@ -50,6 +52,9 @@ OP_HASHED = (
     f"{MATMUL_DIR}/int8_matmul.h",
     f"{NORM_DIR}/ort_rms_norm.c",
     f"{NORM_DIR}/ort_rms_norm.h",
+    f"{NORM_DIR}/rms_norm_row.h",
+    f"{ROPE_DIR}/ort_qkv_rope.c",
+    f"{ROPE_DIR}/ort_qkv_rope.h",
 )
 # Keep equal to COMPILE_FLAGS in cpu.py.
 COMPILE_FLAGS = ["-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno"]
@@ -131,7 +136,7 @@ def extensions() -> list[Extension]:
     op = Extension(
         "llmc.plugins.paged_attention._paged_attention_ort",
         sources=OP_SOURCES,
-        include_dirs=[str(include), "llmc/plugins", KERNEL_DIR, MATMUL_DIR, NORM_DIR],
+        include_dirs=[str(include), "llmc/plugins", KERNEL_DIR, MATMUL_DIR, NORM_DIR, ROPE_DIR],
         define_macros=[
             ("LLMC_PA_SOURCE_SHA256", f'"{SOURCE_SHA256}"'),
             ("LLMC_ORT_OP_SOURCE_SHA256", f'"{OP_SOURCE_SHA256}"'),

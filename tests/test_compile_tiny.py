@@ -112,11 +112,14 @@ def test_graph_has_one_plugin_per_layer_and_fused_ops(tiny):
     plain = result.optimized_ops.get("SimplifiedLayerNormalization", 0)
     assert plain + skip == report["rms_norm"]
     assert "RMSNormalization" not in result.optimized_ops
-    # the single graph runs every one of them on llmc's kernel where the op library is built
+    # the single graph runs every one of them on llmc's kernels where the op library is built:
+    # Gemma 3's q/k norms inside QKVRoPE with the rotary embedding, one per layer
     single = onnx.load(str(result.engine_dir / "engine.onnx"), load_external_data=False)
-    llmc_norms = Counter(n.op_type for n in single.graph.node if n.domain == "llmc")
+    llmc_ops = Counter(n.op_type for n in single.graph.node if n.domain == "llmc")
     if ort_op.library_path() is not None:
-        assert llmc_norms["SkipRMSNorm"] == skip and llmc_norms["RMSNorm"] == plain
+        assert llmc_ops["QKVRoPE"] == {"llama": 0, "gemma3": 2}[name]
+        assert llmc_ops["SkipRMSNorm"] == skip
+        assert llmc_ops["RMSNorm"] + 2 * llmc_ops["QKVRoPE"] == plain
         assert result.optimized_ops["SkipRMSNorm"] == skip
 
 

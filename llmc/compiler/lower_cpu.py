@@ -19,6 +19,8 @@ from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
 from llmc.compiler.norm_rewrite import PLAIN_OP as NORM_OP
 from llmc.compiler.norm_rewrite import SKIP_OP as SKIP_NORM_OP
 from llmc.compiler.norm_rewrite import rewrite_rms_norms
+from llmc.compiler.qkv_rope_rewrite import OP_TYPE as QKV_ROPE
+from llmc.compiler.qkv_rope_rewrite import fuse_qkv_rope
 from llmc.compiler.quantized_embedding import gather_from_projection
 from llmc.compiler.shared_weights import compact_files, share_weights
 from llmc.compiler.single_graph import write_single_graph
@@ -112,10 +114,11 @@ def lower_to_cpu(
     (e.g. MatMulNBits' accuracy level); ``external_data_dir`` is where the weights of a
     ``model`` holding external-data references are (a streamed build); ``block_int8`` puts
     ``llmc::BlockInt8MatMul`` in the single graph in place of 8-bit MatMulNBits
-    (``int8_matmul_rewrite``; the host must run it) and ``llmc_norms`` ``llmc::RMSNorm`` and
-    ``llmc::SkipRMSNorm`` in place of ORT's norm kernels (``norm_rewrite``). Returns the plan
-    and the op counts of the saved segments (recorded in the manifest), with the single graph's
-    llmc nodes.
+    (``int8_matmul_rewrite``; the host must run it), and ``llmc_norms`` ``llmc::RMSNorm`` and
+    ``llmc::SkipRMSNorm`` in place of ORT's norm kernels (``norm_rewrite``), then
+    ``llmc::QKVRoPE`` in place of the q/k norm and rotary nodes (``qkv_rope_rewrite``). Returns
+    the plan and the op counts of the saved segments (recorded in the manifest), with the
+    single graph's llmc nodes.
     ``progress(done, total)`` is called after each segment. Raises onnxruntime errors if a
     segment does not load.
     """
@@ -161,6 +164,7 @@ def lower_to_cpu(
             if block_int8:
                 single[BLOCK_INT8] = rewrite_block_int8(graph)
             if llmc_norms and rewrite_rms_norms(graph):
+                single[QKV_ROPE] = fuse_qkv_rope(graph)  # needs the llmc norms
                 kinds = Counter(n.op_type for n in graph.graph.node)
                 single.update({op: kinds[op] for op in (NORM_OP, SKIP_NORM_OP)})
             single = +single  # the ops the single graph got

@@ -1,8 +1,8 @@
 /* What llmc's ONNX Runtime custom ops (paged_attention/ort_op.c, int8_matmul/ort_matmul.c,
- * rms_norm/ort_rms_norm.c) share: float32 outputs (one unless the op sets its count), every
- * input and output required and in CPU memory, the CPU EP, one version range from 1 up.
- * llmc_op_defaults fills those fields of an OrtCustomOp; each op adds its name, types, counts
- * and kernel. */
+ * rms_norm/ort_rms_norm.c, qkv_rope/ort_qkv_rope.c) share: float32 outputs (one unless the op
+ * sets its count), every input and output required and in CPU memory, the CPU EP, one version
+ * range from 1 up. llmc_op_defaults fills those fields of an OrtCustomOp; each op adds its
+ * name, types, counts and kernel. */
 #ifndef LLMC_ORT_CUSTOM_OP_H
 #define LLMC_ORT_CUSTOM_OP_H
 

@@ -25,6 +25,7 @@
 
 #include "ort_custom_op.h"
 #include "ort_matmul.h"
+#include "ort_qkv_rope.h"
 #include "ort_rms_norm.h"
 #include "paged_attention.h"
 
@@ -311,5 +312,6 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   TRY(ort->CustomOpDomain_Add(domain, llmc_block_int8_matmul_op(ort)));
   TRY(ort->CustomOpDomain_Add(domain, llmc_rms_norm_op(ort)));
   TRY(ort->CustomOpDomain_Add(domain, llmc_skip_rms_norm_op(ort)));
+  TRY(ort->CustomOpDomain_Add(domain, llmc_qkv_rope_op(ort)));
   return ort->AddCustomOpDomain(options, domain);
 }

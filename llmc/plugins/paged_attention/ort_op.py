@@ -28,6 +28,9 @@ OP_SOURCES = (
     "int8_matmul/int8_matmul.h",
     "rms_norm/ort_rms_norm.c",
     "rms_norm/ort_rms_norm.h",
+    "rms_norm/rms_norm_row.h",
+    "qkv_rope/ort_qkv_rope.c",
+    "qkv_rope/ort_qkv_rope.h",
 )
 
 

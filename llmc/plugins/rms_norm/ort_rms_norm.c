@@ -21,12 +21,13 @@
  */
 #include "ort_rms_norm.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
 #include "ort_custom_op.h"
+#include "rms_norm_row.h"
 
 static const OrtApi *ort;
 
@@ -58,17 +59,6 @@ static OrtStatus *fail(const char *fmt, ...) {
 
 /* ---- Rows ---------------------------------------------------------------------------------- */
 
-/* One row: y = x * rsqrt(mean(x^2) + eps) * gamma. x may be h (written first by the skip). */
-static void norm_row(const float *restrict x, const float *restrict gamma, int64_t d,
-                     float epsilon, float *restrict y) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
-  float inverse = 1.0f / sqrtf(sum / (float)d + epsilon);
-#pragma omp simd
-  for (int64_t i = 0; i < d; ++i) y[i] = x[i] * inverse * gamma[i];
-}
-
 struct job {
   const struct kernel *kernel;
   const float *a, *b;
@@ -89,7 +79,7 @@ static void rows_task(void *data, size_t task) {
       for (int64_t i = 0; i < k->d; ++i) h[i] = a[i] + b[i];
       x = h;
     }
-    norm_row(x, k->gamma, k->d, k->epsilon, j->y + r * k->d);
+    llmc_rms_norm_row(x, k->gamma, k->d, k->epsilon, j->y + r * k->d);
   }
 }
 
@@ -177,7 +167,8 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
     rows_task(&job, 0);
     return NULL;
   }
-  OrtStatus *status = ort->KernelContext_ParallelFor(context, rows_task, (size_t)job.tasks, 0, &job);
+  OrtStatus *status =
+      ort->KernelContext_ParallelFor(context, rows_task, (size_t)job.tasks, 0, &job);
   if (status != NULL) { /* no pool: every task here */
     ort->ReleaseStatus(status);
     for (int64_t t = 0; t < job.tasks; ++t) rows_task(&job, (size_t)t);
