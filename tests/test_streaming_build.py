@@ -18,6 +18,7 @@ from llmc.compiler.build_config import BuildConfig
 from llmc.compiler.lower_cpu import lower_to_cpu
 from llmc.compiler.memory_plan import plan_memory
 from llmc.compiler.stages.export import export
+from llmc.compiler.stages.host import plan_cpu
 from llmc.compiler.stages.load import load, resolve
 from llmc.errors import BuildConfigError
 from llmc.runtime.ort_runner import OrtRunner
@@ -40,12 +41,13 @@ def weight_digests(engine_dir: Path) -> list[tuple[tuple[int, ...], str]]:
 
 
 def in_memory_engine(ckpt: Path, out: Path, block_size: int) -> Path:
-    """The engine the in-memory path writes: the whole float32 model loaded, exported in memory."""
+    """The engine the in-memory path writes: the whole float32 model loaded, exported in memory,
+    lowered as build() lowers it on this host (llmc's norm ops where the op library is built)."""
     config = BuildConfig.of(model=str(ckpt), block_size=block_size)
     model = load(resolve(config.source))  # no memory plan: the weights are loaded whole
     graph = export(model, config.export, share_tied=True)  # as build() does for --quant none
     assert graph.weights_dir is None
-    lower_to_cpu(graph.proto, out)
+    lower_to_cpu(graph.proto, out, llmc_norms=plan_cpu(config).llmc_norms)
     return out
 
 
