@@ -25,6 +25,7 @@ from collections import Counter
 import onnx
 from onnx import helper
 
+from llmc.compiler.node_attributes import attributes
 from llmc.engine.plugin import DOMAIN
 from llmc.plugins.paged_attention import ort_op
 
@@ -43,7 +44,7 @@ def block_int8_matmul_available(host_features: tuple[str, ...]) -> bool:
 def _eligible(node: onnx.NodeProto) -> bool:
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
         return False
-    attrs = _attrs(node)
+    attrs = attributes(node)
     block = attrs.get("block_size", 0)
     return (
         attrs.get("bits", 4) == 8
@@ -76,15 +77,11 @@ def rewrite_block_int8(model: onnx.ModelProto) -> int:
     return count
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _is_gelu_tanh(node: onnx.NodeProto | None) -> bool:
     if node is None:
         return False
     if node.op_type == "Gelu" and node.domain in ("", "ai.onnx"):
-        return _attrs(node).get("approximate") == b"tanh"
+        return attributes(node).get("approximate") == b"tanh"
     return node.op_type == "FastGelu" and node.domain == "com.microsoft" and len(node.input) == 1
 
 
@@ -92,7 +89,7 @@ def _split_halves(node: onnx.NodeProto | None, k: int, inits: dict) -> bool:
     """Whether ``node`` splits its input's last axis into [k, k]."""
     if node is None or node.op_type != "Split" or len(node.output) != 2:
         return False
-    attrs = _attrs(node)
+    attrs = attributes(node)
     if attrs.get("axis", 0) != -1:
         return False
     if len(node.input) > 1 and node.input[1] in inits:
@@ -107,7 +104,7 @@ def _gates_its_output(node: onnx.NodeProto | None, uses: int, k: int) -> bool:
     alone, which its output gate can fold (2k a multiple of 128: whole weight panels)."""
     if node is None or node.op_type != OP_TYPE or node.domain != DOMAIN or uses != 1:
         return False
-    attrs = _attrs(node)
+    attrs = attributes(node)
     return "output_gate" not in attrs and attrs["N"] == 2 * k and attrs["N"] % 128 == 0
 
 
@@ -124,7 +121,7 @@ def fuse_gelu_tanh_gates(model: onnx.ModelProto) -> int:
     inits = {t.name: t for t in graph.initializer}
     dropped: set[int] = set()  # id() of the nodes folded away
     for node in graph.node:
-        if node.op_type != OP_TYPE or node.domain != DOMAIN or "input_gate" in _attrs(node):
+        if node.op_type != OP_TYPE or node.domain != DOMAIN or "input_gate" in attributes(node):
             continue
         mul = producer.get(node.input[0])
         if mul is None or mul.op_type != "Mul" or uses[node.input[0]] != 1:
@@ -133,12 +130,12 @@ def fuse_gelu_tanh_gates(model: onnx.ModelProto) -> int:
             gelu = producer.get(gelu_input)
             split = producer.get(gelu.input[0]) if _is_gelu_tanh(gelu) else None
             if (
-                _split_halves(split, _attrs(node)["K"], inits)
+                _split_halves(split, attributes(node)["K"], inits)
                 and list(split.output) == [gelu.input[0], up]
                 and uses[gelu_input] == uses[gelu.input[0]] == uses[up] == 1
             ):
                 gate_up = producer.get(split.input[0])
-                if _gates_its_output(gate_up, uses[split.input[0]], _attrs(node)["K"]):
+                if _gates_its_output(gate_up, uses[split.input[0]], attributes(node)["K"]):
                     gate_up.output[0] = mul.output[0]
                     gate_up.attribute.append(helper.make_attribute("output_gate", "gelu_tanh"))
                 else:

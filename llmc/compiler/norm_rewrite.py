@@ -17,17 +17,11 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from llmc.compiler.node_attributes import attribute
 from llmc.engine.plugin import DOMAIN
 
 PLAIN_OP = "RMSNorm"
 SKIP_OP = "SkipRMSNorm"
-
-
-def _attribute(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def _used_outputs(node: onnx.NodeProto, used: set[str]) -> list[int]:
@@ -49,7 +43,7 @@ def rewrite_rms_norms(model: onnx.ModelProto) -> int:
             node.op_type == "SimplifiedLayerNormalization"
             and node.domain in ("", "ai.onnx")
             and len(node.input) == 2
-            and _attribute(node, "axis", -1) == -1
+            and attribute(node, "axis", -1) == -1
             and outputs == [0]
         )
         skip = (
@@ -58,11 +52,11 @@ def rewrite_rms_norms(model: onnx.ModelProto) -> int:
             and len(node.input) == 3
             and set(outputs) <= {0, 3}
         )
-        if not (plain or skip) or _attribute(node, "stash_type", 1) != 1:
+        if not (plain or skip) or attribute(node, "stash_type", 1) != 1:
             continue
         if node.input[-1] not in vectors:
             continue
-        epsilon = float(_attribute(node, "epsilon", 1e-5))
+        epsilon = float(attribute(node, "epsilon", 1e-5))
         output = list(node.output)
         if skip:
             residual = output[3] if len(output) > 3 and output[3] else f"{node.name}/sum"

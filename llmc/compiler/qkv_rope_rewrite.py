@@ -19,18 +19,12 @@ from __future__ import annotations
 import onnx
 from onnx import helper, numpy_helper
 
+from llmc.compiler.node_attributes import attribute
 from llmc.compiler.norm_rewrite import PLAIN_OP as RMS_NORM
 from llmc.engine.plugin import DOMAIN
 from llmc.engine.plugin import OP_TYPE as PAGED_ATTENTION
 
 OP_TYPE = "QKVRoPE"
-
-
-def _attribute(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 class _Graph:
@@ -72,11 +66,11 @@ def _head_chain(g: _Graph, name: str, heads: int, head_dim: int, nodes: list[onn
     _, rope = _reshapes_up(g, name, nodes)
     if rope is None or rope.op_type != "RotaryEmbedding" or rope.domain not in ("", "ai.onnx"):
         return None
-    if len(rope.input) != 3 or _attribute(rope, "interleaved", 0) != 0:
+    if len(rope.input) != 3 or attribute(rope, "interleaved", 0) != 0:
         return None
-    if _attribute(rope, "rotary_embedding_dim", 0) not in (0, head_dim):
+    if attribute(rope, "rotary_embedding_dim", 0) not in (0, head_dim):
         return None
-    if _attribute(rope, "num_heads", heads) not in (0, heads):
+    if attribute(rope, "num_heads", heads) not in (0, heads):
         return None
     nodes.append(rope)
     _, norm = _reshapes_up(g, rope.input[0], nodes)
@@ -86,7 +80,7 @@ def _head_chain(g: _Graph, name: str, heads: int, head_dim: int, nodes: list[onn
         return None
     nodes.append(norm)
     top, _ = _reshapes_up(g, norm.input[0], nodes)
-    return top, rope.input[1], rope.input[2], norm.input[1], _attribute(norm, "epsilon", 1e-5)
+    return top, rope.input[1], rope.input[2], norm.input[1], attribute(norm, "epsilon", 1e-5)
 
 
 def _split_sizes(g: _Graph, split: onnx.NodeProto) -> list[int] | None:
@@ -105,9 +99,9 @@ def fuse_qkv_rope(model: onnx.ModelProto) -> int:
     for pa in graph.node:
         if pa.op_type != PAGED_ATTENTION or pa.domain != DOMAIN or len(pa.input) < 3:
             continue
-        heads = _attribute(pa, "num_heads", 0)
-        kv_heads = _attribute(pa, "num_kv_heads", 0)
-        head_dim = _attribute(pa, "head_dim", 0)
+        heads = attribute(pa, "num_heads", 0)
+        kv_heads = attribute(pa, "num_kv_heads", 0)
+        head_dim = attribute(pa, "head_dim", 0)
         nodes: list[onnx.NodeProto] = []
         q = _head_chain(g, pa.input[0], heads, head_dim, nodes)
         k = _head_chain(g, pa.input[1], kv_heads, head_dim, nodes)
@@ -116,7 +110,7 @@ def fuse_qkv_rope(model: onnx.ModelProto) -> int:
             continue
         if (q[1], q[2]) != (k[1], k[2]) or q[4] != k[4]:  # one cos/sin pair, one epsilon
             continue
-        if list(split.output) != [q[0], k[0], v_top] or _attribute(split, "axis", 0) != -1:
+        if list(split.output) != [q[0], k[0], v_top] or attribute(split, "axis", 0) != -1:
             continue
         sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
         if _split_sizes(g, split) != sizes:

@@ -21,14 +21,11 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo
 
+from llmc.compiler.node_attributes import attributes
 from llmc.compiler.shared_weights import point_external
 
 #: Rows compared between the float table and the dequantized projection before rewriting.
 CHECK_ROWS = 256
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _projections(last: onnx.ModelProto, vocab: int, hidden: int):
@@ -39,7 +36,7 @@ def _projections(last: onnx.ModelProto, vocab: int, hidden: int):
     for node in last.graph.node:
         if node.op_type != "MatMulNBits" or len([i for i in node.input if i]) != 3:
             continue
-        a = _attrs(node)
+        a = attributes(node)
         b = inits.get(node.input[1])
         if (a.get("N"), a.get("K")) != (vocab, hidden) or hidden % a["block_size"] or b is None:
             continue
@@ -98,7 +95,7 @@ def gather_from_projection(models: dict[Path, onnx.ModelProto]) -> int:
         table = inits.get(node.input[0]) if node.op_type == "Gather" else None
         if table is None or table.data_type != onnx.TensorProto.FLOAT or len(table.dims) != 2:
             continue
-        if _attrs(node).get("axis", 0) != 0 or table.data_location != onnx.TensorProto.EXTERNAL:
+        if attributes(node).get("axis", 0) != 0 or table.data_location != onnx.TensorProto.EXTERNAL:
             continue
         match = next((c for c in _projections(last, *table.dims) if _same(c, table, paths)), None)
         if match is None:

@@ -23,16 +23,11 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from llmc.compiler.node_attributes import attribute
+
 CONTRIB_DOMAIN = "com.microsoft"
 FUSED_OP = "SkipSimplifiedLayerNormalization"
 PLAIN_OP = "SimplifiedLayerNormalization"
-
-
-def _attribute(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def _fusable_norm(norm: onnx.NodeProto, sum_name: str, vectors: set[str]) -> bool:
@@ -43,8 +38,8 @@ def _fusable_norm(norm: onnx.NodeProto, sum_name: str, vectors: set[str]) -> boo
         and len(norm.input) == 2
         and norm.input[0] == sum_name
         and norm.input[1] in vectors
-        and _attribute(norm, "axis", -1) == -1
-        and _attribute(norm, "stash_type", 1) == 1
+        and attribute(norm, "axis", -1) == -1
+        and attribute(norm, "stash_type", 1) == 1
     )
 
 
@@ -78,7 +73,7 @@ def fuse_skip_rms_norm(model: onnx.ModelProto) -> int:
             [norm.output[0], "", "", add.output[0]],
             name=f"{norm.name}/skip",
             domain=CONTRIB_DOMAIN,
-            epsilon=float(_attribute(norm, "epsilon", 1e-5)),
+            epsilon=float(attribute(norm, "epsilon", 1e-5)),
         )
         fused.append((add, norm, node))
     for add, norm, node in fused:
@@ -100,7 +95,7 @@ def use_simplified_layer_norm(model: onnx.ModelProto) -> int:
     for norm in model.graph.node:
         if norm.op_type != "RMSNormalization" or norm.domain not in ("", "ai.onnx"):
             continue
-        if len(norm.input) != 2 or _attribute(norm, "stash_type", 1) != 1:
+        if len(norm.input) != 2 or attribute(norm, "stash_type", 1) != 1:
             continue
         attributes = [a for a in norm.attribute if a.name in ("axis", "epsilon")]
         del norm.attribute[:]

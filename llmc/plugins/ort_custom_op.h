@@ -8,6 +8,8 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <onnxruntime_c_api.h>
@@ -65,6 +67,35 @@ static int ORT_API_CALL llmc_op_one(const OrtCustomOp *op) {
 static int ORT_API_CALL llmc_op_last_version(const OrtCustomOp *op) {
   (void)op;
   return INT_MAX;
+}
+
+/* An ORT_INVALID_ARGUMENT status with a printf-style message (a bad input or attribute). */
+static inline OrtStatus *llmc_op_fail(const OrtApi *api, const char *fmt, ...) {
+  char message[512];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(message, sizeof message, fmt, args);
+  va_end(args);
+  return api->CreateStatus(ORT_INVALID_ARGUMENT, message);
+}
+
+/* Return the status of an ORT API call from the calling function unless it succeeded. */
+#define LLMC_TRY(call)                   \
+  do {                                   \
+    OrtStatus *status_ = (call);         \
+    if (status_ != NULL) return status_; \
+  } while (0)
+
+/* fn(data, t) for every t < tasks: on ORT's intra-op pool, or on the calling thread when the
+ * context has none (or for a single task, which needs no pool). */
+static inline void llmc_op_parallel_for(const OrtApi *api, OrtKernelContext *context,
+                                        void (*fn)(void *, size_t), size_t tasks, void *data) {
+  if (tasks > 1) {
+    OrtStatus *status = api->KernelContext_ParallelFor(context, fn, tasks, 0, data);
+    if (status == NULL) return;
+    api->ReleaseStatus(status); /* no pool: every task here */
+  }
+  for (size_t t = 0; t < tasks; ++t) fn(data, t);
 }
 
 static inline void llmc_op_defaults(OrtCustomOp *op) {

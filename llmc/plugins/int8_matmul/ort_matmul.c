@@ -20,8 +20,6 @@
 #include "ort_matmul.h"
 
 #include <limits.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,14 +36,7 @@ struct kernel {
   int output_gate; /* 1: Y = gelu_tanh(gate) * up of the two halves of N */
 };
 
-static OrtStatus *fail(const char *fmt, ...) {
-  char message[512];
-  va_list args;
-  va_start(args, fmt);
-  vsnprintf(message, sizeof message, fmt, args);
-  va_end(args);
-  return ort->CreateStatus(ORT_INVALID_ARGUMENT, message);
-}
+#define fail(...) llmc_op_fail(ort, __VA_ARGS__)
 
 /* A string attribute that may be absent ("" then) or "gelu_tanh"; 1 for "gelu_tanh". */
 static OrtStatus *gate_attribute(const OrtKernelInfo *info, const char *name, int *gelu) {
@@ -62,11 +53,6 @@ static OrtStatus *gate_attribute(const OrtKernelInfo *info, const char *name, in
   return NULL;
 }
 
-#define TRY(call)                        \
-  do {                                   \
-    OrtStatus *status_ = (call);         \
-    if (status_ != NULL) return status_; \
-  } while (0)
 
 /* ---- Kernel: the packed weight ------------------------------------------------------------- */
 
@@ -75,11 +61,11 @@ static OrtStatus *constant_input(const OrtKernelInfo *info, int index, const cha
                                  const void **data) {
   int is_constant = 0;
   const OrtValue *value = NULL;
-  TRY(ort->KernelInfoGetConstantInput_tensor(info, (size_t)index, &is_constant, &value));
+  LLMC_TRY(ort->KernelInfoGetConstantInput_tensor(info, (size_t)index, &is_constant, &value));
   if (!is_constant || value == NULL)
     return fail("BlockInt8MatMul: %s must be a constant initializer", name);
   OrtTensorTypeAndShapeInfo *shape;
-  TRY(ort->GetTensorTypeAndShape(value, &shape));
+  LLMC_TRY(ort->GetTensorTypeAndShape(value, &shape));
   ONNXTensorElementDataType got;
   size_t elements = 0;
   OrtStatus *status = ort->GetTensorElementType(shape, &got);
@@ -97,14 +83,14 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   (void)op;
   (void)api;
   int64_t k, n, block_size, bits = 8;
-  TRY(ort->KernelInfoGetAttribute_int64(info, "K", &k));
-  TRY(ort->KernelInfoGetAttribute_int64(info, "N", &n));
-  TRY(ort->KernelInfoGetAttribute_int64(info, "block_size", &block_size));
+  LLMC_TRY(ort->KernelInfoGetAttribute_int64(info, "K", &k));
+  LLMC_TRY(ort->KernelInfoGetAttribute_int64(info, "N", &n));
+  LLMC_TRY(ort->KernelInfoGetAttribute_int64(info, "block_size", &block_size));
   OrtStatus *status = ort->KernelInfoGetAttribute_int64(info, "bits", &bits);
   if (status != NULL) ort->ReleaseStatus(status); /* optional, 8 */
   int input_gelu, output_gate;
-  TRY(gate_attribute(info, "input_gate", &input_gelu));
-  TRY(gate_attribute(info, "output_gate", &output_gate));
+  LLMC_TRY(gate_attribute(info, "input_gate", &input_gelu));
+  LLMC_TRY(gate_attribute(info, "output_gate", &output_gate));
   int input = input_gelu ? I8MM_INPUT_GELU_TANH_GATE : I8MM_INPUT_PLAIN;
   if (output_gate && n % 128 != 0)
     return fail("BlockInt8MatMul: output_gate needs N a multiple of 128, got N=%lld",
@@ -116,9 +102,10 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
                 (long long)k, (long long)n, (long long)block_size);
   }
   const void *b, *scales;
-  TRY(constant_input(info, IN_B, "B", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, (size_t)(n * k), &b));
-  TRY(constant_input(info, IN_SCALES, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
-                     (size_t)(n * (k / block_size)), &scales));
+  LLMC_TRY(constant_input(info, IN_B, "B", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, (size_t)(n * k),
+                          &b));
+  LLMC_TRY(constant_input(info, IN_SCALES, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                          (size_t)(n * (k / block_size)), &scales));
   struct kernel *kernel = malloc(sizeof *kernel);
   if (kernel == NULL) return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory");
   if (i8mm_pack(&kernel->w, b, scales, k, n, block_size) != I8MM_OK) {
@@ -188,22 +175,14 @@ static void tile_task(void *data, size_t task) {
   for (int64_t i = i0; i < i1; ++i) run_item(j, i);
 }
 
-static void parallel_for(OrtKernelContext *context, void (*fn)(void *, size_t), struct job *j) {
-  OrtStatus *status = ort->KernelContext_ParallelFor(context, fn, (size_t)j->tasks, 0, j);
-  if (status != NULL) { /* no pool: run every task here */
-    ort->ReleaseStatus(status);
-    for (int64_t t = 0; t < j->tasks; ++t) fn(j, (size_t)t);
-  }
-}
-
 static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *context) {
   const struct kernel *kernel = kernel_state;
   const struct i8mm_weights *w = &kernel->w;
   const int64_t width = kernel->input == I8MM_INPUT_GELU_TANH_GATE ? 2 * w->k : w->k;
   const OrtValue *a_value;
-  TRY(ort->KernelContext_GetInput(context, IN_A, &a_value));
+  LLMC_TRY(ort->KernelContext_GetInput(context, IN_A, &a_value));
   OrtTensorTypeAndShapeInfo *info;
-  TRY(ort->GetTensorTypeAndShape(a_value, &info));
+  LLMC_TRY(ort->GetTensorTypeAndShape(a_value, &info));
   size_t rank = 0;
   int64_t dims[8];
   OrtStatus *status = ort->GetDimensionsCount(info, &rank);
@@ -220,11 +199,11 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   for (size_t i = 0; i + 1 < rank; ++i) m *= dims[i];
   dims[rank - 1] = kernel->output_gate ? w->n / 2 : w->n;
   OrtValue *y_value;
-  TRY(ort->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
+  LLMC_TRY(ort->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
   float *y;
   const float *a;
-  TRY(ort->GetTensorMutableData(y_value, (void **)&y));
-  TRY(ort->GetTensorMutableData((OrtValue *)a_value, (void **)&a));
+  LLMC_TRY(ort->GetTensorMutableData(y_value, (void **)&y));
+  LLMC_TRY(ort->GetTensorMutableData((OrtValue *)a_value, (void **)&a));
   if (m == 0) return NULL;
 
   /* The AMX path computes whole 32-row tiles: rows past m are zero codes with zero scales. */
@@ -242,8 +221,8 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   struct job job = {w, kernel->input, a, qa, sa, y, m, 1, amx_rows, kernel->output_gate};
   int64_t items = num_items(&job);
   job.tasks = cpus < items ? cpus : items;
-  parallel_for(context, quantize_task, &job);
-  parallel_for(context, tile_task, &job);
+  llmc_op_parallel_for(ort, context, quantize_task, (size_t)job.tasks, &job);
+  llmc_op_parallel_for(ort, context, tile_task, (size_t)job.tasks, &job);
   free(qa);
   free(sa);
   return NULL;

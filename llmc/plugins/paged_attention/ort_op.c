@@ -15,9 +15,7 @@
  * with SessionOptions.register_custom_ops_library. Entry point: RegisterCustomOps.
  */
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,14 +45,7 @@ struct kernel {
   ONNXTensorElementDataType cache_type; /* the ONNX element type that cache_dtype requires */
 };
 
-static OrtStatus *fail(const char *fmt, ...) {
-  char message[512];
-  va_list args;
-  va_start(args, fmt);
-  vsnprintf(message, sizeof message, fmt, args);
-  va_end(args);
-  return ort->CreateStatus(ORT_INVALID_ARGUMENT, message);
-}
+#define fail(...) llmc_op_fail(ort, __VA_ARGS__)
 
 /* ---- Attributes ---------------------------------------------------------------------------- */
 
@@ -96,27 +87,22 @@ static OrtStatus *get_cache_dtype(const OrtKernelInfo *info, struct kernel *k) {
   return NULL;
 }
 
-#define TRY(call)                          \
-  do {                                     \
-    OrtStatus *status_ = (call);           \
-    if (status_ != NULL) return status_;   \
-  } while (0)
 
 static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
                                              const OrtKernelInfo *info, void **out) {
   (void)op;
   (void)api;
   struct kernel k;
-  TRY(get_int(info, "num_heads", &k.num_heads));
-  TRY(get_int(info, "num_kv_heads", &k.num_kv_heads));
-  TRY(get_int(info, "head_dim", &k.head_dim));
-  TRY(get_int(info, "sliding_window", &k.sliding_window));
-  TRY(get_int(info, "block_size", &k.block_size));
-  TRY(get_float(info, "scale", 0.f, 0, &k.scale));
-  TRY(get_float(info, "logit_softcap", 0.f, 0, &k.softcap));
-  TRY(get_float(info, "k_scale", 1.f, 1, &k.k_scale));
-  TRY(get_float(info, "v_scale", 1.f, 1, &k.v_scale));
-  TRY(get_cache_dtype(info, &k));
+  LLMC_TRY(get_int(info, "num_heads", &k.num_heads));
+  LLMC_TRY(get_int(info, "num_kv_heads", &k.num_kv_heads));
+  LLMC_TRY(get_int(info, "head_dim", &k.head_dim));
+  LLMC_TRY(get_int(info, "sliding_window", &k.sliding_window));
+  LLMC_TRY(get_int(info, "block_size", &k.block_size));
+  LLMC_TRY(get_float(info, "scale", 0.f, 0, &k.scale));
+  LLMC_TRY(get_float(info, "logit_softcap", 0.f, 0, &k.softcap));
+  LLMC_TRY(get_float(info, "k_scale", 1.f, 1, &k.k_scale));
+  LLMC_TRY(get_float(info, "v_scale", 1.f, 1, &k.v_scale));
+  LLMC_TRY(get_cache_dtype(info, &k));
   if (k.num_heads < 1 || k.num_kv_heads < 1 || k.num_heads % k.num_kv_heads != 0 ||
       k.head_dim < 1 || k.block_size < 1) {
     return fail("PagedAttention: bad attributes num_heads=%lld num_kv_heads=%lld head_dim=%lld "
@@ -148,9 +134,9 @@ static const char *const INPUT_NAMES[N_IN] = {
 static OrtStatus *read_input(OrtKernelContext *context, int index, size_t rank,
                              struct tensor *t) {
   const OrtValue *value;
-  TRY(ort->KernelContext_GetInput(context, index, &value));
+  LLMC_TRY(ort->KernelContext_GetInput(context, index, &value));
   OrtTensorTypeAndShapeInfo *info;
-  TRY(ort->GetTensorTypeAndShape(value, &info));
+  LLMC_TRY(ort->GetTensorTypeAndShape(value, &info));
   OrtStatus *status = ort->GetTensorElementType(info, &t->type);
   if (status == NULL) status = ort->GetDimensionsCount(info, &t->rank);
   if (status == NULL && t->rank != rank) {
@@ -207,7 +193,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
       ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
       ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
   for (int i = 0; i < N_IN; ++i) {
-    TRY(read_input(context, i, ranks[i], &in[i]));
+    LLMC_TRY(read_input(context, i, ranks[i], &in[i]));
     ONNXTensorElementDataType want = types[i] != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
                                          ? types[i]
                                          : k->cache_type;
@@ -240,9 +226,9 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   }
   int64_t out_dims[2] = {num_tokens, q_width};
   OrtValue *out_value;
-  TRY(ort->KernelContext_GetOutput(context, 0, out_dims, 2, &out_value));
+  LLMC_TRY(ort->KernelContext_GetOutput(context, 0, out_dims, 2, &out_value));
   void *out;
-  TRY(ort->GetTensorMutableData(out_value, &out));
+  LLMC_TRY(ort->GetTensorMutableData(out_value, &out));
   if (num_tokens == 0) return NULL;
 
   struct llmc_pa_parallel parallel = {run_on_ort, context};
@@ -307,11 +293,11 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   if (paged_attention_op.version == 0) define_op();
   /* Never released: ORT requires a domain to outlive every session created with it. */
   OrtCustomOpDomain *domain;
-  TRY(ort->CreateCustomOpDomain("llmc", &domain));
-  TRY(ort->CustomOpDomain_Add(domain, &paged_attention_op));
-  TRY(ort->CustomOpDomain_Add(domain, llmc_block_int8_matmul_op(ort)));
-  TRY(ort->CustomOpDomain_Add(domain, llmc_rms_norm_op(ort)));
-  TRY(ort->CustomOpDomain_Add(domain, llmc_skip_rms_norm_op(ort)));
-  TRY(ort->CustomOpDomain_Add(domain, llmc_qkv_rope_op(ort)));
+  LLMC_TRY(ort->CreateCustomOpDomain("llmc", &domain));
+  LLMC_TRY(ort->CustomOpDomain_Add(domain, &paged_attention_op));
+  LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_block_int8_matmul_op(ort)));
+  LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_rms_norm_op(ort)));
+  LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_skip_rms_norm_op(ort)));
+  LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_qkv_rope_op(ort)));
   return ort->AddCustomOpDomain(options, domain);
 }

@@ -21,8 +21,6 @@
  */
 #include "ort_qkv_rope.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,20 +41,8 @@ struct kernel {
   const float *q_gamma, *k_gamma;
 };
 
-static OrtStatus *fail(const char *fmt, ...) {
-  char message[512];
-  va_list args;
-  va_start(args, fmt);
-  vsnprintf(message, sizeof message, fmt, args);
-  va_end(args);
-  return ort->CreateStatus(ORT_INVALID_ARGUMENT, message);
-}
+#define fail(...) llmc_op_fail(ort, __VA_ARGS__)
 
-#define TRY(call)                        \
-  do {                                   \
-    OrtStatus *status_ = (call);         \
-    if (status_ != NULL) return status_; \
-  } while (0)
 
 /* ---- Tokens -------------------------------------------------------------------------------- */
 
@@ -108,11 +94,11 @@ static OrtStatus *gamma_input(const OrtKernelInfo *info, int index, const char *
                               const float **data) {
   int is_constant = 0;
   const OrtValue *value = NULL;
-  TRY(ort->KernelInfoGetConstantInput_tensor(info, (size_t)index, &is_constant, &value));
+  LLMC_TRY(ort->KernelInfoGetConstantInput_tensor(info, (size_t)index, &is_constant, &value));
   if (!is_constant || value == NULL)
     return fail("QKVRoPE: %s must be a constant initializer", name);
   OrtTensorTypeAndShapeInfo *shape;
-  TRY(ort->GetTensorTypeAndShape(value, &shape));
+  LLMC_TRY(ort->GetTensorTypeAndShape(value, &shape));
   size_t elements = 0;
   OrtStatus *status = ort->GetTensorShapeElementCount(shape, &elements);
   ort->ReleaseTensorTypeAndShapeInfo(shape);
@@ -128,9 +114,9 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   (void)op;
   (void)api;
   struct kernel k = {0, 0, 0, 1e-6f, NULL, NULL};
-  TRY(ort->KernelInfoGetAttribute_int64(info, "num_heads", &k.heads));
-  TRY(ort->KernelInfoGetAttribute_int64(info, "num_kv_heads", &k.kv_heads));
-  TRY(ort->KernelInfoGetAttribute_int64(info, "head_dim", &k.d));
+  LLMC_TRY(ort->KernelInfoGetAttribute_int64(info, "num_heads", &k.heads));
+  LLMC_TRY(ort->KernelInfoGetAttribute_int64(info, "num_kv_heads", &k.kv_heads));
+  LLMC_TRY(ort->KernelInfoGetAttribute_int64(info, "head_dim", &k.d));
   OrtStatus *status = ort->KernelInfoGetAttribute_float(info, "epsilon", &k.epsilon);
   if (status != NULL) ort->ReleaseStatus(status); /* optional */
   if (k.heads < 1 || k.kv_heads < 1 || k.d < 2 || k.d % 2 != 0 || k.d > 4096 ||
@@ -138,8 +124,8 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
     return fail("QKVRoPE: needs num_heads, num_kv_heads >= 1, an even head_dim <= 4096 and "
                 "epsilon >= 0; got %lld, %lld, %lld, %g", (long long)k.heads,
                 (long long)k.kv_heads, (long long)k.d, k.epsilon);
-  TRY(gamma_input(info, IN_Q_GAMMA, "q_gamma", k.d, &k.q_gamma));
-  TRY(gamma_input(info, IN_K_GAMMA, "k_gamma", k.d, &k.k_gamma));
+  LLMC_TRY(gamma_input(info, IN_Q_GAMMA, "q_gamma", k.d, &k.q_gamma));
+  LLMC_TRY(gamma_input(info, IN_K_GAMMA, "k_gamma", k.d, &k.k_gamma));
   struct kernel *kernel = malloc(sizeof *kernel);
   if (kernel == NULL) return ort->CreateStatus(ORT_FAIL, "QKVRoPE: out of memory");
   *kernel = k;
@@ -153,9 +139,9 @@ static void ORT_API_CALL destroy_kernel(void *state) { free(state); }
 static OrtStatus *input(OrtKernelContext *context, size_t index, const float **data,
                         size_t *elements, int64_t *last) {
   const OrtValue *value;
-  TRY(ort->KernelContext_GetInput(context, index, &value));
+  LLMC_TRY(ort->KernelContext_GetInput(context, index, &value));
   OrtTensorTypeAndShapeInfo *info;
-  TRY(ort->GetTensorTypeAndShape(value, &info));
+  LLMC_TRY(ort->GetTensorTypeAndShape(value, &info));
   size_t rank = 0;
   int64_t dims[8];
   OrtStatus *status = ort->GetDimensionsCount(info, &rank);
@@ -173,7 +159,7 @@ static OrtStatus *output(OrtKernelContext *context, size_t index, int64_t tokens
                          float **data) {
   int64_t dims[2] = {tokens, width};
   OrtValue *value;
-  TRY(ort->KernelContext_GetOutput(context, index, dims, 2, &value));
+  LLMC_TRY(ort->KernelContext_GetOutput(context, index, dims, 2, &value));
   return ort->GetTensorMutableData(value, (void **)data);
 }
 
@@ -183,35 +169,26 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   struct job job = {k, NULL, NULL, NULL, NULL, NULL, NULL, 0, 1};
   size_t elements = 0, cos_elements = 0, sin_elements = 0;
   int64_t last = 0, cos_last = 0, sin_last = 0;
-  TRY(input(context, IN_QKV, &job.qkv, &elements, &last));
+  LLMC_TRY(input(context, IN_QKV, &job.qkv, &elements, &last));
   if (last != width)
     return fail("QKVRoPE: QKV's last axis must be (num_heads + 2 num_kv_heads) * head_dim = "
                 "%lld, got %lld", (long long)width, (long long)last);
   job.tokens = (int64_t)elements / width;
-  TRY(input(context, IN_COS, &job.cos, &cos_elements, &cos_last));
-  TRY(input(context, IN_SIN, &job.sin, &sin_elements, &sin_last));
+  LLMC_TRY(input(context, IN_COS, &job.cos, &cos_elements, &cos_last));
+  LLMC_TRY(input(context, IN_SIN, &job.sin, &sin_elements, &sin_last));
   int64_t rows = job.tokens * (k->d / 2);
   if (cos_last != k->d / 2 || sin_last != k->d / 2 || (int64_t)cos_elements != rows ||
       (int64_t)sin_elements != rows)
     return fail("QKVRoPE: cos and sin must be [%lld tokens, head_dim / 2 = %lld], got %zu and "
                 "%zu floats", (long long)job.tokens, (long long)(k->d / 2), cos_elements,
                 sin_elements);
-  TRY(output(context, OUT_Q, job.tokens, k->heads * k->d, &job.q));
-  TRY(output(context, OUT_K, job.tokens, k->kv_heads * k->d, &job.k));
-  TRY(output(context, OUT_V, job.tokens, k->kv_heads * k->d, &job.v));
+  LLMC_TRY(output(context, OUT_Q, job.tokens, k->heads * k->d, &job.q));
+  LLMC_TRY(output(context, OUT_K, job.tokens, k->kv_heads * k->d, &job.k));
+  LLMC_TRY(output(context, OUT_V, job.tokens, k->kv_heads * k->d, &job.v));
   if (job.tokens == 0) return NULL;
   int64_t tasks = job.tokens / TOKENS_PER_TASK, cpus = llmc_op_cpus();
   job.tasks = tasks < 1 ? 1 : tasks > cpus ? cpus : tasks;
-  if (job.tasks == 1) {
-    tokens_task(&job, 0);
-    return NULL;
-  }
-  OrtStatus *status =
-      ort->KernelContext_ParallelFor(context, tokens_task, (size_t)job.tasks, 0, &job);
-  if (status != NULL) { /* no pool: every task here */
-    ort->ReleaseStatus(status);
-    for (int64_t t = 0; t < job.tasks; ++t) tokens_task(&job, (size_t)t);
-  }
+  llmc_op_parallel_for(ort, context, tokens_task, (size_t)job.tasks, &job);
   return NULL;
 }
 

@@ -21,8 +21,6 @@
  */
 #include "ort_rms_norm.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,20 +40,8 @@ struct kernel {
   int skip; /* 1: SkipRMSNorm */
 };
 
-static OrtStatus *fail(const char *fmt, ...) {
-  char message[512];
-  va_list args;
-  va_start(args, fmt);
-  vsnprintf(message, sizeof message, fmt, args);
-  va_end(args);
-  return ort->CreateStatus(ORT_INVALID_ARGUMENT, message);
-}
+#define fail(...) llmc_op_fail(ort, __VA_ARGS__)
 
-#define TRY(call)                        \
-  do {                                   \
-    OrtStatus *status_ = (call);         \
-    if (status_ != NULL) return status_; \
-  } while (0)
 
 /* ---- Rows ---------------------------------------------------------------------------------- */
 
@@ -96,10 +82,10 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   if (!(epsilon >= 0.0f)) return fail("%s: epsilon must be >= 0, got %g", name, epsilon);
   int is_constant = 0;
   const OrtValue *value = NULL;
-  TRY(ort->KernelInfoGetConstantInput_tensor(info, skip ? 2 : 1, &is_constant, &value));
+  LLMC_TRY(ort->KernelInfoGetConstantInput_tensor(info, skip ? 2 : 1, &is_constant, &value));
   if (!is_constant || value == NULL) return fail("%s: gamma must be a constant initializer", name);
   OrtTensorTypeAndShapeInfo *shape;
-  TRY(ort->GetTensorTypeAndShape(value, &shape));
+  LLMC_TRY(ort->GetTensorTypeAndShape(value, &shape));
   size_t rank = 0, elements = 0;
   status = ort->GetDimensionsCount(shape, &rank);
   if (status == NULL) status = ort->GetTensorShapeElementCount(shape, &elements);
@@ -108,7 +94,7 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   if (rank != 1 || elements < 1) return fail("%s: gamma must be a non-empty vector", name);
   struct kernel *kernel = malloc(sizeof *kernel);
   if (kernel == NULL) return ort->CreateStatus(ORT_FAIL, "RMSNorm: out of memory");
-  TRY(ort->GetTensorMutableData((OrtValue *)value, (void **)&kernel->gamma));
+  LLMC_TRY(ort->GetTensorMutableData((OrtValue *)value, (void **)&kernel->gamma));
   kernel->d = (int64_t)elements;
   kernel->epsilon = epsilon;
   kernel->skip = skip;
@@ -122,9 +108,9 @@ static void ORT_API_CALL destroy_kernel(void *state) { free(state); }
 static OrtStatus *input_shape(OrtKernelContext *context, const struct kernel *k, size_t index,
                               const OrtValue **value, int64_t *dims, size_t *rank) {
   const char *name = k->skip ? "SkipRMSNorm" : "RMSNorm";
-  TRY(ort->KernelContext_GetInput(context, index, value));
+  LLMC_TRY(ort->KernelContext_GetInput(context, index, value));
   OrtTensorTypeAndShapeInfo *info;
-  TRY(ort->GetTensorTypeAndShape(*value, &info));
+  LLMC_TRY(ort->GetTensorTypeAndShape(*value, &info));
   OrtStatus *status = ort->GetDimensionsCount(info, rank);
   if (status == NULL && (*rank < 1 || *rank > 8))
     status = fail("%s: inputs must have rank 1 to 8, got %zu", name, *rank);
@@ -142,9 +128,9 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   const OrtValue *a_value, *b_value = NULL;
   int64_t dims[8], b_dims[8];
   size_t rank = 0, b_rank = 0;
-  TRY(input_shape(context, k, 0, &a_value, dims, &rank));
+  LLMC_TRY(input_shape(context, k, 0, &a_value, dims, &rank));
   if (k->skip) {
-    TRY(input_shape(context, k, 1, &b_value, b_dims, &b_rank));
+    LLMC_TRY(input_shape(context, k, 1, &b_value, b_dims, &b_rank));
     if (b_rank != rank || memcmp(dims, b_dims, rank * sizeof *dims) != 0)
       return fail("SkipRMSNorm: A and B must have the same shape");
   }
@@ -152,27 +138,18 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   for (size_t i = 0; i + 1 < rank; ++i) rows *= dims[i];
   struct job job = {k, NULL, NULL, NULL, NULL, rows, 1};
   OrtValue *y_value, *h_value;
-  TRY(ort->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
-  TRY(ort->GetTensorMutableData(y_value, (void **)&job.y));
-  TRY(ort->GetTensorMutableData((OrtValue *)a_value, (void **)&job.a));
+  LLMC_TRY(ort->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
+  LLMC_TRY(ort->GetTensorMutableData(y_value, (void **)&job.y));
+  LLMC_TRY(ort->GetTensorMutableData((OrtValue *)a_value, (void **)&job.a));
   if (k->skip) {
-    TRY(ort->KernelContext_GetOutput(context, 1, dims, rank, &h_value));
-    TRY(ort->GetTensorMutableData(h_value, (void **)&job.h));
-    TRY(ort->GetTensorMutableData((OrtValue *)b_value, (void **)&job.b));
+    LLMC_TRY(ort->KernelContext_GetOutput(context, 1, dims, rank, &h_value));
+    LLMC_TRY(ort->GetTensorMutableData(h_value, (void **)&job.h));
+    LLMC_TRY(ort->GetTensorMutableData((OrtValue *)b_value, (void **)&job.b));
   }
   if (rows == 0) return NULL;
   int64_t tasks = rows / ROWS_PER_TASK, cpus = llmc_op_cpus();
   job.tasks = tasks < 1 ? 1 : tasks > cpus ? cpus : tasks;
-  if (job.tasks == 1) {
-    rows_task(&job, 0);
-    return NULL;
-  }
-  OrtStatus *status =
-      ort->KernelContext_ParallelFor(context, rows_task, (size_t)job.tasks, 0, &job);
-  if (status != NULL) { /* no pool: every task here */
-    ort->ReleaseStatus(status);
-    for (int64_t t = 0; t < job.tasks; ++t) rows_task(&job, (size_t)t);
-  }
+  llmc_op_parallel_for(ort, context, rows_task, (size_t)job.tasks, &job);
   return NULL;
 }
 
