@@ -1,9 +1,9 @@
 /* llmc::BlockInt8MatMul: com.microsoft MatMulNBits with 8-bit weights at accuracy level 4
  * (int8 compute) -- same inputs, attributes and arithmetic -- run by int8_matmul.c's VNNI
- * kernel at every M (its AMX tiles at 32 rows or more where the host grants them). ONNX
+ * kernel at every M (its AMX tiles at 16 rows or more where the host grants them). ONNX
  * Runtime's own kernel for it is fast at M = 1 and 3-4x slower than its W8A8 GEMM per FLOP at
  * prefill sizes (benchmarks/RESULTS.md); this one packs the weight once, when the session
- * creates the kernel, and runs tiles of 6 (VNNI) or 32 (AMX) rows x 64 columns on ORT's
+ * creates the kernel, and runs tiles of 6 (VNNI) or 16-32 (AMX) rows x 64 columns on ORT's
  * intra-op pool.
  *
  * Inputs: A float32 [..., K]; B uint8 [N, K / block_size, block_size] (codes, zero point 128)
@@ -206,7 +206,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   LLMC_TRY(ort->GetTensorMutableData((OrtValue *)a_value, (void **)&a));
   if (m == 0) return NULL;
 
-  /* The AMX path computes whole 32-row tiles: rows past m are zero codes with zero scales. */
+  /* The AMX path computes whole 16-row tiles: rows past m are zero codes with zero scales. */
   int64_t amx_rows = i8mm_amx_rows(w, m), rows = amx_rows > 0 ? amx_rows : m;
   uint8_t *qa = malloc((size_t)(rows * w->k));
   float *sa = malloc((size_t)(rows * w->num_blocks) * sizeof *sa);
