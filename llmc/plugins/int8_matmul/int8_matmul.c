@@ -451,35 +451,40 @@ static void amx_block(const struct i8mm_weights *w, const int8_t *qa, int64_t m0
 }
 
 /* `height` (16 or 32) rows x panel p: per block, both halves' tiles (the block's activation
- * rows are then read from L1 the second time), then acc scaled by sa * sw into the float32
- * outputs. */
+ * rows are then read from L1 the second time), then acc scaled by sa * sw and added into the
+ * float32 outputs: in out between blocks, from zero at the first block (no clearing pass) and
+ * straight into dst at the last (no copying pass), rows below m and columns below n only. */
 static void amx_tile(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
                      int64_t m0, int64_t height, int64_t p, float *dst, int64_t ld) {
   const int64_t nb = w->num_blocks, width = w->num_panels * I8MM_PANEL;
   const int halves = p * I8MM_PANEL + 32 < w->n ? 2 : 1;
+  const int64_t rows_out = m - m0 < height ? m - m0 : height;
+  __mmask16 masks[4];
+  for (int c = 0; c < 4; ++c) {
+    int64_t left = w->n - (p * I8MM_PANEL + 16 * c);
+    masks[c] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+  }
   float out[I8MM_AMX_ROWS][I8MM_PANEL] __attribute__((aligned(64)));
   int32_t acc[I8MM_AMX_ROWS][I8MM_PANEL] __attribute__((aligned(64)));
-  memset(out, 0, sizeof out);
+  const __m512 zero = _mm512_setzero_ps();
   for (int64_t g = 0; g < nb; ++g) {
     for (int half = 0; half < halves; ++half)
       amx_block(w, qa, m0, p, half, g, (int)(height / 16), acc);
     const float *scales = w->scales + g * width + p * I8MM_PANEL;
     __m512 sw[4];
     for (int c = 0; c < 4; ++c) sw[c] = _mm512_load_ps(scales + 16 * c);
+    const int first = g == 0, last = g + 1 == nb;
     for (int64_t r = 0; r < height; ++r) {
       __m512 row = _mm512_set1_ps(sa[(m0 + r) * nb + g]);
       for (int c = 0; c < 2 * halves; ++c) {
         __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(&acc[r][16 * c])), sw[c]);
-        _mm512_store_ps(&out[r][16 * c], _mm512_fmadd_ps(v, row, _mm512_load_ps(&out[r][16 * c])));
+        __m512 sum = _mm512_fmadd_ps(v, row, first ? zero : _mm512_load_ps(&out[r][16 * c]));
+        if (!last)
+          _mm512_store_ps(&out[r][16 * c], sum);
+        else if (r < rows_out)
+          _mm512_mask_storeu_ps(dst + r * ld + 16 * c, masks[c], sum);
       }
     }
-  }
-  for (int c = 0; c < 2 * halves; ++c) {
-    int64_t col = p * I8MM_PANEL + 16 * c, left = w->n - col;
-    if (left <= 0) break;
-    __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-    for (int64_t r = 0; r < height && m0 + r < m; ++r)
-      _mm512_mask_storeu_ps(dst + r * ld + 16 * c, mask, _mm512_load_ps(&out[r][16 * c]));
   }
 }
 
