@@ -5,7 +5,8 @@ Gemma 3 normalizes each q and k head (q_norm, k_norm) before the rotary embeddin
 optimized graph does it as ``Split`` of the fused projection's output, then per q and k
 ``Reshape`` -> ``llmc::RMSNorm`` -> ``Reshape`` -> ``RotaryEmbedding`` -> ``Reshape`` ->
 ``Reshape``, and two ``Reshape`` for v: 13 nodes per layer whose arithmetic is a few thousand
-flops per token, each costing ONNX Runtime's dispatch (~5 us on a 2-core host). The fused op
+flops per token, each paying ONNX Runtime's dispatch and a pass over memory (together 0.93x
+the prefill and decode steps of Gemma 3 270M once fused, benchmarks/RESULTS.md). The fused op
 (``llmc/plugins/qkv_rope``) computes the same per head and token and writes PagedAttention's
 q, k and v inputs. Matched strictly: every tensor on the way has one consumer, the split sizes
 are the plugin node's H*D, KVH*D, KVH*D, the rotary embedding rotates whole heads in the

@@ -16,8 +16,9 @@
  * V [T, G * D] (PagedAttention's inputs). A mismatched shape fails the run with
  * ORT_INVALID_ARGUMENT (the session goes on).
  *
- * Why ours: the 13 nodes it replaces cost ~5 us of ONNX Runtime's dispatch each however few
- * tokens a step has; here one pass per token over data in L1.
+ * Why ours: the 13 nodes it replaces (a copying Split, two norms, two rotary embeddings, eight
+ * Reshapes) each pay ONNX Runtime's dispatch and pass over memory; here one pass per token over
+ * data in L1. Measured on Gemma 3 270M: 0.93x the prefill and decode steps (RESULTS.md).
  */
 #include "ort_qkv_rope.h"
 
