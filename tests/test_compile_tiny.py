@@ -105,6 +105,7 @@ def test_graph_has_one_plugin_per_layer_and_fused_ops(tiny):
     assert [p["layer_idx"] for p in plan["plugins"]] == [0, 1]
     windows = [p["sliding_window"] for p in plan["plugins"]]
     assert windows == {"llama": [0, 0], "gemma3": [8, 0]}[name]
+    assert [p["fpmath_mode"] for p in plan["plugins"]] == ["strict"] * 2  # float32: no bf16
     # each layer's residual Adds go into the norm that follows them (Skip...); the rest run on
     # SimplifiedLayerNormalization, none on RMSNormalization
     skip = result.optimized_ops.get("SkipSimplifiedLayerNormalization", 0)

@@ -20,6 +20,8 @@ from llmc.compiler.memory_plan import plan_memory
 from llmc.compiler.stages.export import export
 from llmc.compiler.stages.host import plan_cpu
 from llmc.compiler.stages.load import load, resolve
+from llmc.engine.plan import load_plan
+from llmc.engine.plugin import node_fpmath_mode, plugin_nodes
 from llmc.errors import BuildConfigError
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.step_inputs import single_prefill
@@ -238,6 +240,11 @@ def test_streamed_quantized_engine_equals_in_memory_engine(quant, dtype, tmp_pat
     assert stats["memory_plan"]["streamed"] is True
     assert "write the quantized graph" in stats["stages"]
     whole = in_memory_quantized_engine(BuildConfig.of(**options), tmp_path / "m")
+    for engine in (streamed.engine_dir, whole):  # a quantized build lets attention round to bf16
+        plan = load_plan(engine)
+        assert [p.fpmath_mode for p in plan.plugins] == ["bf16"] * 2
+        graph = onnx.load(str(engine / plan.graph), load_external_data=False)
+        assert [node_fpmath_mode(n) for n in plugin_nodes(graph)] == ["bf16"] * 2
     assert weight_digests(streamed.engine_dir) == weight_digests(whole)
     np.testing.assert_array_equal(prefill_logits(streamed.engine_dir, 4), prefill_logits(whole, 4))
 

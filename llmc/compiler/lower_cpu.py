@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import onnx
+from onnx import helper
 
 from llmc.compiler.int8_matmul_rewrite import OP_TYPE as BLOCK_INT8
 from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
@@ -28,6 +29,7 @@ from llmc.compiler.skip_norm import fuse_skip_rms_norm, use_simplified_layer_nor
 from llmc.compiler.split_projection import split_projections
 from llmc.compiler.stored_weights import widen_segment
 from llmc.engine.plan import ExecutionPlan, save_plan
+from llmc.engine.plugin import FPMATH_ATTRIBUTE, plugin_nodes
 from llmc.engine.provider import CPU_EP, provider_for_dtype
 from llmc.engine.split import split_at_plugins
 from llmc.runtime.ort_env import session_options
@@ -94,6 +96,17 @@ def _save_portable_segment(
     return Counter(n.op_type for n in model.graph.node)
 
 
+def set_fpmath_mode(model: onnx.ModelProto, mode: str) -> int:
+    """Set ``fpmath_mode`` = ``mode`` (one of ``FPMATH_MODES``) on every PagedAttention node of
+    ``model``'s main graph, in place; returns how many."""
+    nodes = plugin_nodes(model)
+    for node in nodes:
+        kept = [a for a in node.attribute if a.name != FPMATH_ATTRIBUTE]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute(FPMATH_ATTRIBUTE, mode)])
+    return len(nodes)
+
+
 def lower_to_cpu(
     model: onnx.ModelProto,
     engine_dir: Path,
@@ -104,6 +117,7 @@ def lower_to_cpu(
     external_data_dir: Path | None = None,
     block_int8: bool = False,
     llmc_norms: bool = False,
+    attention_fpmath: str = "strict",
 ) -> tuple[ExecutionPlan, dict[str, int]]:
     """Write ``plan.json`` and ``segments/segment_*.onnx`` (+ ``.data``) into ``engine_dir``, and
     for the CPU EP ``engine.onnx``, the segments joined into one graph (``single_graph.py``).
@@ -116,7 +130,9 @@ def lower_to_cpu(
     ``llmc::BlockInt8MatMul`` in the single graph in place of 8-bit MatMulNBits
     (``int8_matmul_rewrite``; the host must run it), and ``llmc_norms`` ``llmc::RMSNorm`` and
     ``llmc::SkipRMSNorm`` in place of ORT's norm kernels (``norm_rewrite``), then
-    ``llmc::QKVRoPE`` in place of the q/k norm and rotary nodes (``qkv_rope_rewrite``). Returns
+    ``llmc::QKVRoPE`` in place of the q/k norm and rotary nodes (``qkv_rope_rewrite``);
+    ``attention_fpmath`` is written on every PagedAttention node as its ``fpmath_mode``
+    (``llmc.engine.plugin.FPMATH_ATTRIBUTE``; "bf16": prefill on AMX-BF16 tiles). Returns
     the plan and the op counts of the saved segments (recorded in the manifest), with the
     single graph's llmc nodes.
     ``progress(done, total)`` is called after each segment. Raises onnxruntime errors if a
@@ -126,8 +142,12 @@ def lower_to_cpu(
     choice = choice or provider_for_dtype("float32")
     seg_dir = engine_dir / SEGMENT_DIR
     seg_dir.mkdir(parents=True, exist_ok=True)
-    segments, plan = split_at_plugins(model, file_pattern=SEGMENT_DIR + "/segment_{:03d}.onnx")
     ops: Counter = Counter()
+    if attention_fpmath != "strict":
+        ops[f"PagedAttention {FPMATH_ATTRIBUTE}={attention_fpmath}"] = set_fpmath_mode(
+            model, attention_fpmath
+        )
+    segments, plan = split_at_plugins(model, file_pattern=SEGMENT_DIR + "/segment_{:03d}.onnx")
     for i, (seg, spec) in enumerate(zip(segments, plan.segments, strict=True)):
         if choice.optimize_at_build:
             scratch = Path(spec.file).name + ".widened.data"

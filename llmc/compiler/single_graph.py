@@ -40,7 +40,7 @@ def _plugin_node(p: PluginCall) -> onnx.NodeProto:
         domain=DOMAIN,
         plugin_namespace=DOMAIN,
         plugin_version=PLUGIN_VERSION,
-        **p.node_attributes(),
+        **p.cpu_node_attributes(),
     )
 
 

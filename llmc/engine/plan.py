@@ -12,22 +12,41 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmc.engine.files import PLAN_NAME
-from llmc.engine.plugin import PluginAttributes, node_attribute_values
+from llmc.engine.plugin import (
+    FPMATH_ATTRIBUTE,
+    PluginAttributes,
+    node_attribute_values,
+    node_fpmath_mode,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class PluginCall(PluginAttributes):
     """One PagedAttention node: its attributes (``PluginAttributes``), its 9 input names
     (DESIGN §3 order) and its output name. The optional attributes' defaults let a plan.json
-    written before them load unchanged."""
+    written before them load unchanged. ``fpmath_mode`` is the CPU kernel's node attribute
+    outside the plugin contract (``llmc.engine.plugin.FPMATH_ATTRIBUTE``)."""
 
     inputs: list[str] = field(default_factory=list)
     output: str = ""
+    fpmath_mode: str = "strict"
 
     @classmethod
     def from_node(cls, node) -> PluginCall:
-        """The call of an ``onnx.NodeProto``. Raises LlmcError for a missing attribute."""
-        return cls(inputs=list(node.input), output=node.output[0], **node_attribute_values(node))
+        """The call of an ``onnx.NodeProto``. Raises LlmcError for a missing attribute or a bad
+        ``fpmath_mode``."""
+        return cls(
+            inputs=list(node.input),
+            output=node.output[0],
+            fpmath_mode=node_fpmath_mode(node),
+            **node_attribute_values(node),
+        )
+
+    def cpu_node_attributes(self) -> dict[str, object]:
+        """The node's attributes as a CPU engine's graph carries them: the plugin's
+        (``node_attributes``), then ``fpmath_mode`` unless "strict"."""
+        extra = {} if self.fpmath_mode == "strict" else {FPMATH_ATTRIBUTE: self.fpmath_mode}
+        return {**self.node_attributes(), **extra}
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,14 @@ PLUGIN_ID = f"{DOMAIN}::{OP_TYPE}"
 PLUGIN_VERSION = "1"
 SCHEMA_VERSION = 1
 
+#: A node attribute outside the plugin contract, read by the CPU kernel only (the ONNX Runtime
+#: op and ``PluginCall``): how much rounding it may add, oneDNN's ``fpmath_mode``. "strict"
+#: (absent) computes in float32; "bf16" lets prefill tiles round q, k, v and the softmax weights
+#: to bfloat16 for AMX-BF16 tiles (sums in float32) on hosts that have them. The CPU lowering
+#: sets it on quantized engines, whose accuracy report is measured with it.
+FPMATH_ATTRIBUTE = "fpmath_mode"
+FPMATH_MODES = ("strict", "bf16")
+
 
 class PluginInputs(NamedTuple):
     """A node's inputs in order (DESIGN §3): torch tensors or numpy arrays, as the kernel at hand
@@ -304,6 +312,21 @@ def node_attribute_values(node: onnx.NodeProto) -> dict[str, object]:
             "re-export the model with this llmc version"
         )
     return {name: kind(values[name]) for name, kind in PLUGIN_ATTRIBUTES}
+
+
+def node_fpmath_mode(node: onnx.NodeProto) -> str:
+    """A PagedAttention node's ``FPMATH_ATTRIBUTE`` ("strict" when absent). Raises LlmcError for
+    a value not in ``FPMATH_MODES``."""
+    mode = "strict"
+    for attribute in node.attribute:
+        if attribute.name == FPMATH_ATTRIBUTE:
+            mode = helper.get_attribute_value(attribute).decode()
+    if mode not in FPMATH_MODES:
+        raise LlmcError(
+            f"PagedAttention node {node.name!r}: {FPMATH_ATTRIBUTE} must be one of "
+            f"{', '.join(FPMATH_MODES)}, got {mode!r}"
+        )
+    return mode
 
 
 def is_plugin_node(node: onnx.NodeProto) -> bool:

@@ -247,6 +247,7 @@ def run_plugin(
         step.block_tables,
         step.slot_mapping,
         **p.kernel_arguments(),
+        fpmath_mode=p.fpmath_mode,
     )
 
 

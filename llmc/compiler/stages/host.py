@@ -22,7 +22,10 @@ class CpuPlan:
     ``bound_pairs`` whether int8 weight pairs stay within 128 (no VNNI here), ``block_int8``
     whether 8-bit weight-only layers run on llmc's VNNI kernel (``int8_matmul_rewrite``), and
     ``llmc_norms`` whether the single graph's RMS norms run on llmc's kernel (``norm_rewrite``;
-    the custom-op library is built)."""
+    the custom-op library is built), and ``attention_fpmath`` the PagedAttention nodes'
+    ``fpmath_mode`` (``llmc.engine.plugin.FPMATH_ATTRIBUTE``): "bf16" for quantized and bf16
+    builds, whose accuracy report measures what the kernel then computes (prefill on AMX-BF16
+    tiles where the host has them), "strict" for float32 ones."""
 
     isa: list[str]
     arch: str
@@ -30,6 +33,7 @@ class CpuPlan:
     bound_pairs: bool
     block_int8: bool = False
     llmc_norms: bool = False
+    attention_fpmath: str = "strict"
 
 
 def plan_cpu(config: BuildConfig) -> CpuPlan:
@@ -48,7 +52,16 @@ def plan_cpu(config: BuildConfig) -> CpuPlan:
     if block_int8 and REQUIRED_ISA not in isa:
         isa.append(REQUIRED_ISA)
     llmc_norms = ort_op.library_path() is not None
-    return CpuPlan(isa, host.arch, layout, int8_bound_pairs(host.features), block_int8, llmc_norms)
+    reported = config.quantization.quant != "none" or config.source.dtype == "bfloat16"
+    return CpuPlan(
+        isa,
+        host.arch,
+        layout,
+        int8_bound_pairs(host.features),
+        block_int8,
+        llmc_norms,
+        "bf16" if reported else "strict",
+    )
 
 
 def int8_bound_pairs(host_features: tuple[str, ...]) -> bool:

@@ -50,6 +50,7 @@ def lower_cpu(
             external_data_dir=graph.weights_dir,
             block_int8=plan.block_int8,
             llmc_norms=plan.llmc_norms,
+            attention_fpmath=plan.attention_fpmath,
         )
     if report is None:
         return LoweredEngine(engine_dir, optimized_ops)

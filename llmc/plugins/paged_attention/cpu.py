@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from llmc.engine.kv_cache import NUMPY_DTYPES
-from llmc.engine.plugin import KernelArguments, PluginInputs, plugin_kernel
+from llmc.engine.plugin import FPMATH_MODES, KernelArguments, PluginInputs, plugin_kernel
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
 # Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
@@ -54,7 +54,12 @@ class _KernelLibrary:
             i32, i32, i32, i32, i32,  # num_tokens, num_seqs, num_heads, num_kv_heads, head_dim
             f32, i32, f32,  # scale, sliding_window, softcap
             i32, f32, f32,  # cache dtype code, k_scale, v_scale
+            i32,  # fpmath_mode: 0 strict, 1 bf16 (PA_FPMATH_*)
         ]  # fmt: skip
+        amx_bf16 = getattr(library, "llmc_pa_amx_bf16", None)  # None: built from older sources
+        if amx_bf16 is not None:
+            amx_bf16.restype = ctypes.c_int
+        self.amx_bf16: bool = amx_bf16 is not None and bool(amx_bf16())
         self.status_message = library.llmc_pa_status_message
         self.status_message.restype = ctypes.c_char_p
         self.status_message.argtypes = [ctypes.c_int]
@@ -86,6 +91,13 @@ def load_library() -> _KernelLibrary:
     if source_sha256 is None:
         raise RuntimeError(f"neither the built CPU attention kernel nor {_SOURCE} was found")
     return _KernelLibrary(_compile(source_sha256))
+
+
+def bf16_prefill_available() -> bool:
+    """Whether ``fpmath_mode="bf16"`` runs prefill tiles on AMX-BF16 here: the kernel built with
+    AMX (``-march=native`` on such a host) and Linux granting this process the tile registers.
+    Raises RuntimeError as :func:`load_library`."""
+    return load_library().amx_bf16
 
 
 def _compile(source_sha256: str) -> Path:
@@ -193,7 +205,11 @@ def dequantize_cpu(codes: np.ndarray, scale: float = 1.0) -> np.ndarray:
 
 @plugin_kernel
 def paged_attention_cpu(
-    inputs: PluginInputs, a: KernelArguments, *, out: np.ndarray | None = None
+    inputs: PluginInputs,
+    a: KernelArguments,
+    *,
+    out: np.ndarray | None = None,
+    fpmath_mode: str = "strict",
 ) -> np.ndarray:
     """Write the new tokens' keys and values into the paged cache in place, then attend causally.
 
@@ -223,6 +239,10 @@ def paged_attention_cpu(
         k_scale, v_scale: the quantized cache's scales (normal positive float32; unused by a
             float32 cache), in units of key (value) per quantization step.
         out: optional [T, H*D] float32 C-contiguous array to write into (must not overlap q).
+        fpmath_mode: the node's ``FPMATH_ATTRIBUTE`` (``llmc.engine.plugin``): "strict"
+            computes in float32; "bf16" runs prefill tiles (2 or more new tokens of a sequence)
+            on AMX-BF16 tiles where the host has them: q (scaled), k, v and the softmax
+            weights rounded to bfloat16, every sum float32 (elsewhere: as strict).
 
     Returns:
         ``out`` (or a new array), [T, H*D] float32.
@@ -250,6 +270,8 @@ def paged_attention_cpu(
         raise ValueError(f"logit_softcap must be None or > 0, got {a.logit_softcap}")
     _check_scale("k_scale", a.k_scale)
     _check_scale("v_scale", a.v_scale)
+    if fpmath_mode not in FPMATH_MODES:
+        raise ValueError(f"fpmath_mode must be one of {FPMATH_MODES}, got {fpmath_mode!r}")
     for name, array in (("q", q), ("k", k), ("v", v)):
         _check(name, array, np.float32, 2, rows_strided=True)
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
@@ -295,7 +317,7 @@ def paged_attention_cpu(
         num_tokens, num_seqs, num_heads, num_kv_heads, head_dim,
         # Why min(): a window longer than any context is no window, and must fit a C int.
         a.scale, min(a.sliding_window or 0, 2**31 - 1), a.logit_softcap or 0.0,
-        cache_dtype, a.k_scale, a.v_scale,
+        cache_dtype, a.k_scale, a.v_scale, FPMATH_MODES.index(fpmath_mode),
     )  # fmt: skip
     if status != 0:
         message = load_library().status_message(status).decode()

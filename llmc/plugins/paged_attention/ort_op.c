@@ -42,6 +42,7 @@ struct kernel {
   int64_t num_heads, num_kv_heads, head_dim, sliding_window, block_size;
   float scale, softcap, k_scale, v_scale;
   int cache_dtype;                /* PA_CACHE_* */
+  int fpmath_mode;                /* PA_FPMATH_* */
   ONNXTensorElementDataType cache_type; /* the ONNX element type that cache_dtype requires */
 };
 
@@ -87,6 +88,24 @@ static OrtStatus *get_cache_dtype(const OrtKernelInfo *info, struct kernel *k) {
   return NULL;
 }
 
+/* fpmath_mode: optional, absent means "strict". */
+static OrtStatus *get_fpmath_mode(const OrtKernelInfo *info, struct kernel *k) {
+  char value[16] = "strict";
+  size_t size = sizeof value;
+  OrtStatus *status = ort->KernelInfoGetAttribute_string(info, "fpmath_mode", value, &size);
+  if (status != NULL) {
+    ort->ReleaseStatus(status);
+    strcpy(value, "strict");
+  }
+  if (strcmp(value, "strict") == 0) {
+    k->fpmath_mode = PA_FPMATH_STRICT;
+  } else if (strcmp(value, "bf16") == 0) {
+    k->fpmath_mode = PA_FPMATH_BF16;
+  } else {
+    return fail("PagedAttention: fpmath_mode must be strict or bf16, got '%s'", value);
+  }
+  return NULL;
+}
 
 static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
                                              const OrtKernelInfo *info, void **out) {
@@ -103,6 +122,7 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   LLMC_TRY(get_float(info, "k_scale", 1.f, 1, &k.k_scale));
   LLMC_TRY(get_float(info, "v_scale", 1.f, 1, &k.v_scale));
   LLMC_TRY(get_cache_dtype(info, &k));
+  LLMC_TRY(get_fpmath_mode(info, &k));
   if (k.num_heads < 1 || k.num_kv_heads < 1 || k.num_heads % k.num_kv_heads != 0 ||
       k.head_dim < 1 || k.block_size < 1) {
     return fail("PagedAttention: bad attributes num_heads=%lld num_kv_heads=%lld head_dim=%lld "
@@ -238,7 +258,8 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
       in[IN_SEQ_LENS].data, in[IN_QSL].data, in[IN_BT].data, in[IN_BT].dims[1],
       (int)in[IN_BT].dims[1], in[IN_SLOTS].data, out, (int)num_tokens, (int)num_seqs,
       (int)k->num_heads, (int)k->num_kv_heads, (int)k->head_dim, k->scale,
-      (int)k->sliding_window, k->softcap, k->cache_dtype, k->k_scale, k->v_scale);
+      (int)k->sliding_window, k->softcap, k->cache_dtype, k->k_scale, k->v_scale,
+      k->fpmath_mode);
   if (status != PA_OK) return fail("PagedAttention: %s", llmc_pa_status_message(status));
   return NULL;
 }

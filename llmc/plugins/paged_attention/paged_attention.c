@@ -1059,6 +1059,115 @@ static void accumulate_tile(const float (*restrict p)[QUERY_ROWS], int num_rows,
   }
 }
 
+/* The online-softmax state of a prefill tile's QUERY_ROWS rows: each row's visible context
+ * positions [first, last] and its running max and sum. */
+struct rows_state {
+  int first[QUERY_ROWS], last[QUERY_ROWS];
+  float running_max[QUERY_ROWS], running_sum[QUERY_ROWS];
+};
+
+/* Rows of num_queries tokens x group heads from `position` on (spare rows past num_queries *
+ * group take the last token's range, are computed and never written), nothing seen yet. */
+static void rows_state_init(struct rows_state *st, int group, int num_queries, int position,
+                            int sliding_window) {
+  for (int r = 0; r < QUERY_ROWS; ++r) {
+    int token = r < num_queries * group ? r / group : num_queries - 1;
+    st->last[r] = position + token;
+    st->first[r] = sliding_window > 0 ? st->last[r] - sliding_window + 1 : 0;
+    st->running_max[r] = -INFINITY;
+    st->running_sum[r] = 0.0f;
+  }
+}
+
+/* One tile's online-softmax update: s[i][r] (keys j0 + i, i < n) soft-capped, masked to what
+ * row r may see, replaced by exp(s - new max); the running max and sum updated, and the first
+ * num_rows accumulator rows (head_dim floats each) rescaled where the max grew. Returns the
+ * tile's total weight (0: no row sees any of its keys). */
+static inline __attribute__((always_inline)) float softmax_update(
+    float (*restrict s)[QUERY_ROWS], int n, int j0, int position,
+                            struct rows_state *st, float softcap, float *const *rows,
+                            int num_rows, int head_dim) {
+  float tile_max[QUERY_ROWS], tile_sum[QUERY_ROWS], correction[QUERY_ROWS];
+  float *running_max = st->running_max, *running_sum = st->running_sum;
+  if (softcap > 0.0f) {
+    for (int i = 0; i < n; ++i) {
+      for (int r = 0; r < QUERY_ROWS; ++r) s[i][r] = softcap * tanhf(s[i][r] / softcap);
+    }
+  }
+  /* Only tiles that reach past the first token's position or before the last one's window
+   * hold keys some row must not see. */
+  if (j0 + n - 1 > position || j0 < st->first[QUERY_ROWS - 1]) {
+    for (int i = 0; i < n; ++i) {
+#pragma omp simd
+      for (int r = 0; r < QUERY_ROWS; ++r) {
+        int visible = j0 + i >= st->first[r] && j0 + i <= st->last[r];
+        s[i][r] = visible ? s[i][r] : -INFINITY;
+      }
+    }
+  }
+#pragma omp simd
+  for (int r = 0; r < QUERY_ROWS; ++r) {
+    tile_max[r] = running_max[r];
+    tile_sum[r] = 0.0f;
+  }
+  for (int i = 0; i < n; ++i) {
+#pragma omp simd
+    for (int r = 0; r < QUERY_ROWS; ++r) {
+      tile_max[r] = s[i][r] > tile_max[r] ? s[i][r] : tile_max[r];
+    }
+  }
+  /* A masked key weighs exactly 0, also in a row that has seen no key yet (max -inf, where
+   * the exp below is of NaN). weight and num_corrected let whole steps be skipped; why scalar
+   * sums also matter: GCC 12 vectorizes these loops with a reduction clause, not without. */
+  float weight = 0.0f;
+#if defined(LLMC_PA_AVX2) && QUERY_ROWS % 8 == 0
+  /* by hand: GCC 12 leaves this loop scalar where attend_tile_amx inlines it */
+  for (int r = 0; r < QUERY_ROWS; r += 8) {
+    __m256 m = _mm256_loadu_ps(tile_max + r), sum = _mm256_setzero_ps();
+    for (int i = 0; i < n; ++i) {
+      __m256 x = _mm256_loadu_ps(&s[i][r]);
+      __m256 p = exp_nonpositive8(_mm256_sub_ps(x, m));
+      p = _mm256_and_ps(p, _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_GT_OQ));
+      _mm256_storeu_ps(&s[i][r], p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    _mm256_storeu_ps(tile_sum + r, sum);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    for (int l = 0; l < 8; ++l) weight += lanes[l];
+  }
+#else
+  for (int i = 0; i < n; ++i) {
+#pragma omp simd reduction(+ : weight)
+    for (int r = 0; r < QUERY_ROWS; ++r) {
+      float p = exp_nonpositive(s[i][r] - tile_max[r]);
+      p = s[i][r] == -INFINITY ? 0.0f : p;
+      s[i][r] = p;
+      tile_sum[r] += p;
+      weight += p;
+    }
+  }
+#endif
+  /* -inf - -inf is NaN, which exp_nonpositive clamps to ~0: it scales a zero sum either way. */
+  float num_corrected = 0.0f; /* float and "< 1": the forms GCC 12 vectorizes (<= 1 always) */
+#pragma omp simd reduction(+ : num_corrected)
+  for (int r = 0; r < QUERY_ROWS; ++r) {
+    correction[r] = exp_nonpositive(running_max[r] - tile_max[r]);
+    running_sum[r] = running_sum[r] * correction[r] + tile_sum[r];
+    running_max[r] = tile_max[r];
+    num_corrected += correction[r] < 1.0f ? 1.0f : 0.0f;
+  }
+  for (int r = 0; r < num_rows && num_corrected > 0.0f; ++r) {
+    if (correction[r] != 1.0f) {
+      float *o = rows[r];
+      float c = correction[r];
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) o[d] *= c;
+    }
+  }
+  return weight;
+}
+
 /* num_queries consecutive tokens of one sequence (2 <= num_queries, num_queries * group <=
  * QUERY_ROWS), one GQA group: attend_group for all of them at once, so that each K/V row read
  * from the cache serves every query row of the tile. The first token sits at `position`; token i
@@ -1074,18 +1183,11 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
   int buffer_len = kv->dtype == PA_CACHE_F32 ? 1 : TILE * head_dim; /* decoded tile rows */
   float row_buffer[buffer_len]; /* a tile's keys, then its values */
   float qt[head_dim * QUERY_ROWS]; /* queries transposed and pre-scaled, see score_tile */
-  float s[TILE][QUERY_ROWS], running_max[QUERY_ROWS], running_sum[QUERY_ROWS];
-  float tile_max[QUERY_ROWS], correction[QUERY_ROWS], tile_sum[QUERY_ROWS];
-  int row_first[QUERY_ROWS], row_last[QUERY_ROWS]; /* each row's visible positions */
+  float s[TILE][QUERY_ROWS];
+  struct rows_state rows_state;
   float *rows[QUERY_ROWS];
   memset(qt, 0, sizeof qt);
-  for (int r = 0; r < QUERY_ROWS; ++r) {
-    int token = r < num_rows ? r / group : num_queries - 1; /* spare rows: never written */
-    row_last[r] = position + token;
-    row_first[r] = sliding_window > 0 ? row_last[r] - sliding_window + 1 : 0;
-    running_max[r] = -INFINITY;
-    running_sum[r] = 0.0f;
-  }
+  rows_state_init(&rows_state, group, num_queries, position, sliding_window);
   int transposed = 0; /* rows already in qt */
 #ifdef LLMC_PA_AVX2
   if (head_dim % 8 == 0) {
@@ -1109,7 +1211,7 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
   }
 
   int last = position + num_queries - 1;
-  int first = row_first[0] > 0 ? row_first[0] : 0;
+  int first = rows_state.first[0] > 0 ? rows_state.first[0] : 0;
   for (int j0 = first; j0 <= last;) {
     int offset = j0 % block_size; /* as in attend_group: a tile never crosses a block */
     int n = block_size - offset;
@@ -1120,64 +1222,8 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
     const float *rows_read = tile_rows(kv->keys, kv->dtype, kv->k_scale, slot, kv->row_stride,
                                        n, head_dim, row_buffer, &stride);
     score_tile(qt, head_dim, rows_read, stride, n, s);
-    if (softcap > 0.0f) {
-      for (int i = 0; i < n; ++i) {
-        for (int r = 0; r < QUERY_ROWS; ++r) s[i][r] = softcap * tanhf(s[i][r] / softcap);
-      }
-    }
-    /* Only tiles that reach past the first token's position or before the last one's window
-     * hold keys some row must not see. */
-    if (j0 + n - 1 > position || j0 < row_first[QUERY_ROWS - 1]) {
-      for (int i = 0; i < n; ++i) {
-#pragma omp simd
-        for (int r = 0; r < QUERY_ROWS; ++r) {
-          int visible = j0 + i >= row_first[r] && j0 + i <= row_last[r];
-          s[i][r] = visible ? s[i][r] : -INFINITY;
-        }
-      }
-    }
-#pragma omp simd
-    for (int r = 0; r < QUERY_ROWS; ++r) {
-      tile_max[r] = running_max[r];
-      tile_sum[r] = 0.0f;
-    }
-    for (int i = 0; i < n; ++i) {
-#pragma omp simd
-      for (int r = 0; r < QUERY_ROWS; ++r) {
-        tile_max[r] = s[i][r] > tile_max[r] ? s[i][r] : tile_max[r];
-      }
-    }
-    /* A masked key weighs exactly 0, also in a row that has seen no key yet (max -inf, where
-     * the exp below is of NaN). weight and num_corrected let whole steps be skipped; why scalar
-     * sums also matter: GCC 12 vectorizes these loops with a reduction clause, not without. */
-    float weight = 0.0f;
-    for (int i = 0; i < n; ++i) {
-#pragma omp simd reduction(+ : weight)
-      for (int r = 0; r < QUERY_ROWS; ++r) {
-        float p = exp_nonpositive(s[i][r] - tile_max[r]);
-        p = s[i][r] == -INFINITY ? 0.0f : p;
-        s[i][r] = p;
-        tile_sum[r] += p;
-        weight += p;
-      }
-    }
-    /* -inf - -inf is NaN, which exp_nonpositive clamps to ~0: it scales a zero sum either way. */
-    int num_corrected = 0;
-#pragma omp simd reduction(+ : num_corrected)
-    for (int r = 0; r < QUERY_ROWS; ++r) {
-      correction[r] = exp_nonpositive(running_max[r] - tile_max[r]);
-      running_sum[r] = running_sum[r] * correction[r] + tile_sum[r];
-      running_max[r] = tile_max[r];
-      num_corrected += correction[r] != 1.0f;
-    }
-    for (int r = 0; r < num_rows && num_corrected > 0; ++r) {
-      if (correction[r] != 1.0f) {
-        float *o = rows[r];
-        float c = correction[r];
-#pragma omp simd
-        for (int d = 0; d < head_dim; ++d) o[d] *= c;
-      }
-    }
+    float weight = softmax_update(s, n, j0, position, &rows_state, softcap, rows, num_rows,
+                                  head_dim);
     if (weight == 0.0f) { /* no row sees a key of this tile (windows) */
       j0 += n;
       continue;
@@ -1188,10 +1234,263 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
     j0 += n;
   }
   for (int r = 0; r < num_rows; ++r) {
-    float inv = 1.0f / running_sum[r], *o = rows[r];
+    float inv = 1.0f / rows_state.running_sum[r], *o = rows[r];
 #pragma omp simd
     for (int d = 0; d < head_dim; ++d) o[d] *= inv;
   }
+}
+
+/* ---- Prefill tiles on AMX-BF16 --------------------------------------------------------------
+ * attend_tile with both products on Intel AMX's bf16 tiles (tdpbf16ps: a 16 x 32 bf16 tile times
+ * a 32 x 16 one, pairs of the inner dimension side by side, into 16 x 16 float32), for nodes
+ * whose fpmath_mode allows bf16 compute: q, k, the softmax weights and v rounded to bfloat16
+ * (round to nearest even), every sum in float32, the softmax itself in float32 as above. Why:
+ * one tdpbf16ps does 16x the multiply-adds of an AVX-512 FMA, and a 128-token prefill spends
+ * most of the float32 path's time in those products. Keys go 32 at a time (two bf16 pairs
+ * deep for the second product), gathered across cache blocks into a bf16 copy:
+ *   scores: S^T [32 keys][32 rows] = K [keys][D] . Q^T, with Q^T packed once per tile as the
+ *     B operand ([D / 2][32 rows][2]), so the keys need no transpose and the scores come out in
+ *     the [key][row] layout softmax_update takes;
+ *   values: O [32 rows][D] += P [rows][32 keys] . V, P transposed from the softmax's layout, V
+ *     packed as [keys / 2][D][2]; O lives in a float32 buffer the tiles load and store.
+ * All eight tiles are 16 rows x 64 bytes. Method: Intel's AMX programming reference
+ * (tdpbf16ps, tile configuration), as in oneDNN's bf16 attention; the online softmax is
+ * FlashAttention's (Dao et al. 2022). */
+#if defined(LLMC_PA_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+    defined(__AVX512BF16__) && defined(__linux__)
+#define LLMC_PA_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AMX_KEYS 32    /* keys per chunk */
+#define AMX_MAX_D 256 /* the largest head_dim the buffers hold */
+
+static int amx_bf16_granted;
+static pthread_once_t amx_bf16_once = PTHREAD_ONCE_INIT;
+
+/* Linux hands the tile registers to a process only after arch_prctl(ARCH_REQ_XCOMP_PERM);
+ * without it the first tile instruction faults. */
+static void ask_for_amx_bf16(void) {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return;
+  if (!(edx & (1u << 22)) || !(edx & (1u << 24))) return; /* AMX-BF16, AMX-TILE */
+  amx_bf16_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static int amx_bf16_available(void) {
+  pthread_once(&amx_bf16_once, ask_for_amx_bf16);
+  return amx_bf16_granted;
+}
+
+struct amx_tile_config {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+} __attribute__((packed, aligned(64)));
+
+static void configure_amx_tiles(void) {
+  struct amx_tile_config config;
+  memset(&config, 0, sizeof config);
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+}
+
+/* r[0..15] (16 x 16 32-bit elements) transposed in place. */
+static inline void transpose16_epi32(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  /* u[4g + k], 128-bit lane L: column 4L + k of rows 4g .. 4g + 3 */
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    __m512i ab_lo = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+    __m512i ab_hi = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
+    __m512i cd_lo = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+    __m512i cd_hi = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xEE);
+    r[k] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0x88);
+    r[4 + k] = _mm512_shuffle_i32x4(ab_lo, cd_lo, 0xDD);
+    r[8 + k] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0x88);
+    r[12 + k] = _mm512_shuffle_i32x4(ab_hi, cd_hi, 0xDD);
+  }
+}
+
+/* 16 bf16 pairs (lo[i], hi[i]) as 32-bit elements, lo in the low half: VNNI order. */
+static inline __m512i bf16_pairs(__m512 lo, __m512 hi) {
+  __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+  __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+  return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+/* dst[0 .. n) = bf16(src[0 .. n)), n % 32 == 0. */
+static inline void to_bf16(const float *restrict src, uint16_t *restrict dst, int n) {
+  for (int d = 0; d < n; d += 32) {
+    __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + d + 16), _mm512_loadu_ps(src + d));
+    _mm512_storeu_si512(dst + d, (__m512i)b);
+  }
+}
+
+/* attend_tile's contract and result (to bf16 rounding), head_dim % 32 == 0 and <= AMX_MAX_D,
+ * on the AMX tiles of a host amx_bf16_available() granted. */
+static void attend_tile_amx(const float *restrict q, int64_t q_stride, float *restrict out,
+                            int64_t out_stride, const struct kv_view *kv,
+                            const int32_t *restrict block_table, int block_size, int group,
+                            int head_dim, int num_queries, int position, int sliding_window,
+                            float scale, float softcap) {
+  const int num_rows = num_queries * group, pairs = head_dim / 2;
+  int buffer_len = kv->dtype == PA_CACHE_F32 ? 1 : AMX_KEYS * head_dim; /* decoded rows */
+  float row_buffer[buffer_len];
+  /* Q^T as the B operand: [row tile][d pair][16 rows] */
+  uint32_t qv[2][AMX_MAX_D / 2][16] __attribute__((aligned(64)));
+  uint16_t kb[AMX_KEYS][AMX_MAX_D] __attribute__((aligned(64)));        /* K, bf16 rows */
+  uint32_t vb[AMX_KEYS / 2][AMX_MAX_D] __attribute__((aligned(64)));    /* V: [key pair][d] */
+  uint32_t pa[QUERY_ROWS][AMX_KEYS / 2] __attribute__((aligned(64)));   /* P: [row][key pair] */
+  float o[QUERY_ROWS][AMX_MAX_D] __attribute__((aligned(64)));
+  float s[AMX_KEYS][QUERY_ROWS] __attribute__((aligned(64)));
+  struct rows_state rows_state;
+  float *rows[QUERY_ROWS];
+  rows_state_init(&rows_state, group, num_queries, position, sliding_window);
+  const __m512 vscale = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+  for (int rt = 0; rt < 2; ++rt) {
+    for (int c = 0; c < pairs / 16; ++c) { /* 32 dims = 16 pairs of 16 rows, transposed */
+      __m512i m[16];
+      for (int j = 0; j < 16; ++j) {
+        int r = rt * 16 + j;
+        if (r < num_rows) {
+          const float *qr = q + (r / group) * q_stride + (r % group) * head_dim + c * 32;
+          m[j] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(qr + 16), vscale),
+                                              _mm512_mul_ps(_mm512_loadu_ps(qr), vscale));
+        } else {
+          m[j] = _mm512_setzero_si512();
+        }
+      }
+      transpose16_epi32(m);
+      for (int e = 0; e < 16; ++e) _mm512_store_si512(qv[rt][c * 16 + e], m[e]);
+    }
+  }
+  for (int r = 0; r < QUERY_ROWS; ++r) {
+    rows[r] = o[r];
+    memset(o[r], 0, sizeof(float) * head_dim);
+  }
+  configure_amx_tiles();
+
+  int last = position + num_queries - 1;
+  int first = rows_state.first[0] > 0 ? rows_state.first[0] : 0;
+  for (int j0 = first; j0 <= last; j0 += AMX_KEYS) {
+    int n = last - j0 + 1 < AMX_KEYS ? last - j0 + 1 : AMX_KEYS;
+    /* the chunk's keys and values, bf16, gathered block by block; zeros past n */
+    for (int i = 0; i < n;) {
+      int j = j0 + i, offset = j % block_size;
+      int run = block_size - offset < n - i ? block_size - offset : n - i;
+      int64_t slot = (int64_t)block_table[j / block_size] * block_size + offset, stride;
+      const float *rk = tile_rows(kv->keys, kv->dtype, kv->k_scale, slot, kv->row_stride, run,
+                                  head_dim, row_buffer, &stride);
+      for (int x = 0; x < run; ++x) to_bf16(rk + x * stride, kb[i + x], head_dim);
+      const float *rv = tile_rows(kv->values, kv->dtype, kv->v_scale, slot, kv->row_stride,
+                                  run, head_dim, row_buffer, &stride);
+      for (int x = 0; x < run; ++x) {
+        int key = i + x;
+        if (key % 2 == 1) continue; /* written with its even partner */
+        const float *v0 = rv + x * stride;
+        const float *v1 = x + 1 < run ? v0 + stride : NULL; /* partner in the next run */
+        float partner[AMX_MAX_D];
+        if (v1 == NULL && key + 1 < n) {
+          int jn = j0 + key + 1;
+          int64_t slot1 = (int64_t)block_table[jn / block_size] * block_size + jn % block_size;
+          int64_t stride1;
+          const float *r1 = tile_rows(kv->values, kv->dtype, kv->v_scale, slot1,
+                                      kv->row_stride, 1, head_dim, partner, &stride1);
+          v1 = r1;
+        }
+        for (int d = 0; d < head_dim; d += 16) {
+          __m512 hi = v1 == NULL ? zero : _mm512_loadu_ps(v1 + d);
+          _mm512_store_si512(&vb[key / 2][d], bf16_pairs(_mm512_loadu_ps(v0 + d), hi));
+        }
+      }
+      i += run;
+    }
+    /* odd runs end a pair's first half in one block and its second in the next: written above
+     * from the next block's row; a chunk's missing rows are zero */
+    for (int key = n; key < AMX_KEYS; ++key) memset(kb[key], 0, sizeof(uint16_t) * head_dim);
+    for (int pair = (n + 1) / 2; pair < AMX_KEYS / 2; ++pair)
+      memset(vb[pair], 0, sizeof(uint32_t) * head_dim);
+
+    /* S^T [32 keys][32 rows]: tiles 0-3 (key tile x row tile), K in 4-5, Q^T in 6-7 */
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int c = 0; c < pairs / 16; ++c) {
+      _tile_loadd(4, &kb[0][c * 32], sizeof kb[0]);
+      _tile_loadd(5, &kb[16][c * 32], sizeof kb[0]);
+      _tile_loadd(6, qv[0][c * 16], 64);
+      _tile_loadd(7, qv[1][c * 16], 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, &s[0][0], sizeof s[0]);
+    _tile_stored(1, &s[0][16], sizeof s[0]);
+    _tile_stored(2, &s[16][0], sizeof s[0]);
+    _tile_stored(3, &s[16][16], sizeof s[0]);
+
+    float weight = softmax_update(s, n, j0, position, &rows_state, softcap, rows, num_rows,
+                                  head_dim);
+    if (weight == 0.0f) continue; /* no row sees a key of this chunk (windows) */
+    for (int key = n; key < AMX_KEYS; ++key) memset(s[key], 0, sizeof s[key]);
+
+    /* P [rows][32 keys] bf16: pairs of keys per row, transposed from s's [key][row] */
+    for (int rt = 0; rt < 2; ++rt) {
+      __m512i m[16];
+      for (int pair = 0; pair < 16; ++pair)
+        m[pair] = bf16_pairs(_mm512_load_ps(&s[2 * pair][rt * 16]),
+                             _mm512_load_ps(&s[2 * pair + 1][rt * 16]));
+      transpose16_epi32(m);
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(pa[rt * 16 + j], m[j]);
+    }
+    /* O += P . V: P's row tiles in 4-5, V's 16 columns in 6, O's tiles through 0-1 */
+    _tile_loadd(4, pa[0], 64);
+    _tile_loadd(5, pa[16], 64);
+    for (int dt = 0; dt < head_dim / 16; ++dt) {
+      _tile_loadd(6, &vb[0][dt * 16], sizeof vb[0]);
+      _tile_loadd(0, &o[0][dt * 16], sizeof o[0]);
+      _tile_loadd(1, &o[16][dt * 16], sizeof o[0]);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 5, 6);
+      _tile_stored(0, &o[0][dt * 16], sizeof o[0]);
+      _tile_stored(1, &o[16][dt * 16], sizeof o[0]);
+    }
+  }
+  for (int r = 0; r < num_rows; ++r) {
+    float inv = 1.0f / rows_state.running_sum[r];
+    float *dst = out + (r / group) * out_stride + (r % group) * head_dim;
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) dst[d] = o[r][d] * inv;
+  }
+}
+#endif
+
+/* Whether fpmath_mode PA_FPMATH_BF16 runs prefill tiles on AMX-BF16 here (built for it and
+ * granted the tiles), for cpu.py and the tests. */
+int llmc_pa_amx_bf16(void) {
+#ifdef LLMC_PA_AMX
+  return amx_bf16_available();
+#else
+  return 0;
+#endif
 }
 
 /* Everything one work item needs: the arguments of llmc_paged_attention_on plus the tiling. */
@@ -1210,6 +1509,7 @@ struct step_ctx {
   int block_size, sliding_window;
   float scale, softcap;
   int64_t num_items;
+  int amx_bf16; /* prefill tiles on attend_tile_amx */
 };
 
 /* Work item `index` (issued last tile first, see the caller): one tile of one sequence's new
@@ -1232,6 +1532,14 @@ static void attend_item(const void *context, int64_t index) {
                        (const char *)c->value_cache + head_bytes, c->row_stride, c->cache_dtype,
                        c->k_scale, c->v_scale};
   const int32_t *block_table = c->block_tables + b * c->block_table_stride;
+#ifdef LLMC_PA_AMX
+  if (num_queries > 1 && c->amx_bf16) {
+    attend_tile_amx(q_group, c->q_stride, out_group, (int64_t)c->num_heads * head_dim, &kv,
+                    block_table, c->block_size, group, head_dim, num_queries, position,
+                    c->sliding_window, c->scale, c->softcap);
+    return;
+  }
+#endif
   if (num_queries > 1) {
     attend_tile(q_group, c->q_stride, out_group, (int64_t)c->num_heads * head_dim, &kv,
                 block_table, c->block_size, group, head_dim, num_queries, position,
@@ -1258,7 +1566,7 @@ int llmc_paged_attention_on(const struct llmc_pa_parallel *parallel, const float
                             const int64_t *slot_mapping, float *out, int num_tokens,
                             int num_seqs, int num_heads, int num_kv_heads, int head_dim,
                             float scale, int sliding_window, float softcap, int cache_dtype,
-                            float k_scale, float v_scale) {
+                            float k_scale, float v_scale, int fpmath_mode) {
   if (cache_dtype != PA_CACHE_F32 && cache_dtype != PA_CACHE_FP8_E4M3FN &&
       cache_dtype != PA_CACHE_INT8) {
     return PA_BAD_CACHE_DTYPE;
@@ -1300,7 +1608,11 @@ int llmc_paged_attention_on(const struct llmc_pa_parallel *parallel, const float
                          v_scale, seq_lens, query_start_loc, block_tables, block_table_stride,
                          tile_start, num_seqs, num_heads, num_kv_heads, head_dim, group,
                          tile_tokens, row_stride, block_size, sliding_window, scale, softcap,
-                         num_items};
+                         num_items, 0};
+#ifdef LLMC_PA_AMX
+  ctx.amx_bf16 = fpmath_mode == PA_FPMATH_BF16 && head_dim % 32 == 0 && head_dim <= AMX_MAX_D &&
+                 amx_bf16_available();
+#endif
   if (work < PARALLEL_MIN_WORK || num_items < 2) {
     for (int64_t i = 0; i < num_items; ++i) attend_item(&ctx, i);
   } else if (parallel == NULL) {

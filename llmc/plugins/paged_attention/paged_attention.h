@@ -23,6 +23,11 @@ enum {
   PA_CACHE_INT8 = 2,       /* symmetric: zero point 0, range [-127, 127] */
 };
 
+/* How much a call may round (oneDNN's fpmath_mode): PA_FPMATH_STRICT computes in float32;
+ * PA_FPMATH_BF16 lets prefill tiles round q, k, v and the softmax weights to bfloat16 (sums stay
+ * float32) where the host has AMX-BF16 -- elsewhere it computes as strict. */
+enum { PA_FPMATH_STRICT = 0, PA_FPMATH_BF16 = 1 };
+
 /* One unit of a call's work; the kernel hands item indices [0, num_items) to a runner. */
 typedef void (*llmc_pa_item_fn)(const void *ctx, int64_t item);
 
@@ -45,7 +50,7 @@ int llmc_paged_attention_on(const struct llmc_pa_parallel *parallel, const float
                             const int64_t *slot_mapping, float *out, int num_tokens,
                             int num_seqs, int num_heads, int num_kv_heads, int head_dim,
                             float scale, int sliding_window, float softcap, int cache_dtype,
-                            float k_scale, float v_scale);
+                            float k_scale, float v_scale, int fpmath_mode);
 
 /* What a PA_BAD_* status blames, as a sentence about the input. */
 const char *llmc_pa_status_message(int status);
