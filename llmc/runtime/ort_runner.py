@@ -126,7 +126,7 @@ class OrtRunner:
         # One key and one value cache per layer: [num_blocks, block_size, KVH, D] in the layer's
         # kv_cache_dtype (ValueError for an unknown one); the kernel reads the dtype from them.
         self.kv_caches = {
-            name: np.zeros(
+            name: resident_zeros(
                 (num_blocks, p.block_size, p.num_kv_heads, p.head_dim),
                 kv_cache_numpy_dtype(p.kv_cache_dtype),
             )
@@ -195,6 +195,17 @@ class OrtRunner:
                 caches = (self.kv_caches[p.inputs[3]], self.kv_caches[p.inputs[4]])
                 env[p.output] = run_plugin(p, env, caches, step)
         return env
+
+
+def resident_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero array whose pages are all mapped now. Why: ``np.zeros`` maps its pages at their
+    first write, and the block pool hands out every block of a fresh cache before reusing one,
+    so each step of a new server wrote into unmapped pages: a 128-token prefill of Gemma 3 270M
+    took ~2 ms more (~5%) until the whole cache had been written once. Writing it here moves
+    that cost to load (~0.3 s for 2 GiB) and makes a cache the host cannot hold fail there."""
+    array = np.zeros(shape, dtype)
+    array.fill(0)
+    return array
 
 
 def step_feed(step: StepInputs) -> dict[str, np.ndarray]:
