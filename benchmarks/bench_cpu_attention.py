@@ -47,9 +47,8 @@ def prefill(tokens: int, heads: int, kv_heads: int, head_dim: int) -> tuple[list
     inputs[8] = (table[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE).astype(
         np.int64
     )
-    attributes = dict(
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, scale=head_dim**-0.5
-    )
+    attributes = dict(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    attributes |= dict(scale=head_dim**-0.5, sliding_window=None, logit_softcap=None)
     return inputs, attributes
 
 
