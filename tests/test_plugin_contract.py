@@ -20,6 +20,7 @@ from llmc.engine.plan import PluginCall
 from llmc.engine.plugin import (
     DOMAIN,
     EXPORTED_ATTRIBUTES,
+    FPMATH_ATTRIBUTE,
     INPUTS,
     KERNEL_ARGUMENTS,
     OP_TYPE,
@@ -45,14 +46,14 @@ def test_schema_is_the_definition() -> None:
     schema.register_schema()
     op = defs.get_schema(OP_TYPE, SCHEMA_VERSION, DOMAIN)
     assert [i.name for i in op.inputs] == list(INPUTS)
-    assert set(op.attributes) == {*REQUIRED_ATTRIBUTES, *OPTIONAL_ATTRIBUTES}
+    assert set(op.attributes) == {*REQUIRED_ATTRIBUTES, *OPTIONAL_ATTRIBUTES, FPMATH_ATTRIBUTE}
     assert {name for name in op.attributes if op.attributes[name].required} == set(
         REQUIRED_ATTRIBUTES
     )
 
 
 def test_plan_call_is_the_attributes_and_its_tensors() -> None:
-    assert [f.name for f in fields(PluginCall)] == [*NAMES, "inputs", "output"]
+    assert [f.name for f in fields(PluginCall)] == [*NAMES, "inputs", "output", FPMATH_ATTRIBUTE]
 
 
 def test_the_exported_attributes_are_the_required_ones_and_lead_the_fields() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from llmc.compiler.single_graph import GRAPH_FILE, write_single_graph
 from llmc.engine.plan import ExecutionPlan, save_plan
+from llmc.engine.plugin import node_fpmath_mode, plugin_nodes
 from llmc.runtime.ort_runner import OrtRunner
 from tests.test_kv_cache_quant import as_bytes, step_inputs, write_engine
 
@@ -43,14 +44,18 @@ def test_graph_equals_segments_bit_for_bit(tmp_path, kv_cache_dtype: str) -> Non
     assert {name: c.ctypes.data for name, c in graph.kv_caches.items()} == addresses
 
 
-def test_the_joined_graph_passes_the_checker_and_holds_no_weights(tmp_path) -> None:
+@pytest.mark.parametrize("fpmath_mode", ["strict", "bf16"])
+def test_the_joined_graph_passes_the_checker_and_holds_no_weights(tmp_path, fpmath_mode) -> None:
     from llmc.plugins import schema
 
     schema.register_schema()
-    plan = with_graph(tmp_path, write_engine(tmp_path, "auto"))
+    plan = write_engine(tmp_path, "auto")
+    calls = [dataclasses.replace(p, fpmath_mode=fpmath_mode) for p in plan.plugins]
+    plan = with_graph(tmp_path, dataclasses.replace(plan, plugins=calls))
     model = onnx.load(str(tmp_path / GRAPH_FILE), load_external_data=False)
 
     onnx.checker.check_model(model)
+    assert {node_fpmath_mode(n) for n in plugin_nodes(model)} == {fpmath_mode}
     assert [n.op_type for n in model.graph.node].count("PagedAttention") == len(plan.plugins)
     assert [o.name for o in model.graph.output] == ["logits"]
     # write_engine saves weights inline; the joined graph copies them, it does not re-save them

@@ -2,7 +2,8 @@
 
 onnxscript resolves a custom-domain op only through a registered schema, and TensorRT's parser
 finds the plugin by op type plus the ``plugin_namespace``/``plugin_version`` attributes. The
-attributes are ``llmc.engine.plugin.PluginAttributes``'s fields.
+attributes are ``llmc.engine.plugin.PluginAttributes``'s fields, plus the CPU kernel's optional
+``FPMATH_ATTRIBUTE``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,17 @@ from onnx import defs, helper
 from llmc.engine.plugin import (
     ATTRIBUTE_DOCS,
     DOMAIN,
+    FPMATH_ATTRIBUTE,
     INPUTS,
     OP_TYPE,
     OPTIONAL_ATTRIBUTES,
     PLUGIN_ATTRIBUTES,
     SCHEMA_VERSION,
+)
+
+FPMATH_DOC = (
+    "CPU kernel only: 'strict' float32; 'bf16' lets prefill tiles round q, k, v and the softmax "
+    "weights to bfloat16 on AMX-BF16 hosts"
 )
 
 _ATTRIBUTE_TYPES = {
@@ -70,6 +77,7 @@ def _schema() -> defs.OpSchema:
                     PLUGIN_ATTRIBUTES, ATTRIBUTE_DOCS.values(), strict=True
                 )
             ),
+            attr(FPMATH_ATTRIBUTE, helper.make_attribute(FPMATH_ATTRIBUTE, "strict"), FPMATH_DOC),
         ],
     )
 
