@@ -114,14 +114,21 @@ def test_graph_has_one_plugin_per_layer_and_fused_ops(tiny):
     assert plain + skip == report["rms_norm"]
     assert "RMSNormalization" not in result.optimized_ops
     # the single graph runs every one of them on llmc's kernels where the op library is built:
-    # Gemma 3's q/k norms inside QKVRoPE with the rotary embedding, one per layer
+    # Gemma 3's q/k norms inside QKVRoPE with the rotary embedding, one per layer, and its
+    # post-attention / post-feedforward norms inside the residual add and norm after them
     single = onnx.load(str(result.engine_dir / "engine.onnx"), load_external_data=False)
     llmc_ops = Counter(n.op_type for n in single.graph.node if n.domain == "llmc")
     if ort_op.library_path() is not None:
         assert llmc_ops["QKVRoPE"] == {"llama": 0, "gemma3": 2}[name]
-        assert llmc_ops["SkipRMSNorm"] == skip
-        assert llmc_ops["RMSNorm"] + 2 * llmc_ops["QKVRoPE"] == plain
-        assert result.optimized_ops["SkipRMSNorm"] == skip
+        fused = llmc_ops["NormSkipRMSNorm"]
+        assert fused == {"llama": 0, "gemma3": 4}[name]
+        assert llmc_ops["SkipRMSNorm"] + fused == skip
+        assert llmc_ops["RMSNorm"] + fused + 2 * llmc_ops["QKVRoPE"] == plain
+        assert (
+            result.optimized_ops.get("SkipRMSNorm", 0)
+            + result.optimized_ops.get("NormSkipRMSNorm", 0)
+            == skip
+        )
 
 
 def test_exported_plugin_nodes_carry_the_contract(tiny):

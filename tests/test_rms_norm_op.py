@@ -11,7 +11,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.norm_rewrite import PLAIN_OP, SKIP_OP, rewrite_rms_norms
+from llmc.compiler.norm_rewrite import (
+    NORM_SKIP_OP,
+    PLAIN_OP,
+    SKIP_OP,
+    fuse_norm_into_skip,
+    rewrite_rms_norms,
+)
 from llmc.plugins.paged_attention import ort_op
 from llmc.runtime.ort_env import session_options
 
@@ -160,3 +166,55 @@ def test_rewrite_leaves_other_norms_alone() -> None:
     before = [(n.domain, n.op_type) for n in m.graph.node]
     assert rewrite_rms_norms(m) == 0
     assert [(n.domain, n.op_type) for n in m.graph.node] == before
+
+
+# ---- A sublayer's norm fused into the residual add and norm after it ----------------------
+
+
+def post_norm_model(gamma_b: np.ndarray, gamma: np.ndarray, norm_first: bool) -> onnx.ModelProto:
+    """Gemma's post-sublayer norm, then the residual add and the next pre-norm, as llmc ops:
+    n = norm(b, gamma_b) (epsilon 1e-5); y, h = SkipRMSNorm(n, a) or (a, n) (epsilon EPS)."""
+    norm = helper.make_node(PLAIN_OP, ["b", "gamma_b"], ["n"], domain="llmc", epsilon=1e-5)
+    skip_inputs = ["n", "a", "gamma"] if norm_first else ["a", "n", "gamma"]
+    skip = helper.make_node(SKIP_OP, skip_inputs, ["y", "h"], domain="llmc", epsilon=EPS)
+    m = model([norm, skip], ["a", "b"], ["y", "h"], gamma)
+    m.graph.initializer.append(numpy_helper.from_array(gamma_b, "gamma_b"))
+    return m
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("rows", [1, 16, 130])
+def test_norm_skip_equals_the_two_ops_bit_for_bit(rows: int, norm_first: bool) -> None:
+    rng = np.random.default_rng(rows)
+    a, b = (rng.standard_normal((1, rows, 640)).astype(np.float32) for _ in range(2))
+    b *= 40.0  # a sublayer output far from unit scale, as Gemma's are
+    gamma_b, gamma = (rng.uniform(0.5, 1.5, 640).astype(np.float32) for _ in range(2))
+    m = post_norm_model(gamma_b, gamma, norm_first)
+    feeds = {"a": a, "b": b}
+    y0, h0 = session(m).run(None, feeds)
+
+    assert fuse_norm_into_skip(m) == 1
+
+    assert [(n.domain, n.op_type) for n in m.graph.node] == [("llmc", NORM_SKIP_OP)]
+    assert list(m.graph.node[0].input) == ["a", "b", "gamma_b", "gamma"]
+    y, h = session(m).run(None, feeds)
+    np.testing.assert_array_equal(h, h0)
+    np.testing.assert_array_equal(y, y0)
+    np.testing.assert_allclose(h, a + rms_norm(b, gamma_b, 1e-5), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(y, rms_norm(h, gamma), rtol=2e-6, atol=2e-6)
+
+
+def test_a_norm_read_elsewhere_is_not_fused() -> None:
+    gamma = np.ones(8, np.float32)
+    m = post_norm_model(gamma, gamma, norm_first=True)
+    m.graph.output.append(helper.make_tensor_value_info("n", TensorProto.FLOAT, None))
+    assert fuse_norm_into_skip(m) == 0
+    assert [n.op_type for n in m.graph.node] == [PLAIN_OP, SKIP_OP]
+
+
+def test_norm_skip_refuses_gammas_of_two_lengths() -> None:
+    m = post_norm_model(np.ones(8, np.float32), np.ones(8, np.float32), norm_first=True)
+    fuse_norm_into_skip(m)
+    m.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones(4, np.float32), "gamma_b"))
+    with pytest.raises(Exception, match="gamma_b and gamma must have one length"):
+        session(m)

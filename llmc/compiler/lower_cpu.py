@@ -17,9 +17,9 @@ from onnx import helper
 
 from llmc.compiler.int8_matmul_rewrite import OP_TYPE as BLOCK_INT8
 from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
+from llmc.compiler.norm_rewrite import NORM_SKIP_OP, fuse_norm_into_skip, rewrite_rms_norms
 from llmc.compiler.norm_rewrite import PLAIN_OP as NORM_OP
 from llmc.compiler.norm_rewrite import SKIP_OP as SKIP_NORM_OP
-from llmc.compiler.norm_rewrite import rewrite_rms_norms
 from llmc.compiler.qkv_rope_rewrite import OP_TYPE as QKV_ROPE
 from llmc.compiler.qkv_rope_rewrite import fuse_qkv_rope
 from llmc.compiler.quantized_embedding import gather_from_projection
@@ -130,7 +130,8 @@ def lower_to_cpu(
     ``llmc::BlockInt8MatMul`` in the single graph in place of 8-bit MatMulNBits
     (``int8_matmul_rewrite``; the host must run it), and ``llmc_norms`` ``llmc::RMSNorm`` and
     ``llmc::SkipRMSNorm`` in place of ORT's norm kernels (``norm_rewrite``), then
-    ``llmc::QKVRoPE`` in place of the q/k norm and rotary nodes (``qkv_rope_rewrite``);
+    ``llmc::QKVRoPE`` in place of the q/k norm and rotary nodes (``qkv_rope_rewrite``) and
+    ``llmc::NormSkipRMSNorm`` for a sublayer's norm followed by the residual add and norm;
     ``attention_fpmath`` is written on every PagedAttention node as its ``fpmath_mode``
     (``llmc.engine.plugin.FPMATH_ATTRIBUTE``; "bf16": prefill on AMX-BF16 tiles). Returns
     the plan and the op counts of the saved segments (recorded in the manifest), with the
@@ -185,8 +186,9 @@ def lower_to_cpu(
                 single[BLOCK_INT8] = rewrite_block_int8(graph)
             if llmc_norms and rewrite_rms_norms(graph):
                 single[QKV_ROPE] = fuse_qkv_rope(graph)  # needs the llmc norms
+                fuse_norm_into_skip(graph)
                 kinds = Counter(n.op_type for n in graph.graph.node)
-                single.update({op: kinds[op] for op in (NORM_OP, SKIP_NORM_OP)})
+                single.update({op: kinds[op] for op in (NORM_OP, SKIP_NORM_OP, NORM_SKIP_OP)})
             single = +single  # the ops the single graph got
             if single:
                 ops.update(single)

@@ -319,6 +319,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_block_int8_matmul_op(ort)));
   LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_rms_norm_op(ort)));
   LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_skip_rms_norm_op(ort)));
+  LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_norm_skip_rms_norm_op(ort)));
   LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_qkv_rope_op(ort)));
   return ort->AddCustomOpDomain(options, domain);
 }

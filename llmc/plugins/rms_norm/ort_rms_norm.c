@@ -8,8 +8,16 @@
  *
  *   h = a + b;  y = h / sqrt(mean(h^2) + epsilon) * gamma
  *
+ * and, for NormSkipRMSNorm, of the residual stream plus the sublayer's output normalized first
+ * (Gemma's post-attention / post-feedforward norm, the residual add and the next pre-norm):
+ *
+ *   h = a + b / sqrt(mean(b^2) + epsilon_b) * gamma_b;  y = h / sqrt(mean(h^2) + epsilon) * gamma
+ *
  * RMSNorm: inputs X float32 [..., D] and gamma float32 [D]; output Y [..., D].
  * SkipRMSNorm: inputs A, B float32 [..., D] (the same shape) and gamma [D]; outputs Y and H.
+ * NormSkipRMSNorm: inputs A, B [..., D], gamma_b [D], gamma [D]; outputs Y and H; attribute
+ * epsilon_b (float, default 1e-5). The normalized B is rounded to float32 before the add, so H
+ * equals RMSNorm then SkipRMSNorm bit for bit.
  * Attribute epsilon (float, default 1e-5). gamma must be a constant initializer of D elements;
  * a mismatched shape fails the run with ORT_INVALID_ARGUMENT (the session goes on).
  *
@@ -34,10 +42,10 @@ static const OrtApi *ort;
 #define ROWS_PER_TASK 16
 
 struct kernel {
-  const float *gamma;
+  const float *gamma, *gamma_b; /* gamma_b: NormSkipRMSNorm's, else NULL */
   int64_t d;
-  float epsilon;
-  int skip; /* 1: SkipRMSNorm */
+  float epsilon, epsilon_b;
+  int skip; /* 1: SkipRMSNorm or NormSkipRMSNorm */
 };
 
 #define fail(...) llmc_op_fail(ort, __VA_ARGS__)
@@ -61,8 +69,14 @@ static void rows_task(void *data, size_t task) {
     if (k->skip) {
       const float *restrict a = x, *restrict b = j->b + r * k->d;
       float *restrict h = j->h + r * k->d;
+      if (k->gamma_b != NULL) { /* the normalized row stored first: no fused multiply-add */
+        llmc_rms_norm_row(b, k->gamma_b, k->d, k->epsilon_b, h);
 #pragma omp simd
-      for (int64_t i = 0; i < k->d; ++i) h[i] = a[i] + b[i];
+        for (int64_t i = 0; i < k->d; ++i) h[i] += a[i];
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < k->d; ++i) h[i] = a[i] + b[i];
+      }
       x = h;
     }
     llmc_rms_norm_row(x, k->gamma, k->d, k->epsilon, j->y + r * k->d);
@@ -71,33 +85,57 @@ static void rows_task(void *data, size_t task) {
 
 /* ---- Kernel -------------------------------------------------------------------------------- */
 
-static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
-                                             const OrtKernelInfo *info, void **out) {
-  (void)api;
-  int skip = op->GetInputTypeCount(op) == 3;
-  const char *name = skip ? "SkipRMSNorm" : "RMSNorm";
-  float epsilon = 1e-5f;
-  OrtStatus *status = ort->KernelInfoGetAttribute_float(info, "epsilon", &epsilon);
+static const char *op_name(size_t inputs) {
+  return inputs == 4 ? "NormSkipRMSNorm" : inputs == 3 ? "SkipRMSNorm" : "RMSNorm";
+}
+
+/* An optional float attribute >= 0 (default 1e-5). */
+static OrtStatus *get_epsilon(const OrtKernelInfo *info, const char *name, const char *attribute,
+                              float *out) {
+  *out = 1e-5f;
+  OrtStatus *status = ort->KernelInfoGetAttribute_float(info, attribute, out);
   if (status != NULL) ort->ReleaseStatus(status); /* optional */
-  if (!(epsilon >= 0.0f)) return fail("%s: epsilon must be >= 0, got %g", name, epsilon);
+  if (!(*out >= 0.0f)) return fail("%s: %s must be >= 0, got %g", name, attribute, *out);
+  return NULL;
+}
+
+/* Constant input `index`: a float32 vector of *d elements (*d 0: any length, set here). */
+static OrtStatus *get_gamma(const OrtKernelInfo *info, const char *name, size_t index,
+                            const float **gamma, int64_t *d) {
   int is_constant = 0;
   const OrtValue *value = NULL;
-  LLMC_TRY(ort->KernelInfoGetConstantInput_tensor(info, skip ? 2 : 1, &is_constant, &value));
+  LLMC_TRY(ort->KernelInfoGetConstantInput_tensor(info, index, &is_constant, &value));
   if (!is_constant || value == NULL) return fail("%s: gamma must be a constant initializer", name);
   OrtTensorTypeAndShapeInfo *shape;
   LLMC_TRY(ort->GetTensorTypeAndShape(value, &shape));
   size_t rank = 0, elements = 0;
-  status = ort->GetDimensionsCount(shape, &rank);
+  OrtStatus *status = ort->GetDimensionsCount(shape, &rank);
   if (status == NULL) status = ort->GetTensorShapeElementCount(shape, &elements);
   ort->ReleaseTensorTypeAndShapeInfo(shape);
   if (status != NULL) return status;
   if (rank != 1 || elements < 1) return fail("%s: gamma must be a non-empty vector", name);
+  if (*d != 0 && (int64_t)elements != *d)
+    return fail("%s: gamma_b and gamma must have one length, got %lld and %zu", name,
+                (long long)*d, elements);
+  *d = (int64_t)elements;
+  return ort->GetTensorMutableData((OrtValue *)value, (void **)gamma);
+}
+
+static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api,
+                                             const OrtKernelInfo *info, void **out) {
+  (void)api;
+  size_t inputs = op->GetInputTypeCount(op);
+  const char *name = op_name(inputs);
+  struct kernel k = {NULL, NULL, 0, 0.0f, 0.0f, inputs >= 3};
+  LLMC_TRY(get_epsilon(info, name, "epsilon", &k.epsilon));
+  if (inputs == 4) {
+    LLMC_TRY(get_epsilon(info, name, "epsilon_b", &k.epsilon_b));
+    LLMC_TRY(get_gamma(info, name, 2, &k.gamma_b, &k.d));
+  }
+  LLMC_TRY(get_gamma(info, name, inputs - 1, &k.gamma, &k.d));
   struct kernel *kernel = malloc(sizeof *kernel);
   if (kernel == NULL) return ort->CreateStatus(ORT_FAIL, "RMSNorm: out of memory");
-  LLMC_TRY(ort->GetTensorMutableData((OrtValue *)value, (void **)&kernel->gamma));
-  kernel->d = (int64_t)elements;
-  kernel->epsilon = epsilon;
-  kernel->skip = skip;
+  *kernel = k;
   *out = kernel;
   return NULL;
 }
@@ -107,7 +145,7 @@ static void ORT_API_CALL destroy_kernel(void *state) { free(state); }
 /* The shape of input `index` into dims (rank <= 8); fails unless its last axis is d. */
 static OrtStatus *input_shape(OrtKernelContext *context, const struct kernel *k, size_t index,
                               const OrtValue **value, int64_t *dims, size_t *rank) {
-  const char *name = k->skip ? "SkipRMSNorm" : "RMSNorm";
+  const char *name = k->gamma_b != NULL ? "NormSkipRMSNorm" : k->skip ? "SkipRMSNorm" : "RMSNorm";
   LLMC_TRY(ort->KernelContext_GetInput(context, index, value));
   OrtTensorTypeAndShapeInfo *info;
   LLMC_TRY(ort->GetTensorTypeAndShape(*value, &info));
@@ -132,7 +170,8 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   if (k->skip) {
     LLMC_TRY(input_shape(context, k, 1, &b_value, b_dims, &b_rank));
     if (b_rank != rank || memcmp(dims, b_dims, rank * sizeof *dims) != 0)
-      return fail("SkipRMSNorm: A and B must have the same shape");
+      return fail("%s: A and B must have the same shape",
+                  k->gamma_b != NULL ? "NormSkipRMSNorm" : "SkipRMSNorm");
   }
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < rank; ++i) rows *= dims[i];
@@ -165,6 +204,11 @@ static const char *ORT_API_CALL skip_rms_norm_name(const OrtCustomOp *op) {
   return "SkipRMSNorm";
 }
 
+static const char *ORT_API_CALL norm_skip_rms_norm_name(const OrtCustomOp *op) {
+  (void)op;
+  return "NormSkipRMSNorm";
+}
+
 static ONNXTensorElementDataType ORT_API_CALL float_type(const OrtCustomOp *op, size_t index) {
   (void)op;
   (void)index;
@@ -181,15 +225,23 @@ static size_t ORT_API_CALL three(const OrtCustomOp *op) {
   return 3;
 }
 
-static OrtCustomOp rms_norm_op, skip_rms_norm_op;
+static size_t ORT_API_CALL four(const OrtCustomOp *op) {
+  (void)op;
+  return 4;
+}
 
-static void define(OrtCustomOp *op, int skip) {
+static OrtCustomOp rms_norm_op, skip_rms_norm_op, norm_skip_rms_norm_op;
+
+/* inputs: 2 RMSNorm, 3 SkipRMSNorm, 4 NormSkipRMSNorm */
+static void define(OrtCustomOp *op, int inputs) {
   OrtCustomOp def = {0};
   llmc_op_defaults(&def);
-  def.GetName = skip ? skip_rms_norm_name : rms_norm_name;
+  def.GetName = inputs == 4   ? norm_skip_rms_norm_name
+                : inputs == 3 ? skip_rms_norm_name
+                              : rms_norm_name;
   def.GetInputType = float_type;
-  def.GetInputTypeCount = skip ? three : two;
-  if (skip) def.GetOutputTypeCount = two;
+  def.GetInputTypeCount = inputs == 4 ? four : inputs == 3 ? three : two;
+  if (inputs > 2) def.GetOutputTypeCount = two;
   def.KernelDestroy = destroy_kernel;
   def.CreateKernelV2 = create_kernel;
   def.KernelComputeV2 = compute;
@@ -198,12 +250,18 @@ static void define(OrtCustomOp *op, int skip) {
 
 const OrtCustomOp *llmc_rms_norm_op(const OrtApi *api) {
   ort = api;
-  if (rms_norm_op.version == 0) define(&rms_norm_op, 0);
+  if (rms_norm_op.version == 0) define(&rms_norm_op, 2);
   return &rms_norm_op;
 }
 
 const OrtCustomOp *llmc_skip_rms_norm_op(const OrtApi *api) {
   ort = api;
-  if (skip_rms_norm_op.version == 0) define(&skip_rms_norm_op, 1);
+  if (skip_rms_norm_op.version == 0) define(&skip_rms_norm_op, 3);
   return &skip_rms_norm_op;
+}
+
+const OrtCustomOp *llmc_norm_skip_rms_norm_op(const OrtApi *api) {
+  ort = api;
+  if (norm_skip_rms_norm_op.version == 0) define(&norm_skip_rms_norm_op, 4);
+  return &norm_skip_rms_norm_op;
 }
