@@ -43,6 +43,7 @@ OP_SOURCES = [
 # Every file the custom-op library is built from, in the order ort_op.py's OP_SOURCES hashes them.
 OP_HASHED = (
     "llmc/plugins/ort_custom_op.h",
+    "llmc/plugins/amx_tiles.h",
     f"{KERNEL_DIR}/ort_op.c",
     f"{KERNEL_DIR}/paged_attention.c",
     f"{KERNEL_DIR}/paged_attention.h",
@@ -59,7 +60,10 @@ OP_HASHED = (
 # Keep equal to COMPILE_FLAGS in cpu.py.
 COMPILE_FLAGS = ["-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno"]
 # Embedded so cpu.py can tell an extension built from an older source and rebuild instead.
-SOURCE_SHA256 = hashlib.sha256((ROOT / SOURCE).read_bytes()).hexdigest()
+# (paged_attention.c, then the header it includes: cpu.py's _HASHED.)
+SOURCE_SHA256 = hashlib.sha256(
+    b"".join((ROOT / p).read_bytes() for p in (SOURCE, "llmc/plugins/amx_tiles.h"))
+).hexdigest()
 # Embedded so ort_op.py can tell a custom-op library built from older sources (the same digest
 # as ort_op.py's OP_SOURCES).
 OP_SOURCE_SHA256 = hashlib.sha256(b"".join((ROOT / p).read_bytes() for p in OP_HASHED)).hexdigest()

@@ -26,10 +26,9 @@
 /* AMX where the compiler targets it (-march=native on a host that has it); whether the OS lets
  * this process use the tiles is asked at run time (i8mm_amx_rows). */
 #if I8MM_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
-#include <cpuid.h>
 #include <pthread.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "../amx_tiles.h"
 #define I8MM_AMX 1
 #else
 #define I8MM_AMX 0
@@ -383,35 +382,10 @@ void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
  * Method: Intel's AMX programming reference (tile configuration, tdpbssd), as oneDNN's and
  * MLAS's AMX int8 GEMMs use it. */
 #if I8MM_AMX
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
 static int amx_granted;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
-static void ask_for_amx(void) {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return;
-  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return; /* AMX-TILE, AMX-INT8 */
-  amx_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-struct tile_config {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-} __attribute__((packed, aligned(64)));
-
-static void configure_tiles(void) {
-  struct tile_config config;
-  memset(&config, 0, sizeof config);
-  config.palette = 1;
-  for (int t = 0; t < 8; ++t) { /* 0-3 accumulators, 4-5 activations, 6-7 weights */
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
+static void ask_for_amx(void) { amx_granted = llmc_amx_request(LLMC_AMX_TILE | LLMC_AMX_INT8); }
 
 /* One block's products of 16 or 32 rows (m0.., `tiles` 16-row tiles) by 32 columns (half 0 or 1
  * of panel p's 64) into the accumulator tiles, stored to acc. */
@@ -521,7 +495,7 @@ void i8mm_amx_item(const struct i8mm_weights *w, const int8_t *qa, const float *
 #if I8MM_AMX
   int64_t p, m0, height;
   amx_item_at(rows, item, &p, &m0, &height);
-  configure_tiles(); /* per thread: ORT's pool threads each hold their own tile state */
+  llmc_amx_configure(); /* per thread: ORT's pool threads each hold their own tile state */
   amx_tile(w, qa, sa, m, m0, height, p, y + m0 * w->n + p * I8MM_PANEL, w->n);
 #else
   (void)w, (void)qa, (void)sa, (void)m, (void)rows, (void)item, (void)y;
@@ -539,7 +513,7 @@ void i8mm_amx_gated_item(const struct i8mm_weights *w, const int8_t *qa, const f
   amx_item_at(rows, item, &q, &m0, &height);
   float gate[I8MM_AMX_ROWS * I8MM_PANEL] __attribute__((aligned(64)));
   float up[I8MM_AMX_ROWS * I8MM_PANEL] __attribute__((aligned(64)));
-  configure_tiles();
+  llmc_amx_configure();
   amx_tile(w, qa, sa, m, m0, height, q, gate, I8MM_PANEL);
   amx_tile(w, qa, sa, m, m0, height, q + w->num_panels / 2, up, I8MM_PANEL);
   gate_tiles(w, m - m0 < height ? m - m0 : height, m0, q, gate, up, y);

@@ -26,6 +26,9 @@ from llmc.engine.kv_cache import NUMPY_DTYPES
 from llmc.engine.plugin import FPMATH_MODES, KernelArguments, PluginInputs, plugin_kernel
 
 _SOURCE = Path(__file__).with_name("paged_attention.c")
+#: What the kernel is built from, in the order setup.py hashes it: the source, then the llmc
+#: header it includes.
+_HASHED = (_SOURCE, _SOURCE.parent.parent / "amx_tiles.h")
 # Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
 COMPILE_FLAGS = ("-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno")
 
@@ -78,7 +81,10 @@ def load_library() -> _KernelLibrary:
     Raises:
         RuntimeError: no usable built extension, and gcc is missing or fails.
     """
-    source_sha256 = hashlib.sha256(_SOURCE.read_bytes()).hexdigest() if _SOURCE.exists() else None
+    exists = all(p.exists() for p in _HASHED)
+    source_sha256 = (
+        hashlib.sha256(b"".join(p.read_bytes() for p in _HASHED)).hexdigest() if exists else None
+    )
     for path in sorted(_SOURCE.parent.glob("_paged_attention_cpu*.so")):
         library = _KernelLibrary(path)
         if source_sha256 is None or library.source_sha256 == source_sha256:

@@ -19,6 +19,7 @@ _DIR = Path(__file__).parent
 #: ``setup.py`` hashes them (its ``OP_HASHED``).
 OP_SOURCES = (
     "ort_custom_op.h",
+    "amx_tiles.h",
     "paged_attention/ort_op.c",
     "paged_attention/paged_attention.c",
     "paged_attention/paged_attention.h",

@@ -1259,46 +1259,21 @@ static void attend_tile(const float *restrict q, int64_t q_stride, float *restri
 #if defined(LLMC_PA_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
     defined(__AVX512BF16__) && defined(__linux__)
 #define LLMC_PA_AMX 1
-#include <cpuid.h>
-#include <sys/syscall.h>
+#include "../amx_tiles.h"
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define AMX_KEYS 32    /* keys per chunk */
 #define AMX_MAX_D 256 /* the largest head_dim the buffers hold */
 
 static int amx_bf16_granted;
 static pthread_once_t amx_bf16_once = PTHREAD_ONCE_INIT;
 
-/* Linux hands the tile registers to a process only after arch_prctl(ARCH_REQ_XCOMP_PERM);
- * without it the first tile instruction faults. */
 static void ask_for_amx_bf16(void) {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return;
-  if (!(edx & (1u << 22)) || !(edx & (1u << 24))) return; /* AMX-BF16, AMX-TILE */
-  amx_bf16_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  amx_bf16_granted = llmc_amx_request(LLMC_AMX_TILE | LLMC_AMX_BF16);
 }
 
 static int amx_bf16_available(void) {
   pthread_once(&amx_bf16_once, ask_for_amx_bf16);
   return amx_bf16_granted;
-}
-
-struct amx_tile_config {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-} __attribute__((packed, aligned(64)));
-
-static void configure_amx_tiles(void) {
-  struct amx_tile_config config;
-  memset(&config, 0, sizeof config);
-  config.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
 }
 
 /* r[0..15] (16 x 16 32-bit elements) transposed in place. */
@@ -1384,7 +1359,7 @@ static void attend_tile_amx(const float *restrict q, int64_t q_stride, float *re
     rows[r] = o[r];
     memset(o[r], 0, sizeof(float) * head_dim);
   }
-  configure_amx_tiles();
+  llmc_amx_configure();
 
   int last = position + num_queries - 1;
   int first = rows_state.first[0] > 0 ? rows_state.first[0] : 0;
