@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llmc.compiler.build import build
 from llmc.compiler.build_config import BuildConfig
-from llmc.engine.plugin import REQUIRED_ATTRIBUTES, plugin_nodes
+from llmc.engine.plugin import FPMATH_ATTRIBUTE, REQUIRED_ATTRIBUTES, plugin_nodes
 from llmc.errors import BuildConfigError, EngineCorruptError, EngineMismatchError
 from llmc.plugins.paged_attention import ort_op
 from llmc.runtime.engine import LLMEngine
@@ -142,6 +142,7 @@ def test_exported_plugin_nodes_carry_the_contract(tiny):
     for node in nodes:
         attrs = {a.name for a in node.attribute}
         assert set(REQUIRED_ATTRIBUTES) <= attrs
+        assert FPMATH_ATTRIBUTE not in attrs  # the CPU lowering's, never the export's
         assert (
             onnx.helper.get_attribute_value(
                 next(a for a in node.attribute if a.name == "plugin_namespace")

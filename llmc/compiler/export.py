@@ -19,6 +19,8 @@ from llmc.engine.graph import LOGITS, STEP_INPUTS, cache_names
 from llmc.engine.kv_cache import cache_spec
 from llmc.engine.plugin import (
     DOMAIN,
+    FPMATH_ATTRIBUTE,
+    OP_TYPE,
     PLUGIN_VERSION,
     SCHEMA_VERSION,
     bind_node_call,
@@ -112,4 +114,10 @@ def export_ir(model: torch.nn.Module, block_size: int) -> ir.Model:
             optimize=False,
             verbose=False,
         )
+    # The exporter writes every attribute of the registered schema, defaults included; the CPU
+    # kernel's fpmath_mode is no part of the plugin contract (TensorRT's plugin would get it as
+    # an unknown field): the CPU lowering sets it where it applies.
+    for node in program.model.graph:
+        if node.domain == DOMAIN and node.op_type == OP_TYPE:
+            node.attributes.pop(FPMATH_ATTRIBUTE, None)
     return program.model
