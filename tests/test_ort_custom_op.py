@@ -199,6 +199,8 @@ def test_a_cache_of_another_dtype_than_the_attribute_fails_the_run() -> None:
         ({"kv_cache_dtype": "int4"}, "kv_cache_dtype must be auto, fp8 or int8, got 'int4'"),
         ({"num_heads": 3}, "bad attributes num_heads=3 num_kv_heads=2"),
         ({"fpmath_mode": "tf32"}, "fpmath_mode must be strict or bf16, got 'tf32'"),
+        ({"fpmath_mode": "strict" * 8}, r"fpmath_mode must be strict or bf16, got '\(too long\)'"),
+        ({"kv_cache_dtype": "auto" * 8}, r"kv_cache_dtype must be auto, fp8 or int8, got '\(too"),
     ],
 )
 def test_bad_attributes_fail_at_session_creation(attributes: dict, match: str) -> None:

@@ -65,14 +65,28 @@ static OrtStatus *get_float(const OrtKernelInfo *info, const char *name, float f
   return status;
 }
 
-static OrtStatus *get_cache_dtype(const OrtKernelInfo *info, struct kernel *k) {
-  char value[16] = "auto";
-  size_t size = sizeof value;
-  OrtStatus *status = ort->KernelInfoGetAttribute_string(info, "kv_cache_dtype", value, &size);
-  if (status != NULL) { /* optional: absent means "auto" */
+/* Optional string attribute `name` into value[16]: `fallback` when absent, "(too long)" when it
+ * does not fit (which no caller accepts: refused with the attribute's name, never taken for
+ * absent). */
+static OrtStatus *get_string(const OrtKernelInfo *info, const char *name, const char *fallback,
+                             char value[16]) {
+  size_t size = 0;
+  OrtStatus *status = ort->KernelInfoGetAttribute_string(info, name, NULL, &size);
+  if (status != NULL) { /* absent */
     ort->ReleaseStatus(status);
-    strcpy(value, "auto");
+    strcpy(value, fallback);
+    return NULL;
   }
+  if (size > 16) {
+    strcpy(value, "(too long)");
+    return NULL;
+  }
+  return ort->KernelInfoGetAttribute_string(info, name, value, &size);
+}
+
+static OrtStatus *get_cache_dtype(const OrtKernelInfo *info, struct kernel *k) {
+  char value[16];
+  LLMC_TRY(get_string(info, "kv_cache_dtype", "auto", value));
   if (strcmp(value, "auto") == 0) {
     k->cache_dtype = PA_CACHE_F32;
     k->cache_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -90,13 +104,8 @@ static OrtStatus *get_cache_dtype(const OrtKernelInfo *info, struct kernel *k) {
 
 /* fpmath_mode: optional, absent means "strict". */
 static OrtStatus *get_fpmath_mode(const OrtKernelInfo *info, struct kernel *k) {
-  char value[16] = "strict";
-  size_t size = sizeof value;
-  OrtStatus *status = ort->KernelInfoGetAttribute_string(info, "fpmath_mode", value, &size);
-  if (status != NULL) {
-    ort->ReleaseStatus(status);
-    strcpy(value, "strict");
-  }
+  char value[16];
+  LLMC_TRY(get_string(info, "fpmath_mode", "strict", value));
   if (strcmp(value, "strict") == 0) {
     k->fpmath_mode = PA_FPMATH_STRICT;
   } else if (strcmp(value, "bf16") == 0) {

@@ -1084,9 +1084,8 @@ static void rows_state_init(struct rows_state *st, int group, int num_queries, i
  * num_rows accumulator rows (head_dim floats each) rescaled where the max grew. Returns the
  * tile's total weight (0: no row sees any of its keys). */
 static inline __attribute__((always_inline)) float softmax_update(
-    float (*restrict s)[QUERY_ROWS], int n, int j0, int position,
-                            struct rows_state *st, float softcap, float *const *rows,
-                            int num_rows, int head_dim) {
+    float (*restrict s)[QUERY_ROWS], int n, int j0, int position, struct rows_state *st,
+    float softcap, float *const *rows, int num_rows, int head_dim) {
   float tile_max[QUERY_ROWS], tile_sum[QUERY_ROWS], correction[QUERY_ROWS];
   float *running_max = st->running_max, *running_sum = st->running_sum;
   if (softcap > 0.0f) {
@@ -1365,39 +1364,35 @@ static void attend_tile_amx(const float *restrict q, int64_t q_stride, float *re
   int first = rows_state.first[0] > 0 ? rows_state.first[0] : 0;
   for (int j0 = first; j0 <= last; j0 += AMX_KEYS) {
     int n = last - j0 + 1 < AMX_KEYS ? last - j0 + 1 : AMX_KEYS;
-    /* the chunk's keys and values, bf16, gathered block by block; zeros past n */
-    for (int i = 0; i < n;) {
-      int j = j0 + i, offset = j % block_size;
-      int run = block_size - offset < n - i ? block_size - offset : n - i;
-      int64_t slot = (int64_t)block_table[j / block_size] * block_size + offset, stride;
-      const float *rk = tile_rows(kv->keys, kv->dtype, kv->k_scale, slot, kv->row_stride, run,
-                                  head_dim, row_buffer, &stride);
-      for (int x = 0; x < run; ++x) to_bf16(rk + x * stride, kb[i + x], head_dim);
-      const float *rv = tile_rows(kv->values, kv->dtype, kv->v_scale, slot, kv->row_stride,
-                                  run, head_dim, row_buffer, &stride);
-      for (int x = 0; x < run; ++x) {
-        int key = i + x;
-        if (key % 2 == 1) continue; /* written with its even partner */
-        const float *v0 = rv + x * stride;
-        const float *v1 = x + 1 < run ? v0 + stride : NULL; /* partner in the next run */
-        float partner[AMX_MAX_D];
-        if (v1 == NULL && key + 1 < n) {
-          int jn = j0 + key + 1;
-          int64_t slot1 = (int64_t)block_table[jn / block_size] * block_size + jn % block_size;
-          int64_t stride1;
-          const float *r1 = tile_rows(kv->values, kv->dtype, kv->v_scale, slot1,
-                                      kv->row_stride, 1, head_dim, partner, &stride1);
-          v1 = r1;
+    /* the chunk's keys as bf16 rows and its value rows' addresses, block by block (a quantized
+     * cache's values decoded into row_buffer once the keys are converted); zeros past n */
+    const float *v_rows[AMX_KEYS];
+    for (int pass = 0; pass < 2; ++pass) {
+      const void *cache = pass == 0 ? kv->keys : kv->values;
+      float cache_scale = pass == 0 ? kv->k_scale : kv->v_scale;
+      for (int i = 0; i < n;) {
+        int j = j0 + i, offset = j % block_size;
+        int run = block_size - offset < n - i ? block_size - offset : n - i;
+        int64_t slot = (int64_t)block_table[j / block_size] * block_size + offset, stride;
+        float *decoded = kv->dtype == PA_CACHE_F32 ? NULL : row_buffer + (int64_t)i * head_dim;
+        const float *r = tile_rows(cache, kv->dtype, cache_scale, slot, kv->row_stride, run,
+                                   head_dim, decoded, &stride);
+        for (int x = 0; x < run; ++x) {
+          if (pass == 0)
+            to_bf16(r + x * stride, kb[i + x], head_dim);
+          else
+            v_rows[i + x] = r + x * stride;
         }
-        for (int d = 0; d < head_dim; d += 16) {
-          __m512 hi = v1 == NULL ? zero : _mm512_loadu_ps(v1 + d);
-          _mm512_store_si512(&vb[key / 2][d], bf16_pairs(_mm512_loadu_ps(v0 + d), hi));
-        }
+        i += run;
       }
-      i += run;
     }
-    /* odd runs end a pair's first half in one block and its second in the next: written above
-     * from the next block's row; a chunk's missing rows are zero */
+    for (int pair = 0; pair < (n + 1) / 2; ++pair) {
+      const float *v0 = v_rows[2 * pair], *v1 = 2 * pair + 1 < n ? v_rows[2 * pair + 1] : NULL;
+      for (int d = 0; d < head_dim; d += 16) {
+        __m512 hi = v1 == NULL ? zero : _mm512_loadu_ps(v1 + d);
+        _mm512_store_si512(&vb[pair][d], bf16_pairs(_mm512_loadu_ps(v0 + d), hi));
+      }
+    }
     for (int key = n; key < AMX_KEYS; ++key) memset(kb[key], 0, sizeof(uint16_t) * head_dim);
     for (int pair = (n + 1) / 2; pair < AMX_KEYS / 2; ++pair)
       memset(vb[pair], 0, sizeof(uint32_t) * head_dim);
