@@ -253,7 +253,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _add_registry_option(p) -> None:
-    from llmc.registry.cli import default_root
+    from llmc.registry.cli import TRUSTED_STATE_HELP, default_root
 
     p.add_argument(
         "--registry",
@@ -265,12 +265,15 @@ def _add_registry_option(p) -> None:
         default=None,
         help="with a model id: serve only an engine signed by this Ed25519 public key (PEM)",
     )
+    p.add_argument("--trusted-state", metavar="DIR", help=TRUSTED_STATE_HELP)
 
 
 def _engine_dir(args: argparse.Namespace):
+    from llmc.registry.cli import trusted_state
     from llmc.registry.resolve import engine_dir_for
 
-    return engine_dir_for(args.engine, args.registry, args.verify_key)
+    trusted = trusted_state(args.trusted_state)
+    return engine_dir_for(args.engine, args.registry, args.verify_key, trusted)
 
 
 def _add_registry(sub) -> None:

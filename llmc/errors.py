@@ -55,11 +55,17 @@ class StepFailedError(LlmcError):
 
     Attributes:
         request_ids: the aborted requests, in step order.
+        in_runner: the runner itself raised (the model, its memory, its library), not the
+            sampling or bookkeeping of the step's requests; only such failures say that the
+            engine may be broken.
     """
 
-    def __init__(self, message: str, *, request_ids: tuple[str, ...]) -> None:
+    def __init__(
+        self, message: str, *, request_ids: tuple[str, ...], in_runner: bool = False
+    ) -> None:
         super().__init__(message)
         self.request_ids = request_ids
+        self.in_runner = in_runner
 
 
 class RegistryError(LlmcError):

@@ -171,3 +171,10 @@ def running_server() -> ServerFactory:
     api_key=None, allowed_origins=None, limits=None, shutdown_timeout_s=None)``: a context
     manager serving ``engine`` (an `LLMEngine`) on 127.0.0.1; yields a `LiveServer`."""
     return _running_server
+
+
+@pytest.fixture(autouse=True)
+def _trusted_state_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registry commands remember verified versions under ``$XDG_STATE_HOME``: each test gets
+    its own, never the real home directory's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

@@ -121,7 +121,7 @@ def test_signature_covers_every_field_but_the_recomputed_size(tmp_path, key):
     entry = reg.publish(fake_engine(tmp_path / "e"))
     signed = replace(entry, signature=sign_entry(entry, key))
     verify_entry(signed, f"{key}.pub", "toy")
-    other = {str: "other", list: ["avx2"], dict: {"x.bin": "e" * 64}, type(None): "1.0"}
+    other = {str: "other", list: ["avx2"], dict: {"x.bin": "e" * 64}, type(None): "1.0", int: 7}
     for f in fields(IndexEntry):
         if f.name in ("signature", "size_bytes"):
             continue
@@ -129,7 +129,7 @@ def test_signature_covers_every_field_but_the_recomputed_size(tmp_path, key):
         changed = other[type(value)]
         if f.name.endswith(("digest", "hash")):
             changed = "f" * 64
-        elif f.name == "created_at":
+        elif f.name in ("created_at", "expires"):
             changed = "2030-01-01T00:00:00+00:00"
         elif f.name == "draft_files":
             changed = {"draft/manifest.json": "e" * 64}

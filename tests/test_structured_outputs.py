@@ -12,7 +12,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from llmc.runtime.grammar import GrammarCompiler, apply_bitmask, apply_token_masks
+from llmc.runtime.grammar import apply_bitmask, apply_token_masks
+from llmc.runtime.grammar_compiler import GrammarCompiler
 from llmc.runtime.llm import LLM
 from llmc.runtime.request_check import InvalidRequestError
 from llmc.runtime.sampling_params import SamplingParams

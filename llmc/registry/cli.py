@@ -6,13 +6,26 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from llmc.registry.local import DEFAULT_GC_GRACE_S, DEFAULT_ROOT
+from llmc.registry.trusted_state import TrustedState, default_state_dir
+
+TRUSTED_STATE_HELP = (
+    "with --verify-key: where this host remembers the newest signed version of each model it "
+    "verified, to refuse a registry rolled back to an older engine (default: "
+    "$XDG_STATE_HOME/llmc/trusted or ~/.local/state/llmc/trusted)"
+)
 
 
 def default_root() -> str:
     """The local registry root: ``$LLMC_REGISTRY``, else ``engines``."""
     return os.environ.get("LLMC_REGISTRY") or DEFAULT_ROOT
+
+
+def trusted_state(directory: str | None) -> TrustedState:
+    """The trusted state in ``directory`` (``--trusted-state``), else in this host's default."""
+    return TrustedState(Path(directory) if directory else default_state_dir())
 
 
 def add_parser(sub) -> None:
@@ -36,17 +49,26 @@ def add_parser(sub) -> None:
     res.add_argument("model")
     _add_selection(res)
     res.add_argument("--verify-key", help="Ed25519 public key (PEM) the engine must be signed by")
+    res.add_argument("--trusted-state", metavar="DIR", help=TRUSTED_STATE_HELP)
     push = cmds.add_parser(
         "push", parents=[common], help="publish an engine directory, and/or upload to --remote"
     )
     push.add_argument("source", help="engine directory, or an engine of the local registry")
     _add_remote(push, required=False)
     push.add_argument("--sign-key", help="Ed25519 private key (PEM) to sign the manifest with")
+    push.add_argument(
+        "--expires-in",
+        type=float,
+        metavar="DAYS",
+        help="with --sign-key: hosts verifying the signature refuse the engine after DAYS days, "
+        "so a registry frozen at an old state cannot serve it forever; re-sign before then",
+    )
     pull = cmds.add_parser("pull", parents=[common], help="download MODEL's engine for this host")
     pull.add_argument("model")
     _add_remote(pull, required=True)
     _add_selection(pull)
     pull.add_argument("--verify-key", help="Ed25519 public key (PEM) the engine must be signed by")
+    pull.add_argument("--trusted-state", metavar="DIR", help=TRUSTED_STATE_HELP)
     rm = cmds.add_parser("rm", parents=[common], help="remove engines from the index (see gc)")
     rm.add_argument("ref")
     verify = cmds.add_parser(
@@ -83,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the parsed ``llmc registry`` command; returns the exit code."""
     from llmc.registry.local import LocalRegistry
     from llmc.registry.resolve import Selection, describe
+    from llmc.registry.rollback import describe_release
 
     command = args.registry_command
     if command == "keygen":
@@ -104,26 +127,36 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if command in ("resolve", "pull"):
         selection = Selection(args.target, args.quant, args.dtype)
+        trusted = trusted_state(args.trusted_state)
         if command == "resolve":
             from llmc.registry.resolve import resolve_local
 
-            entry = resolve_local(local, args.model, selection, args.verify_key)
+            entry = resolve_local(local, args.model, selection, args.verify_key, trusted)
         else:
             from llmc.registry.transfer import pull
 
             entry = pull(
-                local, args.model, args.remote, args.endpoint_url, selection, args.verify_key
+                local,
+                args.model,
+                args.remote,
+                args.endpoint_url,
+                selection,
+                args.verify_key,
+                trusted,
             )
         print(describe(entry))
+        print(f"release: {describe_release(entry)}")
         print(f"engine: {local.checkout(entry)}")
         return 0
     if command == "push":
         from llmc.registry.transfer import push
 
-        entry = push(local, args.source, args.remote, args.endpoint_url, args.sign_key)
+        entry = push(
+            local, args.source, args.remote, args.endpoint_url, args.sign_key, args.expires_in
+        )
         where = args.remote or str(local.root)
         signed = " (signed)" if entry.signature else ""
-        print(f"pushed {describe(entry)} to {where}{signed}")
+        print(f"pushed {describe(entry)} to {where}{signed}: {describe_release(entry)}")
         return 0
     if command == "rm":
         for entry in local.remove(args.ref):
@@ -154,11 +187,14 @@ def _print_entries(entries, as_json: bool) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("model", "id", "target", "isa", "dtype", "quant", "backend", "MB", "signed")
+    table = Table(
+        "model", "id", "version", "target", "isa", "dtype", "quant", "backend", "MB", "signed"
+    )
     for e in entries:
         table.add_row(
             e.model_id,
             e.short_id,
+            str(e.version or "-"),
             e.target,
             "+".join(e.isa) or "-",
             e.dtype,

@@ -5,7 +5,8 @@ S3 ``entries/`` object), and their fields reach file paths, sorting and filters.
 is validated when an entry is constructed, before any use: names are 1-128 characters of
 ``[A-Za-z0-9._-]`` and not ``.`` or ``..``, digests are sha256 hex, file paths are relative
 POSIX paths of such names. A signature covers every field but ``size_bytes`` (recomputed from
-the stored blobs) in one canonical serialization (``signed_payload``).
+the stored blobs) in one canonical serialization (``signed_payload``): the fields copied from the
+manifest, and the two the registry gives a release (``version``, ``expires``; see rollback.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ _NAMES += ("execution_provider",)
 _VERSIONS = ("llmc_version", "backend_version", "execution_provider_version")
 _DIGESTS = ("checkpoint_digest", "build_config_hash", "manifest_digest")
 _UNSIGNED = ("signature", "size_bytes")
+#: Fields a registry gives a release, not copied from the manifest; signed when present.
+_RELEASE = ("version", "expires")
+#: Versions stay exact in every JSON reader (IEEE doubles hold integers up to 2**53).
+MAX_VERSION = 2**53 - 1
 #: Where a draft engine's files sit in an engine directory and in ``draft_files``.
 DRAFT_PREFIX = f"{DRAFT_DIR}/"
 DRAFT_MANIFEST = f"{DRAFT_DIR}/{MANIFEST_NAME}"
@@ -48,7 +53,10 @@ class IndexEntry:
     exactly as the manifest lists them. ``draft_files`` does the same for the draft engine built
     beside it (``llmc build --draft``), under ``draft/``, its ``draft/manifest.json`` included
     (the manifest records that one's digest, ``check_entry_agrees`` checks the link, the loader
-    checks the draft's files against it). ``signature`` is an Ed25519 signature (base64) of
+    checks the draft's files against it). ``version`` is the release's number among its
+    model's releases in the registry (1, 2, ...; None: released before registries numbered
+    them), ``expires`` the time after which a verifying host refuses it (ISO 8601 with its UTC
+    offset; None: never); see rollback.py. ``signature`` is an Ed25519 signature (base64) of
     ``signed_payload()``, or None for an unsigned engine. ``size_bytes`` is the bytes of every
     blob.
 
@@ -76,6 +84,8 @@ class IndexEntry:
     draft_files: dict[str, str] = field(default_factory=dict)
     size_bytes: int = 0
     created_at: str
+    version: int | None = None
+    expires: str | None = None
     signature: str | None = None
 
     def __post_init__(self) -> None:
@@ -99,7 +109,13 @@ class IndexEntry:
             _refuse("draft_files", list(self.draft_files), f"paths under {DRAFT_PREFIX}")
         if type(self.size_bytes) is not int or self.size_bytes < 0:
             _refuse("size_bytes", self.size_bytes, "a byte count (an integer >= 0)")
-        _check_created_at(self.created_at)
+        _check_time("created_at", self.created_at)
+        if self.version is not None and (
+            type(self.version) is not int or not 1 <= self.version <= MAX_VERSION
+        ):
+            _refuse("version", self.version, f"a release number from 1 to {MAX_VERSION}")
+        if self.expires is not None:
+            _check_time("expires", self.expires)
         if self.signature is not None:
             _check("signature", self.signature, _BASE64)
 
@@ -154,13 +170,19 @@ class IndexEntry:
 
     def signed_payload(self) -> bytes:
         """The bytes a signature covers: ``SIGNATURE_SCHEME`` then every field but
-        ``signature`` and ``size_bytes`` (and ``draft_files`` when empty) as JSON with sorted
-        keys, no whitespace, ASCII only. Every one of them is copied from the manifest, is its
-        digest, or is the draft's (its digests), so the same bytes come from the engine directory
-        alone (``entry_from_manifest``)."""
+        ``signature`` and ``size_bytes`` (and ``draft_files`` when empty, ``version`` and
+        ``expires`` when None) as JSON with sorted keys, no whitespace, ASCII only. Every one of
+        them is copied from the manifest, is its digest, is the draft's (its digests), or is the
+        release's version and expiry, so the same bytes come from the engine directory and those
+        two alone."""
         data = {k: v for k, v in self.to_dict().items() if k not in _UNSIGNED}
-        if not data["draft_files"]:  # so entries without a draft sign as they always did
+        # Absent fields are left out so entries without a draft or a version (signed before
+        # either existed) sign as they always did.
+        if not data["draft_files"]:
             del data["draft_files"]
+        for name in _RELEASE:
+            if data[name] is None:
+                del data[name]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return SIGNATURE_SCHEME + text.encode("ascii")
 
@@ -229,7 +251,7 @@ def check_entry_agrees(entry: IndexEntry, manifest_raw: bytes, what: str) -> Non
 
     manifest = parse_manifest(manifest_raw, what)
     for name in (f.name for f in fields(IndexEntry)):
-        if name in ("manifest_digest", "draft_files", *_UNSIGNED):
+        if name in ("manifest_digest", "draft_files", *_RELEASE, *_UNSIGNED):
             continue  # not manifest fields; the draft's link is checked below
         ours, theirs = getattr(entry, name), getattr(manifest, name)
         if ours != theirs:
@@ -276,7 +298,7 @@ def _is_name(part: object) -> bool:
     return isinstance(part, str) and bool(_NAME.fullmatch(part)) and part not in (".", "..")
 
 
-def _check_created_at(value: object) -> None:
+def _check_time(name: str, value: object) -> None:
     try:
         parsed = (
             datetime.fromisoformat(value) if isinstance(value, str) and len(value) < 40 else None
@@ -284,7 +306,7 @@ def _check_created_at(value: object) -> None:
     except ValueError:
         parsed = None
     if parsed is None or parsed.tzinfo is None:
-        _refuse("created_at", value, "an ISO 8601 time with its UTC offset")
+        _refuse(name, value, "an ISO 8601 time with its UTC offset")
 
 
 def _refuse(name: str, value: object, expected: str) -> None:

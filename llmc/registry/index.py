@@ -3,7 +3,11 @@
 One JSON file, ``<root>/index.json``, holds every entry. Readers read it without a lock (it is
 only ever replaced whole, atomically). Writers read-modify-write it under an exclusive file lock
 (``<root>/index.lock``, the ``filelock`` package: fcntl.flock on POSIX), so two builds publishing
-at once both land and neither is lost.
+at once both land and neither is lost. Beside the entries it keeps the highest release version
+it ever gave each model (``versions``), raised on every write and never lowered, so a version
+removed with its entry is never given again (see rollback.py)::
+
+    {"format": 1, "entries": [...], "versions": {"gemma-3-270m": 5}}
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmc.errors import RegistryError
-from llmc.registry.entry import IndexEntry, entry_from_manifest
+from llmc.registry.entry import MAX_VERSION, IndexEntry, entry_from_manifest
 from llmc.registry.integrity import write_stream_atomic
 from llmc.registry.paths import confined
+from llmc.registry.rollback import highest_versions
 
 __all__ = ["INDEX_FORMAT", "Index", "IndexEntry", "entry_from_manifest"]
 
@@ -43,10 +48,22 @@ class Index:
             RegistryError: the index is not valid JSON of this format, or an entry is invalid
                 (see ``IndexEntry``): nothing is read from an index holding a crafted entry.
         """
+        return self._read()[0]
+
+    def versions(self) -> dict[str, int]:
+        """Model id -> the highest release version this registry gave it: the highest of its
+        entries' and of the removed entries' (kept in the index).
+
+        Raises:
+            RegistryError: as ``entries``, or a version is not a release number.
+        """
+        return self._read()[1]
+
+    def _read(self) -> tuple[list[IndexEntry], dict[str, int]]:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return []
+            return [], {}
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
@@ -63,9 +80,21 @@ class Index:
         if not isinstance(listed, list):
             raise RegistryError(f"{self.path}: 'entries' is not a list; restore the index")
         try:
-            return [IndexEntry.from_dict(e, f"{self.path} entry {i}") for i, e in enumerate(listed)]
+            entries = [
+                IndexEntry.from_dict(e, f"{self.path} entry {i}") for i, e in enumerate(listed)
+            ]
         except RegistryError as error:
             raise RegistryError(f"{error}; delete that entry from {self.path} first") from error
+        versions = data.get("versions", {})
+        if not isinstance(versions, dict) or any(
+            type(v) is not int or not 1 <= v <= MAX_VERSION for v in versions.values()
+        ):
+            raise RegistryError(
+                f"{self.path}: 'versions' is not a map of model ids to release numbers; restore "
+                "the index, or delete that key (each model's versions then continue from its "
+                "entries' highest)"
+            )
+        return entries, highest_versions(entries, versions)
 
     def update(self, change: Callable[[list[IndexEntry]], list[IndexEntry]]) -> list[IndexEntry]:
         """Replace the entries with ``change(entries)`` under the index lock; returns the result.
@@ -77,8 +106,9 @@ class Index:
 
         try:
             with self.lock():
-                entries = change(self.entries())
-                self._write(entries)
+                entries, versions = self._read()
+                entries = change(entries)
+                self._write(entries, versions)
         except Timeout as error:
             raise RegistryError(
                 f"{self.root / LOCK_NAME} stayed locked for {LOCK_TIMEOUT_S:g} s; another llmc "
@@ -86,8 +116,12 @@ class Index:
             ) from error
         return entries
 
-    def _write(self, entries: list[IndexEntry]) -> None:
-        data = {"format": INDEX_FORMAT, "entries": [e.to_dict() for e in entries]}
+    def _write(self, entries: list[IndexEntry], versions: dict[str, int]) -> None:
+        data = {
+            "format": INDEX_FORMAT,
+            "entries": [e.to_dict() for e in entries],
+            "versions": highest_versions(entries, versions),
+        }
         text = (json.dumps(data, indent=1) + "\n").encode()
         write_stream_atomic([text], self.path, mode=0o644)
 

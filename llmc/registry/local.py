@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
@@ -74,6 +75,12 @@ class LocalRegistry:
     def index(self) -> Index:
         return Index(self.root)
 
+    @property
+    def identity(self) -> str:
+        """What names this registry in a host's trusted state (trusted_state.py): the root's
+        real path."""
+        return str(self.root.resolve())
+
     def entries(self) -> list[IndexEntry]:
         return self.index.entries()
 
@@ -94,18 +101,27 @@ class LocalRegistry:
             raise RegistryError(f"{ref!r} names {len(found)} engines ({ids}); give one id")
         return found[0]
 
-    def publish(self, engine_dir: str | Path, signature: str | None = None) -> IndexEntry:
-        """Store a built engine directory's files and manifest as blobs and index it.
+    def publish(self, engine_dir: str | Path) -> IndexEntry:
+        """Store a built engine directory (``store``) and index it, unsigned, as its model's
+        next release (``release``); an entry with the same key (``IndexEntry.key``) is replaced.
+
+        Raises:
+            see ``store``.
+        """
+        return self.release(self.store(engine_dir))
+
+    def store(self, engine_dir: str | Path) -> IndexEntry:
+        """Store a built engine directory's files and manifest as blobs; returns its entry, not
+        yet indexed (``release`` or ``add`` index it; ``gc`` removes blobs no entry names).
 
         Only the files the manifest lists are stored, each checked against its digest while it
         is copied, and the draft engine's (``llmc build --draft``), checked against the digest
-        the manifest records for the draft's manifest and against that manifest. An entry with
-        the same key (see ``IndexEntry.key``) is replaced.
+        the manifest records for the draft's manifest and against that manifest.
 
         Raises:
             EngineNotFoundError, EngineCorruptError, EngineMismatchError: no valid manifest.
             RegistryError: a manifest field is not valid in an entry; nothing is written.
-            BlobCorruptError: a file differs from its manifest digest (nothing is indexed).
+            BlobCorruptError: a file differs from its manifest digest.
         """
 
         engine_dir = Path(engine_dir)
@@ -114,19 +130,57 @@ class LocalRegistry:
         manifest = parse_manifest(raw, str(engine_dir / MANIFEST_NAME))
         digest = hashlib.sha256(raw).hexdigest()
         draft = draft_files(engine_dir, manifest)
-        entry = entry_from_manifest(manifest, digest, 0, signature, draft)  # validates first
+        entry = entry_from_manifest(manifest, digest, 0, None, draft)  # validates first
         for relative, file_digest in {**entry.files, **entry.draft_files}.items():
             self.blobs.put_file(engine_dir / relative, file_digest)
         self._put_manifest(raw)
-        return self.add(entry)
+        return entry
 
     def add(self, entry: IndexEntry) -> IndexEntry:
-        """Index ``entry`` (its blobs must be stored), replacing any entry of the same key;
-        returns it with ``size_bytes`` recomputed from the stored blobs (never trusted).
+        """Index ``entry`` as it is (its version and signature kept; its blobs must be stored),
+        replacing any entry of the same key; returns it with ``size_bytes`` recomputed from the
+        stored blobs (never trusted).
 
         Raises:
             RegistryError: a blob of the entry is not stored.
         """
+        entry = self._sized(entry)
+        self.index.update(lambda es: [e for e in es if e.key != entry.key] + [entry])
+        return entry
+
+    def release(
+        self,
+        entry: IndexEntry,
+        sign: Callable[[IndexEntry], str] | None = None,
+        expires: str | None = None,
+        above: int | None = None,
+    ) -> IndexEntry:
+        """Index ``entry`` (its blobs must be stored) as its model's next release: ``version``
+        one more than the highest this registry ever gave the model and than ``above`` (the
+        highest of a remote it goes to), ``expires`` (ISO 8601 or None), signed by
+        ``sign(entry)`` (base64 signature) when given, else unsigned. Numbered and signed under
+        the index lock, so two releases here never share a version. Replaces an entry of the
+        same key; see rollback.py.
+
+        Raises:
+            RegistryError: a blob of the entry is not stored, or ``expires`` is not a time.
+            SignatureError: ``sign`` cannot sign (the key is unreadable); nothing is indexed.
+        """
+        entry = self._sized(entry)
+        released: list[IndexEntry] = []
+
+        def change(entries: list[IndexEntry]) -> list[IndexEntry]:
+            given = max(self.index.versions().get(entry.model_id, 0), above or 0)
+            new = replace(entry, version=given + 1, expires=expires, signature=None)
+            if sign is not None:
+                new = replace(new, signature=sign(new))
+            released.append(new)
+            return [e for e in entries if e.key != new.key] + [new]
+
+        self.index.update(change)
+        return released[0]
+
+    def _sized(self, entry: IndexEntry) -> IndexEntry:
         missing = [d for d in entry.blobs if not self.blobs.has(d)]
         if missing:
             raise RegistryError(f"cannot index {entry.model_id}: blobs {missing} are not stored")
@@ -134,9 +188,7 @@ class LocalRegistry:
             self.blobs.path(d).stat().st_size
             for d in [entry.manifest_digest, *entry.files.values(), *entry.draft_files.values()]
         )
-        entry = replace(entry, size_bytes=size)
-        self.index.update(lambda es: [e for e in es if e.key != entry.key] + [entry])
-        return entry
+        return replace(entry, size_bytes=size)
 
     def manifest_bytes(self, entry: IndexEntry) -> bytes:
         """The entry's ``manifest.json``, checked against its digest and against the entry

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -63,6 +64,10 @@ class S3Registry:
         self.url = url.rstrip("/")
         self.location = S3Location.parse(url)
         self._client = boto3.client("s3", endpoint_url=endpoint_url)
+        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+        #: What names this registry in a host's trusted state (trusted_state.py): one bucket
+        #: name on two servers is two registries.
+        self.identity = f"{self.url} at {endpoint}" if endpoint else self.url
 
     def entries(self) -> list[IndexEntry]:
         """Every engine pushed completely (its entry object exists), oldest first.

@@ -10,7 +10,8 @@ import numpy as np
 
 from llmc.errors import StepFailedError
 from llmc.runtime.engine_loader import load_engine
-from llmc.runtime.grammar import GrammarCompiler
+from llmc.runtime.grammar import GrammarState
+from llmc.runtime.grammar_compiler import GrammarCompiler
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
@@ -230,14 +231,19 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         prompt: str | None = None,
+        grammar: Any = None,
     ) -> None:
         """Queue a request; it starts at the next `step` that has room for it.
+
+        ``grammar``: the compiled start state of ``params.structured_outputs``
+        (``self.grammars.compile``, e.g. on another thread, as the server does); None compiles
+        it here.
 
         Raises:
             InvalidRequestError: (a ValueError) bad sampling parameters, an empty prompt, a
                 prompt or stop token id outside the vocabulary (`check_request`), or a
-                structured-output constraint that does not compile (``grammar.py``); its
-                ``field`` names which.
+                structured-output constraint that does not compile or fails its probe
+                (``grammar_compiler.py``); its ``field`` names which.
             ContextLengthError: (a ValueError) if the prompt plus ``max_tokens`` is longer than
                 ``max_model_len``; it carries ``limit`` and ``num_tokens``.
             ValueError: for the id of an unfinished request.
@@ -245,7 +251,8 @@ class LLMEngine:
         check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
         if params.structured_outputs is not None:
-            seq.grammar = self.grammars.state(params.structured_outputs)
+            start = grammar or self.grammars.compile(params.structured_outputs)
+            seq.grammar = GrammarState(start)
         self.scheduler.add_request(seq)
         self.outputs.add_request(seq)
 
@@ -271,9 +278,10 @@ class LLMEngine:
 
         Raises:
             StepFailedError: the runner, the sampler or recording the results raised (the
-                ``__cause__``). The step's requests are aborted (``Scheduler.fail_step``: their
-                blocks are freed, those the step was to fill leave the prefix cache); the others
-                keep their state, and the engine can keep stepping. If planning the step raised,
+                ``__cause__``; ``in_runner`` says whether the runner itself did). The step's
+                requests are aborted (``Scheduler.fail_step``: their blocks are freed, those
+                the step was to fill leave the prefix cache); the others keep their state, and
+                the engine can keep stepping. If planning the step raised,
                 which requests it touched is unknown: every unfinished request is aborted.
         """
         try:
@@ -290,6 +298,9 @@ class LLMEngine:
                 self.speculator.after_schedule(scheduler_output)
             token_ids = self._execute(scheduler_output)
             return self._update(scheduler_output, token_ids)
+        except _RunnerFailed as failed:
+            exc = failed.__cause__
+            raise self._failed(exc, self.scheduler.fail_step(scheduler_output), True) from exc
         except Exception as exc:
             raise self._failed(exc, self.scheduler.fail_step(scheduler_output)) from exc
 
@@ -307,13 +318,16 @@ class LLMEngine:
             touched[seq.request_id] = None
         return self.outputs.make_outputs(touched)
 
-    def _failed(self, exc: Exception, request_ids: tuple[str, ...]) -> StepFailedError:
+    def _failed(
+        self, exc: BaseException, request_ids: tuple[str, ...], in_runner: bool = False
+    ) -> StepFailedError:
         """Drop the output state of the failed step's (already aborted) requests; the error."""
         for request_id in request_ids:
             self.outputs.abort_request(request_id)
         return StepFailedError(
             f"the model step failed ({exc!r}); its requests {list(request_ids)} were aborted",
             request_ids=request_ids,
+            in_runner=in_runner,
         )
 
     def _abort_all_unwritten(self) -> tuple[str, ...]:
@@ -335,7 +349,10 @@ class LLMEngine:
         order, its sampled token, or for a sequence with drafts the tokens their verification
         accepted (``spec_decode.verify_greedy``). Changes no scheduler state."""
         step_inputs = build_step_inputs(scheduler_output, self.config.block_size)
-        logits = self.runner.execute(step_inputs)  # logits: [R, V], R = sum of num_logits_rows
+        try:
+            logits = self.runner.execute(step_inputs)  # logits: [R, V], R = sum of rows
+        except Exception as exc:
+            raise _RunnerFailed() from exc
         sampling = scheduler_output.sampling
         results: list[int | list[int]] = [0] * len(sampling)
         sample_rows, sample_at = [], []  # logits row, index in `sampling`
@@ -376,6 +393,11 @@ class LLMEngine:
             return verify_greedy(rows, seq.draft_token_ids)
         probs = Sampler.probabilities(rows.copy(), [seq.params] * len(rows))
         return verify_sampled(probs, seq.draft_token_ids, seq.generator or self.sampler.generator)
+
+
+class _RunnerFailed(Exception):
+    """The runner raised (its error is the ``__cause__``): the failure of the engine, not of
+    a request, which is what a dead-man count may count."""
 
 
 def _or(value: int | None, default: int) -> int:

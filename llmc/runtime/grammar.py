@@ -15,28 +15,31 @@ llguidance was chosen over xgrammar by measurement (``benchmarks/bench_grammar.p
 milliseconds, but xgrammar took 1.0 s (1.9 s on a busy host) to compile a nested schema with a
 bounded string where llguidance took 8 ms, and a request waits for its compile.
 
-Compiled grammars are cached by constraint (`StructuredOutputsParams.key`, least recently used
-out); a request gets a copy of the cached matcher in its start state. The tokenizer tables
-llguidance needs are built on the first constrained request (seconds, once per engine).
+Compiling, checking and caching constraints is ``grammar_compiler.py``'s; a request gets a copy
+of the cached matcher in its start state (`GrammarState`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from llmc.runtime.request_check import InvalidRequestError
-from llmc.runtime.structured_outputs import FIELD, StructuredOutputsParams
-
-#: Compiled grammars kept per engine (a matcher in its start state each).
-CACHE_SIZE = 256
+from llmc.runtime.structured_outputs import FIELD
 
 
 class GrammarError(RuntimeError):
-    """A sequence's grammar refused the token appended to it (the mask was not applied)."""
+    """A sequence's constraint failed while it generated (llguidance hit a limit on a path its
+    compile-time probe did not take): the request ends with it, the engine goes on.
+
+    Attributes:
+        field: the `SamplingParams` field whose constraint failed (``structured_outputs``).
+    """
+
+    def __init__(self, message: str, field: str = FIELD) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _Params(Protocol):
@@ -53,134 +56,61 @@ class Constrained(Protocol):
 
 class GrammarState:
     """One sequence's position in its grammar: a copy of ``start`` (an llguidance ``LLMatcher``
-    in its start state, as `GrammarCompiler` caches it) that its tokens advance."""
+    in its start state, as ``GrammarCompiler`` caches it) that its tokens advance.
+
+    llguidance never raises for a grammar's own failure (a resource limit, a refused token):
+    the matcher enters an error state and stays there. A state in error masks nothing and
+    accepts nothing; `error` says why, and the stop checker ends the sequence with it, alone.
+    """
 
     def __init__(self, start: Any) -> None:
         self._start = start  # the compiled grammar's start state, shared and never advanced
         self._matcher = start.deep_copy()
+        self._error: str | None = None
 
-    def fill_bitmask(self, row: np.ndarray) -> None:
-        """Write the allowed next tokens into ``row``: [ceil(V / 32)] int32, C-contiguous."""
-        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+    def fill_bitmask(self, row: np.ndarray) -> bool:
+        """Write the allowed next tokens into ``row``: [ceil(V / 32)] int32, C-contiguous.
+        False (``row`` is not a mask) once the grammar is in error."""
+        if self.error is None:
+            self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        return self.error is None
 
     def allows(self, token_id: int) -> bool:
         """``token_id`` may come next (its bit in the mask would be set), without computing
         the mask."""
-        return self._matcher.validate_tokens([int(token_id)]) == 1
+        return self.error is None and self._matcher.validate_tokens([int(token_id)]) == 1
 
     def accept(self, token_id: int) -> None:
-        """Advance past ``token_id``.
+        """Advance past ``token_id``; when the grammar refuses it (or was in error), `error`
+        says why and the state advances no more."""
+        if self.error is None and not self._matcher.consume_token(int(token_id)):
+            self._error = f"token {token_id} refused: {library_message(self._matcher.get_error())}"
 
-        Raises:
-            GrammarError: the grammar does not allow it here (its mask was not applied).
-        """
-        if not self._matcher.consume_token(int(token_id)):
-            raise GrammarError(f"token {token_id} refused: {self._matcher.get_error()}")
+    @property
+    def error(self) -> str | None:
+        """Why this sequence's grammar failed (llguidance's reason, without its state dump),
+        or None."""
+        if self._error is None and self._matcher.is_error():
+            self._error = library_message(self._matcher.get_error())
+        return self._error
 
     @property
     def is_stopped(self) -> bool:
         """Nothing but an end-of-sequence token can follow: the output is complete."""
-        return self._matcher.is_stopped()
+        return self.error is None and self._matcher.is_stopped()
 
     def fresh(self) -> GrammarState:
         """The same grammar in its start state (a forked completion's)."""
         return GrammarState(self._start)
 
 
-class GrammarCompiler:
-    """Compiles constraints for one engine's tokenizer and vocabulary.
-
-    Args:
-        tokenizer: the engine's Hugging Face (fast) tokenizer.
-        vocab_size: the model's logits width V (masks cover V tokens).
-        eos_token_ids: the model's end-of-sequence ids: allowed once a grammar is complete.
-        cache_size: compiled grammars kept.
-    """
-
-    def __init__(
-        self,
-        tokenizer: Any,
-        vocab_size: int,
-        eos_token_ids: Iterable[int],
-        cache_size: int = CACHE_SIZE,
-    ) -> None:
-        self._tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self._eos = sorted(eos_token_ids)
-        self._lltokenizer = None
-        self._cache: OrderedDict[str, Any] = OrderedDict()
-        self._cache_size = cache_size
-
-    def state(self, params: StructuredOutputsParams) -> GrammarState:
-        """A new sequence's grammar state for ``params``.
-
-        ``params`` is checked by ``SamplingParams.validate`` (``LLMEngine.add_request`` runs it
-        first).
-
-        Raises:
-            InvalidRequestError: (field ``structured_outputs``) none or several constraints
-                set, or llguidance cannot compile it (a bad schema, regex or grammar, an
-                unsupported schema keyword, or a grammar past llguidance's size limits); the
-                message names the reason.
-        """
-        key = params.key()
-        start = self._cache.get(key)
-        if start is None:
-            start = self._compile(params)
-            self._cache[key] = start
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
-        return GrammarState(start)
-
-    def _compile(self, params: StructuredOutputsParams) -> Any:
-        import llguidance
-
-        grammar = _grammar_text(params)
-        tokenizer = self._llguidance_tokenizer()
-        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
-        if error:
-            raise InvalidRequestError(f"{FIELD}.{params.kind()} cannot be compiled: {error}", FIELD)
-        matcher = llguidance.LLMatcher(tokenizer, grammar)
-        if matcher.is_error():
-            raise InvalidRequestError(
-                f"{FIELD}.{params.kind()} cannot be compiled: {matcher.get_error()}", FIELD
-            )
-        return matcher
-
-    def _llguidance_tokenizer(self) -> Any:
-        if self._lltokenizer is None:
-            import llguidance.hf
-
-            self._lltokenizer = llguidance.hf.from_tokenizer(
-                self._tokenizer, n_vocab=self.vocab_size, eos_token=self._eos
-            )
-        return self._lltokenizer
-
-
-def _grammar_text(params: StructuredOutputsParams) -> str:
-    """The llguidance grammar of ``params`` (validated: exactly one constraint set)."""
-    import json
-
-    import llguidance
-
-    kind = params.kind()
-    try:
-        if kind in ("json", "json_object"):
-            schema = {"type": "object"} if kind == "json_object" else params.json
-            # JSON as json.dumps writes it (", " and ": "), not any run of whitespace: a
-            # model may otherwise spend its tokens on blanks inside a valid value
-            return llguidance.LLMatcher.grammar_from_json_schema(
-                schema, defaults={"whitespace_flexible": False}
-            )
-        if kind == "choice":
-            return llguidance.grammar_from("choice", json.dumps(list(params.choice)))
-        if kind == "regex":
-            return llguidance.grammar_from("regex", params.regex)
-        return llguidance.grammar_from("grammar", params.grammar)
-    except (ValueError, RuntimeError) as exc:
-        raise InvalidRequestError(f"{FIELD}.{kind} cannot be compiled: {exc}", FIELD) from exc
+def library_message(text: str, limit: int = 300) -> str:
+    """llguidance's error text as a client may read it: its first line (the rest is the
+    parser's state), at most ``limit`` characters; a Rust panic is named, not quoted."""
+    if "panicked" in text:
+        return "the grammar library failed on this constraint (an internal error)"
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "unknown error")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def apply_token_masks(logits: np.ndarray, seqs: Sequence[Constrained]) -> None:
@@ -208,8 +138,8 @@ def apply_token_masks(logits: np.ndarray, seqs: Sequence[Constrained]) -> None:
             continue
         if words is None:
             words = np.empty((logits.shape[1] + 31) // 32, np.int32)
-        grammar.fill_bitmask(words)
-        apply_bitmask(logits[i], words)
+        if grammar.fill_bitmask(words):  # else the grammar failed: the row's request ends
+            apply_bitmask(logits[i], words)
 
 
 def apply_bitmask(row: np.ndarray, words: np.ndarray) -> None:

@@ -151,6 +151,7 @@ class OutputProcessor:
             logprobs=None if c.logprobs is None else list(c.logprobs),
             cumulative_logprob=c.cumulative_logprob,
             stop_reason=c.seq.stop_reason,
+            error=c.seq.grammar.error if c.seq.grammar is not None else None,
         )
 
     def _completion(self, state: _RequestState, seq: Sequence) -> _Completion:

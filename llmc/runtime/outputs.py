@@ -36,12 +36,15 @@ class CompletionOutput:
             characters are held back when stop strings are set.
         token_ids: the generated token ids so far (including the EOS or stop token, if any).
         finish_reason: "stop" (EOS, stop token or stop string), "length" (max_tokens or the
-            model's length limit), "abort", or None while running.
+            model's length limit), "abort", "error" (its structured-output constraint failed
+            while it generated: ``error`` says why; ``text`` is not valid output), or None
+            while running.
         logprobs: one dict per generated token (the sampled token plus the top
             ``params.logprobs``) when logprobs were asked for, else None.
         cumulative_logprob: sum of the sampled tokens' logprobs when logprobs were asked for,
             else None.
         stop_reason: the stop string or stop token id that ended the completion, else None.
+        error: why the completion ended with finish_reason "error", else None.
     """
 
     index: int
@@ -51,6 +54,7 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None
     stop_reason: str | int | None = None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

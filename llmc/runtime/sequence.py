@@ -28,6 +28,7 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()  # EOS, a stop token id or a stop string
     FINISHED_LENGTH_CAPPED = enum.auto()  # max_tokens or max_model_len reached
     FINISHED_ABORTED = enum.auto()  # cancelled by the caller
+    FINISHED_ERROR = enum.auto()  # its own constraint failed (``GrammarState.error``)
 
     @property
     def is_finished(self) -> bool:
@@ -39,6 +40,7 @@ _FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
     SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
     SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_ERROR: "error",  # vLLM v1's FinishReason.ERROR
 }
 
 
@@ -160,11 +162,9 @@ class Sequence:
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     def append_token(self, token_id: int) -> None:
-        """Append one sampled token, stamp the first-token time and advance the grammar.
-
-        Raises:
-            GrammarError: the grammar refuses the token (nothing is appended).
-        """
+        """Append one sampled token, stamp the first-token time and advance the grammar (a
+        grammar that refuses the token records why, ``grammar.error``; the stop checker then
+        ends the sequence)."""
         if self.grammar is not None:
             self.grammar.accept(token_id)
         if self.first_token_time is None:

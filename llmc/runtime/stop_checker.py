@@ -9,8 +9,10 @@ strings in the detokenizer):
    ``Scheduler.update_from_output`` as soon as the sampled token is appended: a stop token
    (`stop_token_ids`: the request's ``stop_token_ids``, and the model's EOS ids unless
    ``ignore_eos``), once ``min_tokens`` are out, ends it as FINISHED_STOPPED; ``max_tokens``
-   or ``max_model_len`` ends it as FINISHED_LENGTH_CAPPED. Deciding there frees the sequence's
-   blocks before the next step is planned and never schedules a token past a limit. The
+   or ``max_model_len`` ends it as FINISHED_LENGTH_CAPPED; a constraint that failed on the
+   token (``GrammarState.error``) ends it as FINISHED_ERROR, whatever else holds. Deciding
+   there frees the sequence's blocks before the next step is planned and never schedules a
+   token past a limit. The
    sampler masks the same stop tokens while ``min_tokens`` are not out (`below_min_tokens`,
    ``penalties.apply_min_tokens``).
 2. Stop strings, on the text, which exists only after the scheduler's update: each completion's
@@ -57,6 +59,8 @@ class StopChecker:
         A stop token id of ``stop_token_ids`` becomes ``seq.stop_reason``; an EOS id does not
         (as in vLLM)."""
         params = seq.params
+        if seq.grammar is not None and seq.grammar.error is not None:
+            return SequenceStatus.FINISHED_ERROR  # the request's own constraint failed
         if below_min_tokens(seq):
             return None
         last = seq.output_token_ids[-1]

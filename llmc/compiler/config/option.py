@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import field, fields
 from typing import Any
 
+from llmc.config_file import short_repr
 from llmc.errors import BuildConfigError
 
 
@@ -32,7 +33,7 @@ def check_choices(group: Any) -> None:
         value = getattr(group, f.name)
         if choices and value is not None and value not in choices:
             raise BuildConfigError(
-                f"{flag(f.name)} {value!r} is not one of {', '.join(map(str, choices))}"
+                f"{flag(f.name)} {short_repr(value)} is not one of {', '.join(map(str, choices))}"
             )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from llmc.compiler.config.option import check_choices, option
 from llmc.compiler.quantize.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.formats import FORMATS, QuantChoices
+from llmc.config_file import short_repr
 from llmc.errors import BuildConfigError
 from llmc.quant.protocol import FormatDefaults
 
@@ -143,7 +144,8 @@ class QuantOptions:
                 alpha = -1.0
             if not 0.0 <= alpha <= 1.0:
                 raise BuildConfigError(
-                    f"--smoothquant-alpha-grid takes numbers in [0, 1] or 'auto', got {part!r}"
+                    "--smoothquant-alpha-grid takes numbers in [0, 1] or 'auto', "
+                    f"got {short_repr(part)}"
                 )
             alphas.append(alpha)
         return tuple(alphas)

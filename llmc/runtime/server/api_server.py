@@ -68,6 +68,8 @@ def serve(
         llm_engine,
         max_waiting=lifecycle.max_waiting,
         max_consecutive_step_failures=lifecycle.max_consecutive_step_failures,
+        grammar_compile_workers=lifecycle.grammar_compile_workers,
+        grammar_compile_timeout=lifecycle.grammar_compile_timeout,
     )
     try:
         app = build_app(

@@ -7,8 +7,10 @@ engine thread is alive), ``GET /ready`` (readiness: alive and not draining) and
 ``GET /metrics`` (Prometheus) are public, for load balancers and scrapers. ``HEAD`` works
 wherever ``GET`` does.
 
-Middleware, outermost first: CORS (only with ``allowed_origins``), then ``RequestGate`` (HEAD,
-API key, drain, body size cap, UTF-8; see ``gate.py``).
+Middleware, outermost first: ``FramingGuard`` (a request whose body framing is ambiguous, such as
+``Content-Length`` with ``Transfer-Encoding``, gets a 400 and its connection closed; see
+``framing.py``), CORS (only with ``allowed_origins``), then ``RequestGate`` (HEAD, API key, drain,
+body size cap, UTF-8; see ``gate.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.drain import Drain
 from llmc.runtime.server.errors import install_error_handlers
+from llmc.runtime.server.framing import FramingGuard
 from llmc.runtime.server.gate import RequestGate
 from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.metrics import ServerMetrics
@@ -130,6 +133,7 @@ def build_app(
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    app.add_middleware(FramingGuard)  # added last: outermost, before anything reads the request
     return app
 
 

@@ -10,8 +10,14 @@ The design is vLLM's ``AsyncLLMEngine`` (v0) with the engine loop on a thread in
 
 A step that raises fails only the requests in it (``StepFailedError``, which the server turns
 into a 500 or an in-band SSE error); the engine goes on with the others. Only when
-``max_consecutive_step_failures`` steps in a row fail is the runner taken to be broken: the
-engine stops and every request, then and later, gets ``EngineDeadError``.
+``max_consecutive_step_failures`` steps in a row fail in the runner itself
+(``StepFailedError.in_runner``) is the runner taken to be broken: the engine stops and every
+request, then and later, gets ``EngineDeadError``. A request's own failure (its constraint
+failing mid-generation: ``GrammarError``; a step's sampling or bookkeeping raising) ends that
+request, or that step's, and never counts: no request can stop the engine.
+
+Constraints are compiled before the request is queued, off the engine thread
+(``grammar_pool.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from llmc.errors import StepFailedError
+from llmc.runtime.grammar import GrammarError
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
 from llmc.runtime.server.errors import EngineDeadError, QueueFullError
+from llmc.runtime.server.grammar_pool import GrammarPool
 from llmc.runtime.server.request_stream import (
     FINISH_OUTCOMES,
     Abort,
@@ -52,15 +60,23 @@ class AsyncLLMEngine:
         engine: the engine; from now on only this object's thread may touch it.
         max_waiting: how many requests may wait for their first output (queued or in prefill)
             before ``generate`` refuses new ones with ``QueueFullError``.
-        max_consecutive_step_failures: failed steps in a row after which the engine is dead
-            (``/health`` 503); a step that succeeds starts the count again.
+        max_consecutive_step_failures: steps in a row whose runner failed after which the
+            engine is dead (``/health`` 503); a step that succeeds starts the count again.
+        grammar_compile_workers: threads compiling structured-output constraints.
+        grammar_compile_timeout: how long a request may wait for its constraint, seconds.
 
     Raises:
-        ValueError: if ``max_consecutive_step_failures`` is below 1.
+        ValueError: if ``max_consecutive_step_failures`` or ``grammar_compile_workers`` is
+            below 1, or the timeout is not positive.
     """
 
     def __init__(
-        self, engine: LLMEngine, max_waiting: int = 64, max_consecutive_step_failures: int = 3
+        self,
+        engine: LLMEngine,
+        max_waiting: int = 64,
+        max_consecutive_step_failures: int = 3,
+        grammar_compile_workers: int = 1,
+        grammar_compile_timeout: float = 10.0,
     ) -> None:
         if max_consecutive_step_failures < 1:
             raise ValueError(
@@ -71,6 +87,10 @@ class AsyncLLMEngine:
         self.max_waiting = max_waiting
         self.max_consecutive_step_failures = max_consecutive_step_failures
         self._engine = engine
+        # the engine's grammar compiler is thread-safe: the one part of it other threads use
+        self._grammars = GrammarPool(
+            engine.grammars, grammar_compile_workers, grammar_compile_timeout
+        )
         self._cond = threading.Condition()
         self._inbox: list[Command] = []
         self._stopping = False
@@ -137,10 +157,13 @@ class AsyncLLMEngine:
         the request, which frees its KV blocks.
 
         Raises (before any output is yielded, unless noted):
-            QueueFullError: ``max_waiting`` requests are already waiting.
+            QueueFullError: ``max_waiting`` requests are already waiting, or no grammar
+                worker was free in time.
             EngineDeadError: the engine thread has stopped (also mid-stream).
             ValueError: ``check_request`` refused the request (``InvalidRequestError`` naming
-                the field, ``ContextLengthError``).
+                the field, ``ContextLengthError``), or its constraint (``GrammarPool.compile``).
+            GrammarError: the request's constraint failed while it generated (mid-stream
+                too); the request is aborted, the engine goes on.
             StepFailedError: a step that held this request failed (also mid-stream); the
                 request is aborted and its blocks are free.
         """
@@ -149,17 +172,22 @@ class AsyncLLMEngine:
         check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         stream = RequestStream(request_id, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
-            if self._dead is not None or self._stopping:
-                raise self._dead or EngineDeadError("the engine is shutting down")
-            if self._num_waiting >= self.max_waiting:
-                raise QueueFullError(
-                    f"{self._num_waiting} requests are already waiting (max_waiting="
-                    f"{self.max_waiting}); retry later"
-                )
-            self._num_waiting += 1
+            self._check_open()
+            self._num_waiting += 1  # a place in the queue, held while the constraint compiles
             self._num_in_flight += 1
-            self._inbox.append(Add(stream, list(prompt_token_ids), params, prompt))
-            self._cond.notify()
+        try:
+            grammar = None
+            if params.structured_outputs is not None:
+                grammar = await self._grammars.compile(params.structured_outputs)
+            with self._cond:
+                self._check_open(reserved=True)
+                self._inbox.append(Add(stream, list(prompt_token_ids), params, prompt, grammar))
+                self._cond.notify()
+        except BaseException:
+            with self._cond:
+                self._num_waiting -= 1
+                self._num_in_flight -= 1
+            raise
         waiting, finished = True, False
         outcome: str | None = "abort"  # unless it finishes or fails
         try:
@@ -203,8 +231,20 @@ class AsyncLLMEngine:
         with self._cond:
             self._stopping = True
             self._cond.notify()
+        self._grammars.shutdown()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+    def _check_open(self, reserved: bool = False) -> None:
+        """Under ``_cond``: raise unless the engine takes requests and the queue has room
+        (``reserved``: this request already holds its place)."""
+        if self._dead is not None or self._stopping:
+            raise self._dead or EngineDeadError("the engine is shutting down")
+        if self._num_waiting - reserved >= self.max_waiting:
+            raise QueueFullError(
+                f"{self._num_waiting - reserved} requests are already waiting (max_waiting="
+                f"{self.max_waiting}); retry later"
+            )
 
     def _count_started(self) -> None:
         with self._cond:
@@ -235,7 +275,8 @@ class AsyncLLMEngine:
                     try:
                         outputs, num_failed = self._engine.step(), 0
                     except Exception as exc:
-                        num_failed, failure = num_failed + 1, exc
+                        if _is_runner_failure(exc):
+                            num_failed, failure = num_failed + 1, exc
                         outputs = self._fail_step(exc, streams, num_failed)
                     # Before any output reaches a client, so what it then reads is this step's.
                     self._stats = self._engine.stats()
@@ -248,6 +289,11 @@ class AsyncLLMEngine:
                     for output in outputs:
                         entry = streams.get(output.request_id)
                         if entry is None:  # aborted while the step ran
+                            continue
+                        error = _constraint_error(output)
+                        if error is not None:  # the request's own failure: it alone ends
+                            self._abort(output.request_id, streams)
+                            entry[0].put(error)
                             continue
                         if output.finished:
                             del streams[output.request_id]
@@ -305,7 +351,11 @@ class AsyncLLMEngine:
             return
         try:
             self._engine.add_request(
-                stream.request_id, command.prompt_token_ids, command.params, prompt=command.prompt
+                stream.request_id,
+                command.prompt_token_ids,
+                command.params,
+                prompt=command.prompt,
+                grammar=command.grammar,
             )
         except Exception as exc:  # refused (ValueError) or an engine bug: fail this request only
             stream.put(exc)
@@ -318,6 +368,24 @@ class AsyncLLMEngine:
                 self._engine.abort_request(request_id)
             except Exception:  # a failed abort must not stop the other requests
                 logger.exception("aborting request %s failed", request_id)
+
+
+def _is_runner_failure(exc: Exception) -> bool:
+    """Whether a failed step says the engine may be broken: its runner raised, or the engine
+    raised something other than its own ``StepFailedError``."""
+    return not isinstance(exc, StepFailedError) or exc.in_runner
+
+
+def _constraint_error(output: RequestOutput) -> GrammarError | None:
+    """The error of a completion of ``output`` whose constraint failed, else None."""
+    for completion in output.outputs:
+        if completion.finish_reason == "error":
+            message = completion.error or "the constraint failed"
+            return GrammarError(
+                f"the request's constraint failed after {len(completion.token_ids)} tokens: "
+                f"{message}"
+            )
+    return None
 
 
 def _is_final(item: StreamItem) -> bool:

@@ -3,10 +3,11 @@
 Each bound caps work that grows with a request field and that no other limit already bounds:
 stop strings are searched in every choice's text after every token (count x length), each stop
 token id is compared per sampled token, ``n`` multiplies decode steps and KV blocks, logprobs
-sort the vocabulary per token. ``max_tokens`` is bounded by the engine's ``max_model_len``
-(``context_length_exceeded``) and the prompt by the body cap and ``max_model_len``, so neither is
-here. A request over a bound gets a 400 naming the field, the bound and the ``llmc serve`` flag
-that sets it.
+sort the vocabulary per token, a structured-output constraint is compiled (its bytes, its
+``choice`` strings and its counted repetitions). ``max_tokens`` is bounded by the engine's
+``max_model_len`` (``context_length_exceeded``) and the prompt by the body cap and
+``max_model_len``, so neither is here. A request over a bound gets a 400 naming the field, the
+bound and the ``llmc serve`` flag that sets it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from llmc.errors import EngineConfigError
+from llmc.runtime.constraint_size import constraint_size
 from llmc.runtime.sampling_params import MAX_LOGPROBS
 from llmc.runtime.server.errors import ApiError, bad_request
 from llmc.runtime.server.protocol import SamplingFields
+from llmc.runtime.structured_outputs import StructuredOutputsParams
 
 
 def _limit(default: int, help: str) -> int:
@@ -44,6 +47,19 @@ class RequestLimits:
     # 4 MiB holds a 128k-token prompt as token ids (~7 bytes per id in JSON) or as text, with
     # room to spare, and stops a client from making the server buffer arbitrary amounts.
     max_request_body_bytes: int = _limit(4 << 20, "larger request bodies get 413, bytes")
+    # A 40,000-string choice (about 400 KB) compiles in a fraction of a second off the engine
+    # thread; the bounds stop what would take minutes (100,000 strings took 71 s as a grammar
+    # row) or blow up llguidance's lexer (a{1000000}).
+    max_constraint_bytes: int = _limit(
+        1 << 20,
+        "largest structured-output constraint (JSON schema, regex, grammar, choices; the "
+        "tools' schemas), bytes",
+    )
+    max_choices: int = _limit(50_000, "most strings of a structured-output choice")
+    max_regex_repeat: int = _limit(
+        10_000,
+        "largest counted repetition in a constraint's regexes and grammar (a{n}, {n,m}, ~ n)",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -77,6 +93,23 @@ class RequestLimits:
         name, value = request.LOGPROBS_FIELD, request.sampled_logprobs
         if value is not None and value > self.max_logprobs:
             raise _over(name, value, self.max_logprobs, "max_logprobs")
+
+    def check_constraint(self, constraint: StructuredOutputsParams, name: str) -> None:
+        """Check a request's structured-output constraint (set by its field ``name``:
+        ``structured_outputs``, ``response_format``, ``tools``, ...) before it is compiled.
+
+        Raises:
+            ApiError: 400 naming ``name`` and the bound.
+        """
+        size = constraint_size(constraint)
+        if size.num_bytes > self.max_constraint_bytes:
+            got = f"a constraint of {size.num_bytes} bytes"
+            raise _over(name, got, self.max_constraint_bytes, "max_constraint_bytes")
+        if size.num_choices > self.max_choices:
+            raise _over(name, f"{size.num_choices} choices", self.max_choices, "max_choices")
+        if size.max_repeat > self.max_regex_repeat:
+            got = f"a repetition of {size.max_repeat}"
+            raise _over(name, got, self.max_regex_repeat, "max_regex_repeat")
 
 
 def _over(name: str, got: object, limit: int, bound: str) -> ApiError:

@@ -18,7 +18,7 @@ StreamItem: TypeAlias = "RequestOutput | BaseException"
 
 #: How a request the engine accepted can end (vLLM's ``finished_reason`` values): its
 #: completions' finish reason, "abort" (cancelled: client gone, drain deadline) or "error"
-#: (its step failed, or the engine stopped).
+#: (its step failed, its constraint failed, or the engine stopped).
 FINISH_OUTCOMES = ("stop", "length", "abort", "error")
 
 
@@ -66,6 +66,7 @@ class Add:
     prompt_token_ids: list[int]
     params: SamplingParams
     prompt: str | None
+    grammar: object = None  # the compiled start state of params.structured_outputs, or None
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,12 @@ Command: TypeAlias = "Add | Abort | AbortAll"
 
 
 def finish_outcome(output: RequestOutput) -> str:
-    """A finished request's outcome: "abort" if any completion was aborted (a request ends
-    once, with all its completions), else its first completion's finish reason."""
+    """A finished request's outcome: "error" if any completion failed, "abort" if any was
+    aborted (a request ends once, with all its completions), else its first completion's
+    finish reason."""
     reasons = [o.finish_reason for o in output.outputs]
+    if "error" in reasons:
+        return "error"
     if "abort" in reasons or not reasons or not reasons[0]:
         return "abort"
     return reasons[0]

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from llmc.config_file import read_config_file
+from llmc.config_file import read_config_file, short_repr
 from llmc.errors import EngineConfigError
 from llmc.option_flags import alternatives
 from llmc.runtime.server.limits import RequestLimits
@@ -159,14 +159,25 @@ class LifecycleConfig:
     """Admission, health and shutdown of the server process.
 
     Raises:
-        EngineConfigError: a negative ``max_waiting`` or ``shutdown_timeout``.
+        EngineConfigError: a negative ``max_waiting`` or ``shutdown_timeout``, fewer than one
+            grammar compile worker or a timeout that is not positive.
     """
 
     max_waiting: int = _opt(64, "requests waiting for their first token before new ones get 503")
     max_consecutive_step_failures: int = _opt(
         3,
-        "failed engine steps in a row after which the server reports itself dead (/health "
-        "503); a single failed step only fails the requests it carried",
+        "engine steps in a row whose model runner failed after which the server reports itself "
+        "dead (/health 503); a single failed step only fails the requests it carried, and a "
+        "request's own failure (its constraint) never counts",
+    )
+    grammar_compile_workers: int = _opt(
+        2, "threads compiling structured-output constraints, off the engine thread"
+    )
+    grammar_compile_timeout: float = _opt(
+        10.0,
+        "seconds a request may wait for its constraint to compile: past it a 400 (503 when no "
+        "worker was free)",
+        metavar="SECONDS",
     )
     shutdown_timeout: float = _opt(
         30.0,
@@ -179,9 +190,15 @@ class LifecycleConfig:
         for name in ("max_waiting", "shutdown_timeout"):
             if getattr(self, name) < 0:
                 raise EngineConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.grammar_compile_workers < 1 or not self.grammar_compile_timeout > 0:
+            raise EngineConfigError(
+                "grammar_compile_workers must be >= 1 and grammar_compile_timeout > 0, got "
+                f"{self.grammar_compile_workers} and {self.grammar_compile_timeout}"
+            )
         if self.log_level not in LOG_LEVELS:
             raise EngineConfigError(
-                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, "
+                f"got {short_repr(self.log_level)}"
             )
 
 
@@ -283,7 +300,7 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
             if all(isinstance(v, str) for v in value):
                 return list(value)
     wanted = " or ".join(_KIND_NAMES[typing.get_origin(k) or k] for k in options)
-    raise EngineConfigError(f"serve option {name} must be {wanted}, got {value!r}")
+    raise EngineConfigError(f"serve option {name} must be {wanted}, got {short_repr(value)}")
 
 
 _KIND_NAMES = {

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmc.errors import ContextLengthError
 from llmc.runtime.chat_template import CHAT_ADD_SPECIAL_TOKENS, ChatTemplateError, render_chat
+from llmc.runtime.grammar import GrammarError
 from llmc.runtime.request_check import InvalidRequestError, check_vocabulary
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
@@ -143,6 +144,13 @@ class OpenAIServing:
         """Submit the request, wait for its first output, then answer whole or streamed."""
         arrival = time.monotonic()
         params = self._sampling_params(request, len(prompt_ids))
+        constraint_field = request.constraint[1]
+        if params.structured_outputs is not None:  # its form, then its size, then compiled
+            try:
+                params.structured_outputs.validate()
+            except InvalidRequestError as exc:
+                raise _invalid_request(exc, request, param) from exc
+            self.limits.check_constraint(params.structured_outputs, constraint_field)
         request_id = renderer.request_id
         outputs = self.engine.generate(prompt_ids, params, request_id, prompt=prompt)
         try:
@@ -154,8 +162,10 @@ class OpenAIServing:
             ) from exc
         except ContextLengthError as exc:
             raise _context_length_error(exc, len(prompt_ids), params.max_tokens, param) from exc
-        except InvalidRequestError as exc:  # LLMEngine.add_request's check_request refused it
+        except InvalidRequestError as exc:  # check_request or the constraint's compile refused it
             raise _invalid_request(exc, request, param) from exc
+        except GrammarError as exc:  # the constraint failed at the first token
+            raise bad_request(str(exc), constraint_field, "constraint_failed") from exc
         except ValueError as exc:  # a request id already in use
             raise bad_request(str(exc)) from exc
         tracker = RequestTracker(self.metrics, len(prompt_ids), arrival)
@@ -165,6 +175,8 @@ class OpenAIServing:
                 async with aclosing(outputs):
                     async for output in outputs:
                         tracker.update(output)
+            except GrammarError as exc:  # the request's own constraint failed: its 400 alone
+                raise bad_request(str(exc), constraint_field, "constraint_failed") from exc
             finally:
                 tracker.finish()
             response = renderer.response(tracker.last or first, tracker.usage())

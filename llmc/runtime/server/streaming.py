@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from llmc.runtime.grammar import GrammarError
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.renderers import ChunkSpan, Renderer
@@ -126,6 +127,10 @@ async def sse_events(
             tracker.finish()
             if include_usage:
                 yield sse_event(renderer.usage_chunk(tracker.usage()))
+        except GrammarError as exc:  # the request's own constraint failed: its error alone
+            error = {"message": f"Generation stopped: {exc}", "type": "invalid_request_error"}
+            error |= {"param": None, "code": "constraint_failed"}
+            yield f"data: {json.dumps({'error': error})}\n\n"
         except Exception as exc:  # headers are sent: report in-band
             logger.exception("request %s failed while streaming", first.request_id)
             error = {"message": f"Generation stopped: {exc}", "type": "server_error"}
