@@ -16,7 +16,6 @@ them. A request whose client has gone before its turn is dropped from the queue.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import uuid
@@ -186,38 +185,46 @@ class OpenAIServing:
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         """``POST /tokenize`` (vLLM's): the prompt's token ids as ``/v1/completions`` encodes
-        it, or the conversation's as ``/v1/chat/completions`` does. The whole text is encoded,
-        even past ``max_model_len`` (the count says by how much; the body-size cap bounds the
-        work). 404 for another model; 400 when the chat template refuses the messages."""
+        it, or the conversation's as ``/v1/chat/completions`` does, by the same bounded
+        encoding on the tokenizer thread (`encode_bounded`): a text certainly longer than the
+        model's context gets the same 400 ``context_length_exceeded`` after a prefix of it is
+        encoded, not the whole. 404 for another model; 400 when the chat template refuses the
+        messages."""
         if request.model is not None:
             self._check_model(request.model)
-        tokenizer = self.engine.tokenizer
         if isinstance(request, TokenizeChatRequest):
             text = await self._off_loop(
                 self._render_chat_messages, request.messages, request.add_generation_prompt
             )
+            param = "messages"
         else:
-            text = request.prompt
-        ids = await self._off_loop(
-            functools.partial(tokenizer.encode, add_special_tokens=request.add_special_tokens),
-            text,
-        )
+            text, param = request.prompt, "prompt"
+        ids = await self._encode_off_loop(text, request.add_special_tokens, param)
         strs = None
         if request.return_token_strs:
-            strs = await self._off_loop(tokenizer.convert_ids_to_tokens, ids)
+            strs = await self._off_loop(self.engine.tokenizer.convert_ids_to_tokens, ids)
         return TokenizeResponse(
             count=len(ids), max_model_len=self.engine.max_model_len, tokens=ids, token_strs=strs
         )
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
-        """``POST /detokenize`` (vLLM's): the text of ``tokens``. 404 for another model; 400
-        naming ``tokens`` for an id outside the vocabulary."""
+        """``POST /detokenize`` (vLLM's): the text of ``tokens``, decoded on the tokenizer
+        thread. 404 for another model; 400 naming ``tokens`` for an id outside the vocabulary
+        or more than twice ``max_model_len`` ids (no model output is that long)."""
         if request.model is not None:
             self._check_model(request.model)
         try:
             check_vocabulary("tokens", request.tokens, self.engine.vocab_size)
         except InvalidRequestError as exc:
             raise bad_request(str(exc), "tokens") from exc
+        limit = 2 * self.engine.max_model_len  # as `encode_bounded`'s refusal
+        if len(request.tokens) > limit:
+            raise bad_request(
+                f"This model's maximum context length is {self.engine.max_model_len} tokens; "
+                f"{len(request.tokens)} tokens are more than twice that.",
+                "tokens",
+                "context_length_exceeded",
+            )
         return DetokenizeResponse(
             prompt=await self._off_loop(self.engine.tokenizer.decode, request.tokens)
         )
