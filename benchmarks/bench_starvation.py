@@ -1,4 +1,4 @@
-"""Latency of a short request beside one that starves it without llmc's bounds (issue 17):
+"""Latency of a short request beside one that starves it without llmc's bounds:
 thousands of stop strings, or n = 128 long completions. In-process, through `LLMEngine.step`, no
 server.
 

@@ -10,7 +10,7 @@ through ``llmc serve``, one server per (budget, bound) pair, on one engine.
 ``--rounds`` repeats the list, interleaved, so that a slow minute of a shared host falls on
 every setting alike.
 
-Workload (``benchmarks/`` and issue 21's): ``--num-prompts`` (16) prompts of ``--input-len``
+Workload (``benchmarks/`` and the peers table's): ``--num-prompts`` (16) prompts of ``--input-len``
 (128) random token ids, ``--output-len`` (128) greedy tokens each with EOS ignored, all sent at
 once, prefix caching off. A budget below the 16 prompts' 2,048 tokens splits their prefill over
 several steps (chunked prefill), so the first requests get tokens while later prompts are still

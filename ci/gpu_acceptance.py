@@ -4,7 +4,7 @@
     python ci/gpu_acceptance.py --device cpu --interpret   # dry run: tiny shapes, Triton's
                                                            # CPU interpreter (no GPU needed)
 
-Parts (issue 18), each printed as a table:
+Parts, each printed as a table:
 
 1. Accuracy: the Triton kernel (``paged_attention_triton``: the main kernel, and flash-decoding
    for decode tokens) against the torch reference (``reference.py``, the ground truth, run on

@@ -1,4 +1,4 @@
-"""Load check of issue 4: 200 streamed requests at 32 concurrency against the real server (uvicorn
+"""Load check: 200 streamed requests at 32 concurrency against the real server (uvicorn
 on 127.0.0.1, tiny cpu engine run by ONNX Runtime), random prompt and output lengths, 10% of the
 clients hanging up after two events.
 

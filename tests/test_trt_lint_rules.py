@@ -1,4 +1,4 @@
-"""The TensorRT lint's rules from TensorRT 11.1's and onnx-tensorrt's sources (issue 18), on real
+"""The TensorRT lint's rules from TensorRT 11.1's and onnx-tensorrt's sources, on real
 portable stages written by ``llmc build --arch sm90`` (no TensorRT here, so the build stops at
 the stage, DESIGN §6): a Gemma-3-shaped (head_dim 256, MQA, a sliding-window layer) and a
 Llama-shaped fp8 stage pass; each rule rejects its stage with the defect put back."""

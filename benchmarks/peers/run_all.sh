@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llmc against llama.cpp's server and OpenVINO GenAI in one run, on one host, one system at a
-# time (issue 21's table): 16 prompts of 128 tokens, 128 new tokens, greedy, EOS ignored,
+# time (the peers table): 16 prompts of 128 tokens, 128 new tokens, greedy, EOS ignored,
 # 1 and 16 concurrent requests.
 #
 #   benchmarks/peers/run_all.sh OUT_DIR ENGINE_DIR [ENGINE_DIR ...]

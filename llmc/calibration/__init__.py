@@ -1,1 +1,1 @@
-"""Calibration: activation statistics over a calibration set (issue 3)."""
+"""Calibration: activation statistics over a calibration set."""

@@ -27,7 +27,7 @@ from llmc.engine.manifest import ManifestCore, file_digests
 from llmc.errors import LlmcError
 
 #: 2: PagedAttention nodes with TensorRT's three outputs, ``aot`` and every plugin field, the
-#: aliased caches as graph outputs, the AOT kernel's PTX ISA in ``metadata_props`` (issue 18).
+#: aliased caches as graph outputs, the AOT kernel's PTX ISA in ``metadata_props``.
 STAGE_FORMAT_VERSION = 2
 STAGE_KIND = "llmc-tensorrt-stage"
 STAGE_NAME = "stage.json"

@@ -130,7 +130,7 @@ class Scheduler:
         A sequence samples when its computed tokens reach its full length; the first time an
         n > 1 request samples, it forks its other n - 1 completions.
 
-        Bound (issue 17: no request may starve the others): forks hold at most
+        Bound (no request may starve the others): forks hold at most
         ``F = max_num_forked_seqs`` slots, so a first completion competes for the other
         ``max_num_seqs - F`` with other requests' first completions only, as if every request
         had n = 1. With one n > 1 request running, a new request is scheduled in the step after

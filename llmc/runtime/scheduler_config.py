@@ -20,7 +20,7 @@ class SchedulerConfig:
         enable_prefix_caching: share cached full blocks between requests with the same prefix.
         max_num_forked_seqs: most running sequences that are completions 1..n-1 of n > 1
             requests (all requests together); the other slots are left to requests' first
-            completions, so that a large-n request cannot keep new requests waiting (issue 17).
+            completions, so that a large-n request cannot keep new requests waiting.
             None: half of ``max_num_seqs``, at least 1 (`fork_limit`). ``max_num_seqs`` lifts
             the cap.
         max_decode_wait_steps: prefill-first scheduling: most consecutive steps in which

@@ -3,7 +3,7 @@
 The CPU engine keeps 8-bit weight-only layers (by default the vocabulary projection of every
 ``--quant``, and int4's ``*.down_proj``) as block-wise INT8 DequantizeLinear, which ONNX Runtime
 runs as ``MatMulNBits``. TensorRT's block dequantization takes FP4, FP8 and INT4 inputs only
-(NVIDIA/TensorRT v11.1 ``include/NvInfer.h``, ``IDequantizeLayer``, as read in issue 18), so the
+(NVIDIA/TensorRT v11.1 ``include/NvInfer.h``, ``IDequantizeLayer``, as read), so the
 GPU lowering rewrites those weights to per-channel INT8 (one scale per output channel, axis 1:
 not block quantization), which TensorRT dequantizes like any per-channel weight.
 

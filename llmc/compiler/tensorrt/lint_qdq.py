@@ -18,7 +18,7 @@ NVFP4 sm100+):
   produces INT4;
 - block-wise (de)quantization (a ``block_size`` attribute) only of FP4, FP8 and INT4 data:
   NVIDIA/TensorRT v11.1 ``include/NvInfer.h`` allows block quantization for those inputs only
-  (``IDequantizeLayer``, as read in issue 18). A Quantize operator table lists "kINT4, kFP4,
+  (``IDequantizeLayer``, as read). A Quantize operator table lists "kINT4, kFP4,
   kFP8 and kINT8"; the header is the stricter source, and the lint follows it. The GPU lowering
   turns llmc's block-wise INT8 weights into per-channel ones (``int8_weights.py``).
 """
