@@ -122,6 +122,10 @@ def test_unconstrained_rows_beside_constrained_ones_are_unchanged(llm):
         (SO(), "exactly one"),
         (SO(regex="a", choice=("b",)), "exactly one"),
         (SO(choice=()), "non-empty"),
+        # compiled by llguidance, then unusable at the first tokens: found by the probe
+        (SO(regex="a{1000000}"), "too many expressions"),
+        (SO(grammar='root ::= "a" root'), "Too many items"),
+        (SO(json={"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/A"}}}), "no output"),
     ],
 )
 def test_a_bad_constraint_is_refused_naming_the_field(llm, constraint, reason):
@@ -224,3 +228,22 @@ def test_apply_bitmask_equals_the_mask_it_encodes(density, vocab_size):
     expected = np.where(allowed, row, -np.inf).astype(np.float32)
     apply_bitmask(row, words)
     np.testing.assert_array_equal(row, expected)
+
+
+def test_a_constraint_failing_mid_generation_ends_its_own_completion(llm):
+    """Ten free letters, then an endless forced run: it passes the compile-time probe and
+    fails in llguidance at about the tenth token. Its completion ends with finish_reason
+    "error" and the reason; the request batched beside it is unchanged; the engine goes on."""
+    late = SO(grammar='start: c c c c c c c c c c tail\nc: "x" | "z"\ntail: "a" tail\n')
+    plain = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    alone = llm.generate(["The king"], plain)[0].outputs[0].token_ids
+    bad = SamplingParams(temperature=0, max_tokens=40, structured_outputs=late)
+    failed, beside = llm.generate(["Enter", "The king"], [bad, plain])
+    completion = failed.outputs[0]
+    assert completion.finish_reason == "error"
+    assert "Too many items" in completion.error and "<state>" not in completion.error
+    assert set(completion.text[:9]) <= {"x", "z"} and len(completion.token_ids) < 40
+    assert beside.outputs[0].token_ids == alone
+    assert not llm.engine.has_unfinished_requests()
+    stats = llm.engine.stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
