@@ -91,21 +91,31 @@ def test_detokenize_gives_back_the_text(http: httpx.Client, hf_tokenizer) -> Non
         ("/tokenize", {"model": "other", "prompt": "hi"}, 404, "model"),
         ("/detokenize", {"model": "other", "tokens": [3]}, 404, "model"),
         ("/detokenize", {"tokens": [3, 512]}, 400, "tokens"),  # the vocabulary is 512
-        ("/detokenize", {"tokens": []}, 400, None),
-        ("/detokenize", {"tokens": [-1]}, 400, None),
-        ("/tokenize", {"prompt": "hi", "bogus": 1}, 400, None),
-        ("/tokenize", {"prompt": 3}, 400, None),
-        ("/tokenize", {}, 400, None),
-        ("/tokenize", {"messages": []}, 400, None),
+        ("/detokenize", {"tokens": []}, 400, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+        ("/detokenize", {"tokens": [3], "bogus": 1}, 400, "bogus"),
+        ("/tokenize", {"prompt": "hi", "bogus": 1}, 400, "bogus"),
+        ("/tokenize", {"prompt": 3}, 400, "prompt"),
+        ("/tokenize", {"prompt": "hi", "add_special_tokens": 1}, 400, "add_special_tokens"),
+        ("/tokenize", {}, 400, "prompt"),
+        ("/tokenize", {"messages": []}, 400, "messages"),
+        ("/tokenize", {"messages": MESSAGES, "bogus": 1}, 400, "bogus"),
+        (
+            "/tokenize",
+            {"messages": MESSAGES, "add_generation_prompt": 0},
+            400,
+            "add_generation_prompt",
+        ),
+        ("/tokenize", {"messages": MESSAGES, "prompt": "hi"}, 400, "prompt"),
     ],
 )
-def test_bad_input_is_a_4xx_in_openais_error_body(
-    http: httpx.Client, path: str, body: dict, status: int, param: str | None
+def test_bad_input_is_a_4xx_in_openais_error_body_naming_the_field(
+    http: httpx.Client, path: str, body: dict, status: int, param: str
 ) -> None:
     got = http.post(path, json=body)
     assert got.status_code == status, got.text
     error = got.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    if param is not None:
-        assert error["param"] == param
+    assert error["param"] == param, error
+    assert param in error["message"] and "Request" not in error["message"], error
     assert http.post("/tokenize", json={"prompt": "still serving"}).status_code == 200

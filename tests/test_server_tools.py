@@ -12,6 +12,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from tests.conftest import LiveServer, ServerFactory
@@ -183,33 +184,53 @@ def test_a_conversation_with_calls_and_tool_results_continues(client):
     _validate(choice.message.tool_calls)
 
 
+NON_LOCAL = {"type": "object", "properties": {"x": {"$ref": "https://example.com/x.json"}}}
+
+
 @pytest.mark.parametrize(
-    "extra, reason",
+    "extra, param, reason",
     [
-        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
         (
             {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
             "'nope'",
         ),
-        ({"tools": TOOLS + TOOLS[:1]}, "unique"),
-        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "cannot be combined"),
-        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "pattern"),
+        ({"tools": TOOLS + TOOLS[:1]}, "tools", "unique"),
+        (
+            {"tools": TOOLS, "response_format": {"type": "json_object"}},
+            "response_format",
+            "cannot be combined",
+        ),
+        (
+            {"tools": TOOLS, "structured_outputs": {"regex": "a"}},
+            "structured_outputs",
+            "cannot be combined",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "pattern"),
         (
             {
                 "tools": [
                     {"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}
                 ]
             },
+            "tools",
             "strin",
         ),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": NON_LOCAL}}]},
+            "tools",
+            "https://example.com/x.json",
+        ),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "tool_call_id"),
     ],
 )
-def test_bad_tool_requests_are_400s(served, extra, reason):
+def test_bad_tool_requests_are_400s_naming_the_field(served, extra, param, reason):
     body = {"model": MODEL, "messages": ASK, "max_tokens": 4} | extra
     r = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400, r.text
-    assert reason in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert reason in error["message"] and error["param"] == param, error
 
 
 def test_tool_choice_none_answers_in_text(client):
@@ -217,3 +238,92 @@ def test_tool_choice_none_answers_in_text(client):
         model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0
     ).choices[0]
     assert choice.finish_reason in ("stop", "length") and not choice.message.tool_calls
+
+
+# --- parameters with local references ($defs, definitions, "#"), as pydantic writes them ----
+
+
+class City(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # additionalProperties: false bounds the output
+
+    name: str = Field(max_length=6)
+    unit: str = Field(pattern="^[cf]$")
+
+
+class Trip(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    start: City
+    stops: list[City] = Field(max_length=1)
+
+
+TRIP = Trip.model_json_schema()  # {"$defs": {"City": ...}, "properties": {"start": {"$ref"...
+# Two tools whose "$defs" both hold a "Value", of different types: each call must use its own.
+COUNT = {
+    "type": "object",
+    "properties": {"n": {"$ref": "#/$defs/Value"}},
+    "required": ["n"],
+    "additionalProperties": False,
+    "$defs": {"Value": {"type": "integer", "minimum": 0, "maximum": 9}},
+}
+LABEL = {
+    "type": "object",
+    "properties": {"n": {"$ref": "#/$defs/Value"}},
+    "required": ["n"],
+    "additionalProperties": False,
+    "$defs": {"Value": {"enum": ["low", "high"]}},
+}
+# A list as nested objects: the parameters refer to their own root (and to draft 7's
+# "definitions").
+CHAIN = {
+    "type": "object",
+    "properties": {"digit": {"$ref": "#/definitions/Digit"}, "next": {"$ref": "#"}},
+    "required": ["digit"],
+    "additionalProperties": False,
+    "definitions": {"Digit": {"enum": [0, 1]}},
+}
+
+
+def _tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def _calls(client, tools: list[dict], tool_choice: object, seeds: int) -> list[tuple[str, dict]]:
+    """The (name, arguments) of the calls of ``seeds`` sampled answers that ended in time."""
+    calls = []
+    for seed in range(seeds):
+        choice = client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=120,
+        ).choices[0]  # fmt: skip
+        if choice.finish_reason == "tool_calls":
+            (call,) = choice.message.tool_calls
+            calls.append((call.function.name, json.loads(call.function.arguments)))
+    assert calls  # at least one answer ended within max_tokens
+    return calls
+
+
+def _named(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+def test_parameters_with_defs_from_a_pydantic_model_validate(client):
+    for name, arguments in _calls(client, [_tool("plan_trip", TRIP)], _named("plan_trip"), 4):
+        assert name == "plan_trip"
+        jsonschema.validate(arguments, TRIP)
+        Trip.model_validate(arguments)
+
+
+def test_two_tools_with_a_definition_of_one_name_each_use_their_own(client):
+    schemas = {"count": COUNT, "label": LABEL}
+    tools = [_tool(name, schema) for name, schema in schemas.items()]
+    for tool_choice in (_named("count"), _named("label"), "required"):
+        for name, arguments in _calls(client, tools, tool_choice, 3):
+            jsonschema.validate(arguments, schemas[name])
+
+
+def test_parameters_that_refer_to_their_own_root_validate(client):
+    tools = [_tool("chain", CHAIN), _tool("get_time", TIME)]
+    for name, arguments in _calls(client, tools, _named("chain"), 4):
+        assert name == "chain"
+        jsonschema.validate(arguments, CHAIN)

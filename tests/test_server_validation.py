@@ -177,6 +177,20 @@ def test_unsupported_message_field_is_a_400_naming_it(
     assert named in _error(http.post(H, json=body), 400, "messages")
 
 
+BOTH_CONSTRAINTS = {
+    "response_format": {"type": "json_object"},
+    "structured_outputs": {"regex": "a"},
+}
+
+
+@pytest.mark.parametrize(("path", "body"), [(C, CMPL), (H, CHAT)])
+def test_two_constraint_fields_are_a_400_naming_the_one_to_drop(
+    http: httpx.Client, path: str, body: dict
+) -> None:
+    response = http.post(path, json=body | BOTH_CONSTRAINTS)
+    assert "not both" in _error(response, 400, "structured_outputs")
+
+
 def test_message_name_reaches_the_chat_template(http: httpx.Client) -> None:
     def prompt_tokens(message: dict) -> int:
         response = http.post(H, json=CHAT | {"messages": [message]})

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import jsonschema
 import openai
 import pytest
+from pydantic import ValidationError
 
 from llmc.runtime.server.chat_messages import ChatMessage, template_messages
 from llmc.runtime.server.tool_calls import plan_tools
@@ -162,6 +163,61 @@ def test_llama3_answers_parse_into_one_call_or_text():
         assert (call.function.name, json.loads(call.function.arguments)) == ("a", {"x": 1})
     for text in ('{"name": "a"}', "It is sunny.", '{"x": 1}'):
         assert fmt.parse(text).calls == () and fmt.parse(text).content == text
+
+
+# Two tools whose parameters each define a "Point" (of different shapes) and refer to their own
+# root: each tool's references must resolve within its own parameters.
+NESTED = {
+    "type": "object",
+    "properties": {"at": {"$ref": "#/$defs/Point"}, "next": {"$ref": "#"}},
+    "required": ["at"],
+    "$defs": {"Point": {"type": "array", "items": {"type": "integer"}}},
+}
+FLAT = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "$ref": "#/definitions/Point",
+    "definitions": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+}
+REF_TOOLS = [
+    {"type": "function", "function": {"name": "nested", "parameters": NESTED}},
+    {"type": "function", "function": {"name": "flat", "parameters": FLAT}},
+]
+
+
+@pytest.mark.parametrize(  # a native format's "auto" is parsed, not constrained
+    ("fmt", "choice"),
+    [
+        ("generic", "auto"),
+        ("generic", "required"),
+        ("hermes", "required"),
+        ("llama3_json", "required"),
+    ],
+)
+def test_parameters_with_local_references_compile_in_every_format(fmt, choice):
+    import llguidance
+
+    plan = plan_tools([ToolDefinition.model_validate(t) for t in REF_TOOLS], choice, None)
+    constraint = ToolFormat(fmt).constraint(plan)
+    if constraint.json is not None:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(constraint.json)
+    else:
+        grammar = llguidance.grammar_from("lark", constraint.grammar)
+    assert llguidance.LLMatcher.validate_grammar(grammar, None) == ""
+
+
+def test_only_references_outside_the_parameters_are_refused():
+    def tool(parameters: dict) -> dict:
+        return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+    within = {
+        "properties": {"enum": {"$ref": "#/$defs/A"}, "c": {"const": {"$ref": "https://x.y"}}},
+        "$defs": {"A": {"items": [{"$ref": "#"}]}},
+    }
+    ToolDefinition.model_validate(tool(within))  # a const's value is data, not a reference
+    for ref in ("other.json", "https://x.y/s.json#/$defs/A"):
+        outside = {"properties": {"a": {"anyOf": [{"items": [{"$ref": ref}]}]}}}
+        with pytest.raises(ValidationError, match="refers outside the parameters"):
+            ToolDefinition.model_validate(tool(outside))
 
 
 @pytest.fixture(scope="module", params=sorted(TEMPLATES))

@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, ValidationError
 
 from llmc.runtime.server.chat_messages import ChatMessage
 from llmc.runtime.server.strict_types import Bool, Float, Int, Text, TokenId, TokenIds
@@ -62,6 +63,13 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "store": (None, False),
     "service_tier": (None, "auto", "default"),
 }
+
+
+def _error_at(field: str, value: Any, exc: ValueError) -> ValidationError:
+    """``exc`` as pydantic's error at the request field ``field``, for a model validator to
+    raise: its own errors have no location, and the 400 must name the field (``errors.py``)."""
+    error = InitErrorDetails(type="value_error", loc=(field,), input=value, ctx={"error": exc})
+    return ValidationError.from_exception_data("request", [error])
 
 
 def _empty_only(cls: type, value: Any, info: ValidationInfo) -> Any:
@@ -118,7 +126,13 @@ class SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _one_constraint(self) -> SamplingFields:
-        self.constraint  # noqa: B018 -- raises ValueError when both fields set one
+        try:
+            self.constraint  # noqa: B018 -- raises ValueError when two fields set one
+        except ValueError as exc:
+            # Either conflict (the two constraint fields; tools and one of them) ends when the
+            # client drops a constraint field: name structured_outputs when set, else the other.
+            field = "response_format" if self.structured_outputs is None else "structured_outputs"
+            raise _error_at(field, getattr(self, field), exc) from None
         return self
 
     @property
@@ -252,6 +266,19 @@ class ChatCompletionRequest(SamplingFields):
         "service_tier",
     )(_empty_only)
 
+    @field_validator("tools")
+    @classmethod
+    def _tools_plannable(cls, value: list[ToolDefinition] | None) -> Any:
+        plan_tools(value, None, None)  # raises when two tools share a name
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_among_tools(cls, value: ToolChoice | None, info: ValidationInfo) -> Any:
+        if "tools" in info.data:  # else the tools' own error is the one to report
+            plan_tools(info.data["tools"], value, None)
+        return value
+
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
@@ -276,11 +303,8 @@ class ChatCompletionRequest(SamplingFields):
 
     @property
     def tool_plan(self) -> ToolPlan | None:
-        """The tools the model may call and how (``tool_calls.plan_tools``), or None.
-
-        Raises:
-            ValueError: as ``plan_tools``.
-        """
+        """The tools the model may call and how (``tool_calls.plan_tools``), or None. Never
+        raises on a parsed request: ``tools`` and ``tool_choice`` were planned when parsed."""
         return plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     @property

@@ -6,12 +6,14 @@ conversation (``messages`` rendered by the chat template, ``add_generation_promp
 true, ``add_special_tokens`` default false, as ``/v1/chat/completions`` encodes it), and answers
 ``count``, ``max_model_len``, ``tokens`` and, with ``return_token_strs``, each token's text.
 ``/detokenize`` takes ``tokens`` and answers ``prompt``. ``model`` is optional; another model's
-name is a 404. Fields are strict as in ``protocol.py``; any other field is a 400.
+name is a 404. Fields are strict as in ``protocol.py``; any other field is a 400 naming it.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, WrapValidator
 
 from llmc.runtime.chat_template import CHAT_ADD_SPECIAL_TOKENS
 from llmc.runtime.server.chat_messages import ChatMessage
@@ -41,7 +43,23 @@ class TokenizeChatRequest(BaseModel):
     return_token_strs: Bool = False
 
 
-TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+def _by_fields(value: Any, _: ValidatorFunctionWrapHandler) -> Any:
+    """The body as a conversation when it has ``messages``, else as a prompt.
+
+    One model validates it, not the union: a union reports each member's errors under the
+    member's class name (``TokenizeCompletionRequest.foo``), which would become the 400's
+    ``param``; one model's errors are located at the request's own fields.
+    """
+    if isinstance(value, TokenizeCompletionRequest | TokenizeChatRequest):
+        return value
+    chat = isinstance(value, dict) and "messages" in value
+    return (TokenizeChatRequest if chat else TokenizeCompletionRequest).model_validate(value)
+
+
+# The union stays the declared type: it is the body's schema in the OpenAPI document.
+TokenizeRequest = Annotated[
+    TokenizeCompletionRequest | TokenizeChatRequest, WrapValidator(_by_fields)
+]
 
 
 class TokenizeResponse(BaseModel):

@@ -10,6 +10,12 @@ function only the calls branch exists (each call's ``arguments`` valid against i
 Earlier turns are written the same way: an assistant message's ``tool_calls`` as that JSON, and
 each ``tool`` message as a user turn ``{"tool_response": {"tool_call_id", "content"}}``
 (consecutive ones in one turn), so templates that insist on alternating roles accept them.
+
+Each tool's ``parameters`` sit in the answer's schema as a schema resource of their own (an
+``$id`` per tool; JSON Schema 2020-12 Core, §9.2 "Compound Documents", the way schemas are
+bundled): their local references (``#``, ``#/$defs/...``, ``#/definitions/...``, anchors)
+resolve against the parameters' root, as they do when the same schema is a ``response_format``,
+and two tools' definitions of one name stay apart.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ INSTRUCTIONS = (
     "The tools, as JSON schemas of their arguments:\n{tools}"
 )
 TEXT_ALLOWED = 'To answer without a tool, answer with only {"response": <your answer as text>}. '
+# The base URI of a tool's parameters inside the answer's schema; nothing is fetched from it.
+# Hierarchical (not a URN), so a relative "$id" nested in the parameters resolves per tool.
+PARAMETERS_ID = "llmc:/tools/{name}/parameters"
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class ToolPlan:
                     "type": "object",
                     "properties": {
                         "name": {"const": t.function.name},
-                        arguments_key: t.function.parameters or {"type": "object"},
+                        arguments_key: _arguments_schema(t),
                     },
                     "required": ["name", arguments_key],
                     "additionalProperties": False,
@@ -97,6 +106,17 @@ class ToolPlan:
         return INSTRUCTIONS.format(text=text, tools=json.dumps(tools))
 
 
+def _arguments_schema(tool: ToolDefinition) -> dict[str, Any]:
+    """``tool``'s parameters as a schema resource of their own (module docstring), to be nested
+    anywhere in a larger schema: their ``$id`` is ``PARAMETERS_ID`` (one the parameters set is
+    replaced), and their ``$schema`` is dropped, since a draft-7 one makes a root ``$ref``
+    ignore the ``$id`` beside it (draft 7 ignores every sibling of ``$ref``); the answer's schema
+    is read as 2020-12 throughout."""
+    parameters = tool.function.parameters or {"type": "object"}
+    own = {key: value for key, value in parameters.items() if key not in ("$id", "$schema")}
+    return {"$id": PARAMETERS_ID.format(name=tool.function.name), **own}
+
+
 def plan_tools(
     tools: list[ToolDefinition] | None, tool_choice: ToolChoice | None, parallel: bool | None
 ) -> ToolPlan | None:
@@ -109,7 +129,7 @@ def plan_tools(
     """
     names = [t.function.name for t in tools or []]
     if len(set(names)) != len(names):
-        raise ValueError(f"tools: function names must be unique, got {names}")
+        raise ValueError(f"function names must be unique, got {names}")
     if tool_choice is None or tool_choice == "none":
         return None if tool_choice == "none" or not tools else ToolPlan(tuple(tools), False, True)
     if not tools:
