@@ -1,4 +1,4 @@
-"""Request validation of the real uvicorn server over a real tiny engine (issue 17): invalid
+"""Request validation of the real uvicorn server over a real tiny engine: invalid
 Unicode anywhere is a 400 naming the field, every OpenAI field is honoured or refused by name,
 and each per-request limit is a 400 naming it. The API key, HEAD and the event loop's liveness
 are in ``test_server_access.py``.
