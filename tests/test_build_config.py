@@ -82,5 +82,11 @@ def test_build_help_groups_the_flags_by_concern():
     build = build_parser()._subparsers._group_actions[0].choices["build"]
     groups = {g.title: [a.dest for a in g._group_actions] for g in build._action_groups}
     assert set(GROUPS) <= set(groups)
-    assert groups["export"] == ["max_seq_len", "max_num_tokens", "max_batch", "block_size"]
+    assert groups["export"] == [
+        "max_seq_len",
+        "allow_long_max_seq_len",
+        "max_num_tokens",
+        "max_batch",
+        "block_size",
+    ]
     assert "quant" in groups["quantization"] and "output" in groups["destination"]

