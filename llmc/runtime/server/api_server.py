@@ -64,6 +64,8 @@ def serve(
         expected_manifest_sha256=expected_manifest_sha256,
         speculative_config=limits.speculative,
     )
+    # before any request: built at the first constraint it would stall the engine thread
+    llm_engine.grammars.warm_up()
     engine = AsyncLLMEngine(
         llm_engine,
         max_waiting=lifecycle.max_waiting,
