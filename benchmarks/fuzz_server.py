@@ -1,24 +1,28 @@
-"""Fuzz a running ``llmc serve`` for minutes: the generators of ``tests/test_server_fuzz.py``
-(schemathesis from the server's own ``/openapi.json``, and hypothesis strategies that reach the
-engine), longer, counting outcomes instead of stopping at the first failure.
+"""Fuzz two running ``llmc serve`` for a while: the generators of ``tests/test_server_fuzz.py``
+(schemathesis from the server's own ``/openapi.json``; hypothesis strategies that reach the
+engine; constrained requests: structured outputs and tools, generated and hostile), longer,
+counting outcomes instead of stopping at the first failure.
 
-    python benchmarks/fuzz_server.py --minutes 10
-    python benchmarks/fuzz_server.py --engine engines/gemma-3-270m-cpu-float32-none --minutes 30
+    python benchmarks/fuzz_server.py --duration 600
+    python benchmarks/fuzz_server.py --engine engines/gemma-3-270m-cpu-float32-none --duration 1800
 
-Without ``--engine`` the script builds the tests' tiny Llama (2 layers, hidden 64) into a
-temporary directory (about 30 s) and serves it with a 32-block KV pool. The server is the real
-``llmc serve`` in a child process, with an API key and a 64 KiB body cap (``--serve-args`` adds
-flags). Requests go one at a time on keep-alive connections. First schemathesis' coverage
-phase (every field at and past its bounds, once), then rounds of schemathesis fuzzing
-(positive and negative data on both generation endpoints) and engine requests until
-``--minutes`` are spent.
+Without ``--engine`` the script builds the tests' tiny Llama (2 layers, hidden 64) with a
+1,024-token context into a temporary directory (about 30 s). Two servers, each the real ``llmc
+serve`` in a child process with an API key, as the test's two: one for schemathesis and the
+engine requests (``--max-model-len 128``, a 32-block KV pool, a 64 KiB body cap), one for the
+constrained requests (the whole context, 96 blocks, a 2 MiB body cap, the default constraint
+bounds); ``--serve-args`` and ``--constrained-serve-args`` replace the tiny engine's flags.
+Requests go one at a time on keep-alive connections. First schemathesis' coverage phase (every
+field at and past its bounds, once), then rounds of ``CHUNK`` examples of every generator until
+``--duration`` seconds are spent.
 
-A failure is a 5xx, a 4xx without OpenAI's error body, a stream with an in-band error event or
-cut short, schema-violating data accepted, no answer in ``--hang-s`` seconds, or a dropped
-connection (during a request or right after it). Printed: responses counted by generator,
-endpoint and status; each kind of failure once with its count, the request (as curl) and the
-response; then whether the server still serves, ``/health`` answers 200 and the KV pool is
-free (``/metrics``). Exit status 1 when anything failed.
+A failure is a 5xx, a 4xx without OpenAI's error body, a stream cut short or with an in-band
+error event other than the request's failed constraint, schema-violating data accepted, a
+constrained output that breaks its constraint, no answer in ``--hang-s`` seconds, or a dropped
+connection (during a request or right after it). Printed: the request count; responses counted
+by status, and by generator, endpoint and status; each kind of failure once with its count, the
+request (as curl) and the response; then whether each server still serves, ``/health``
+answers 200 and the KV pool is free (``/metrics``). Exit status 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -51,17 +55,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmc.bench.runner import first_model  # noqa: E402
 from llmc.bench.server_process import ServeProcess  # noqa: E402
 from tests.test_server_fuzz import (  # noqa: E402
+    CONSTRAINED_MAX_BODY,
+    CONSTRAINED_MAX_SEQ_LEN,
     DROPPED_AFTER,
+    MAX_BODY,
     SCHEMA_CHECKS,
+    build_engine,
+    constrained_requests,
     engine_requests,
     openapi_schema,
     post_and_check,
     response_problem,
+    tool_requests,
 )
 
 API_KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-TINY_SERVE_ARGS = "--kv-cache-memory 0.00025 --max-waiting 8"  # 32 blocks of the tiny Llama
+# The tiny Llama's flags for the two servers, as the test's: 32 and 96 KV blocks.
+TINY_SERVE_ARGS = "--max-model-len 128 --kv-cache-memory 0.00025 --max-waiting 8"
+TINY_CONSTRAINED_SERVE_ARGS = "--kv-cache-memory 0.00075 --max-waiting 8"
 CHUNK = 25  # examples of one generator before the next one gets a turn
 
 
@@ -132,13 +144,25 @@ def fuzz(strategy: Any, examples: int, seed_value: int, each: Callable[[Any], No
     run()
 
 
-def run_fuzzing(url: str, model: str, args: argparse.Namespace, tally: Tally) -> None:
+@dataclass(frozen=True)
+class Servers:
+    """The two servers' base URLs and the model name each serves."""
+
+    url: str
+    model: str
+    constrained_url: str
+    constrained_model: str
+
+
+def run_fuzzing(servers: Servers, args: argparse.Namespace, tally: Tally) -> None:
     """Schemathesis' coverage cases once, then rounds of ``CHUNK`` examples of every generator
-    until ``args.minutes`` are spent."""
-    deadline = time.monotonic() + 60 * args.minutes
+    until ``args.duration`` seconds are spent."""
+    deadline = time.monotonic() + args.duration
+    url, model, cmodel = servers.url, servers.model, servers.constrained_model
     schema = openapi_schema(url, model, API_KEY)
     session = requests.Session()
     http = httpx.Client(base_url=url, timeout=args.hang_s, headers=AUTH)
+    chttp = httpx.Client(base_url=servers.constrained_url, timeout=args.hang_s, headers=AUTH)
     operations = [result.ok() for result in schema.get_all_operations()]
     modes = list(schemathesis.GenerationMode)
 
@@ -148,11 +172,15 @@ def run_fuzzing(url: str, model: str, args: argparse.Namespace, tally: Tally) ->
             request = case.as_curl_command(headers=AUTH)
             tally.record((generator, case.operation.label, status), problem, request)
 
-    def send_engine(request: tuple[str, dict[str, Any]]) -> None:
-        if time.monotonic() < deadline:
-            path, body = request
-            status, problem = post_and_check(http, path, body)
-            tally.record(("engine", f"POST {path}", status), problem, _curl(path, body, url))
+    def sender(generator: str, client: httpx.Client) -> Callable[[Any], None]:
+        def send(request: tuple[str, dict[str, Any]]) -> None:
+            if time.monotonic() < deadline:
+                path, body = request
+                status, problem = post_and_check(client, path, body)
+                curl = _curl(path, body, str(client.base_url).rstrip("/"))
+                tally.record((generator, f"POST {path}", status), problem, curl)
+
+        return send
 
     for operation in operations:
         config = schema.config.generation_for(operation=operation)
@@ -160,7 +188,13 @@ def run_fuzzing(url: str, model: str, args: argparse.Namespace, tally: Tally) ->
             operation, generation_modes=modes, generation_config=config
         ):
             send_case(case, "coverage")
-    generators = [(engine_requests(model), send_engine)]
+    generators = [
+        (engine_requests(model), sender("engine", http)),
+        (constrained_requests(cmodel), sender("constrained", chttp)),
+        (constrained_requests(cmodel, hostile=True), sender("constrained-hostile", chttp)),
+        (tool_requests(cmodel), sender("tools", chttp)),
+        (tool_requests(cmodel, hostile=True), sender("tools-hostile", chttp)),
+    ]
     for operation in operations:
         if operation.method.upper() == "POST":
             for mode in modes:
@@ -172,20 +206,8 @@ def run_fuzzing(url: str, model: str, args: argparse.Namespace, tally: Tally) ->
             fuzz(strategy, CHUNK, args.seed + round_index, each)
         round_index += 1
     http.close()
+    chttp.close()
     session.close()
-
-
-def build_tiny_engine(root: Path) -> Path:
-    """The tests' tiny Llama, built for cpu (block size 16, context 128) under ``root``."""
-    from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
-    from tests.tiny_models import make_tiny_llama
-
-    model = make_tiny_llama(root / "model")
-    config = BuildConfig.of(
-        model=str(model), block_size=16, max_seq_len=128, output=str(root / "engine")
-    )
-    return Path(build(config).engine_dir)
 
 
 def check_unharmed(url: str, model: str) -> list[str]:
@@ -219,13 +241,19 @@ def check_unharmed(url: str, model: str) -> list[str]:
 def report(tally: Tally, unharmed: list[str], seconds: float) -> None:
     """Print the counts, each kind of failure once, and the state after the fuzzing."""
     print(f"\n{sum(tally.counts.values())} requests in {seconds:.0f} s")
-    print(f"{'generator':16s} {'endpoint':28s} {'status':8s} {'count':>7s}")
+    by_status: Counter = Counter()
+    for (_, _, status), count in tally.counts.items():
+        by_status[status] += count
+    print("by status: " + ", ".join(f"{s} {n}" for s, n in sorted(by_status.items())))
+    print(f"{'generator':20s} {'endpoint':28s} {'status':8s} {'count':>7s}")
     for (generator, endpoint, status), count in sorted(tally.counts.items()):
-        print(f"{generator:16s} {endpoint:28s} {status:8s} {count:7d}")
+        print(f"{generator:20s} {endpoint:28s} {status:8s} {count:7d}")
     print(f"\n{len(tally.failures)} kinds of failure")
     for kind, (count, request, problem) in sorted(tally.failures.items(), key=lambda kv: -kv[1][0]):
         print(f"\n[{count}x] {kind}\n  request:  {request[:2000]}\n  response: {problem[:1000]}")
-    after = "; ".join(unharmed) or "serves, /health 200, nothing running or waiting, KV usage 0"
+    after = (
+        "; ".join(unharmed) or "each serves, /health 200, nothing running or waiting, KV usage 0"
+    )
     print(f"\nafter the fuzzing: {after}")
 
 
@@ -233,32 +261,55 @@ def main() -> None:
     """Command line: see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", help="engine directory (default: build the tiny Llama)")
-    parser.add_argument("--minutes", type=float, default=5.0, help="how long to fuzz")
+    parser.add_argument("--duration", type=float, default=300.0, help="how long to fuzz, seconds")
     parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
     parser.add_argument("--hang-s", type=float, default=60.0, help="no answer this long: a hang")
     parser.add_argument(
         "--serve-args",
         default=None,
-        help=f"extra llmc serve flags (default for the tiny engine: {TINY_SERVE_ARGS!r})",
+        help=f"extra llmc serve flags of the first server (default for the tiny engine: "
+        f"{TINY_SERVE_ARGS!r})",
+    )
+    parser.add_argument(
+        "--constrained-serve-args",
+        default=None,
+        help="extra llmc serve flags of the constrained requests' server (default for the tiny "
+        f"engine: {TINY_CONSTRAINED_SERVE_ARGS!r})",
     )
     args = parser.parse_args()
     args.seed = random.randrange(2**32) if args.seed is None else args.seed
     print(f"seed {args.seed}")
+    tiny = args.engine is None
     if args.serve_args is None:
-        args.serve_args = "" if args.engine else TINY_SERVE_ARGS
-    serve_args = ["--api-key", API_KEY, "--max-request-body-bytes", "65536"]
+        args.serve_args = TINY_SERVE_ARGS if tiny else ""
+    if args.constrained_serve_args is None:
+        args.constrained_serve_args = TINY_CONSTRAINED_SERVE_ARGS if tiny else ""
+    plain_args = ["--api-key", API_KEY, "--max-request-body-bytes", str(MAX_BODY)]
+    constrained_args = ["--api-key", API_KEY, "--max-request-body-bytes", str(CONSTRAINED_MAX_BODY)]
     with tempfile.TemporaryDirectory() as tmp:
-        engine = args.engine or build_tiny_engine(Path(tmp))
-        with ServeProcess(engine, serve_args + shlex.split(args.serve_args)) as server:
-            model = first_model(server.url, API_KEY)
+        engine = args.engine or build_engine(Path(tmp), CONSTRAINED_MAX_SEQ_LEN)
+        with (
+            ServeProcess(engine, plain_args + shlex.split(args.serve_args)) as server,
+            ServeProcess(
+                engine, constrained_args + shlex.split(args.constrained_serve_args)
+            ) as constrained,
+        ):
+            servers = Servers(
+                server.url,
+                first_model(server.url, API_KEY),
+                constrained.url,
+                first_model(constrained.url, API_KEY),
+            )
             tally = Tally()
             start = time.monotonic()
-            run_fuzzing(server.url, model, args, tally)
+            run_fuzzing(servers, args, tally)
             seconds = time.monotonic() - start
-            unharmed = check_unharmed(server.url, model)
+            unharmed = check_unharmed(servers.url, servers.model)
+            unharmed += check_unharmed(servers.constrained_url, servers.constrained_model)
             report(tally, unharmed, seconds)
             if tally.failures:
                 print(f"\nserver log (tail):\n{server.log_tail(3000)}")
+                print(f"\nconstrained server log (tail):\n{constrained.log_tail(3000)}")
     sys.exit(1 if tally.failures or unharmed else 0)
 
 

@@ -101,7 +101,9 @@ class OpenAIServing:
         if isinstance(prompt, str):
             prompt_ids, text = await self._encode_off_loop(prompt, True, "prompt"), prompt
         else:
-            prompt_ids, text = list(prompt), None  # the engine checks the vocabulary range
+            prompt_ids, text = list(prompt), None
+            if request.echo:  # decoded for the echo before the engine checks them
+                self._check_vocabulary("prompt", prompt_ids)
         prefix = ""
         if request.echo and text is not None:
             prefix = text
@@ -213,10 +215,7 @@ class OpenAIServing:
         or more than twice ``max_model_len`` ids (no model output is that long)."""
         if request.model is not None:
             self._check_model(request.model)
-        try:
-            check_vocabulary("tokens", request.tokens, self.engine.vocab_size)
-        except InvalidRequestError as exc:
-            raise bad_request(str(exc), "tokens") from exc
+        self._check_vocabulary("tokens", request.tokens)
         limit = 2 * self.engine.max_model_len  # as `encode_bounded`'s refusal
         if len(request.tokens) > limit:
             raise bad_request(
@@ -235,6 +234,14 @@ class OpenAIServing:
         (`check_request`), when the request reaches it."""
         self._check_model(request.model)
         self.limits.check(request)
+
+    def _check_vocabulary(self, param: str, token_ids: list[int]) -> None:
+        """400 naming ``param`` for a token id outside the vocabulary (before it is decoded:
+        the tokenizer overflows on ids past 2**32 - 1)."""
+        try:
+            check_vocabulary(param, token_ids, self.engine.vocab_size)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), param) from exc
 
     def _check_model(self, model: str) -> None:
         """404 unless ``model`` is the served model's name."""

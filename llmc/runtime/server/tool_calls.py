@@ -130,11 +130,13 @@ def plan_tools(
     names = [t.function.name for t in tools or []]
     if len(set(names)) != len(names):
         raise ValueError(f"function names must be unique, got {names}")
+    parallel = parallel is not False
     if tool_choice is None or tool_choice == "none":
-        return None if tool_choice == "none" or not tools else ToolPlan(tuple(tools), False, True)
+        if tool_choice == "none" or not tools:
+            return None
+        return ToolPlan(tuple(tools), False, parallel)
     if not tools:
         raise ValueError("tool_choice needs tools: the request defines none")
-    parallel = parallel is not False
     if isinstance(tool_choice, str):
         return ToolPlan(tuple(tools), tool_choice == "required", parallel)
     name = tool_choice.function.name
