@@ -254,6 +254,7 @@ class ScriptedEngine:
     tokenizer = None
     max_model_len = 32
     vocab_size = 1000
+    grammars = None  # no constraint is sent to it
 
     def __init__(self) -> None:
         self.requests: dict[str, tuple[list[int], int]] = {}
@@ -262,7 +263,12 @@ class ScriptedEngine:
         self.gate.set()
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt=None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt=None,
+        grammar=None,
     ) -> None:
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"longer than max_model_len {self.max_model_len}")
