@@ -247,3 +247,20 @@ def test_a_constraint_failing_mid_generation_ends_its_own_completion(llm):
     assert not llm.engine.has_unfinished_requests()
     stats = llm.engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+@pytest.mark.parametrize("choices", [("a.b", "c-d", "(x)*", "e\\f"), ("a|b", "c.d", "[z]")])
+def test_a_choice_matches_its_strings_literally(tiny_tokenizer, choices):
+    """Choices compile to one escaped regex alternation: each string, regex characters and
+    ``|`` included, is accepted as written, and nothing else (``a.b`` does not admit
+    ``axb``)."""
+    compiler = GrammarCompiler(tiny_tokenizer, len(tiny_tokenizer), [tiny_tokenizer.eos_token_id])
+
+    def accepts(text: str) -> bool:
+        state = compiler.state(SO(choice=choices))
+        for token in tiny_tokenizer.encode(text, add_special_tokens=False):
+            state.accept(token)
+        return state.error is None and state.is_stopped
+
+    assert all(accepts(c) for c in choices)
+    assert not accepts(choices[0].replace(".", "x").replace("|", "x"))
