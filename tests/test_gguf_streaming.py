@@ -1,4 +1,4 @@
-"""Issue 20: a GGUF file streams like a safetensors checkpoint. Each tensor of the lazy index
+"""A GGUF file streams like a safetensors checkpoint. Each tensor of the lazy index
 (``gguf_weights``) equals, bit for bit, the float32 weight transformers' whole-file GGUF load
 makes of it; a tiny GGUF's streamed engine equals the in-memory path's engine (weights and
 logits); and the real Gemma 3 270M file's tensors equal transformers' load.
