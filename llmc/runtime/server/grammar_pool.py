@@ -18,6 +18,7 @@ finishes in the background, bounded by llguidance's own limits and the server's 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +27,9 @@ from llmc.runtime.grammar_compiler import GrammarCompiler
 from llmc.runtime.request_check import InvalidRequestError
 from llmc.runtime.server.errors import QueueFullError
 from llmc.runtime.structured_outputs import FIELD, StructuredOutputsParams
+
+#: How much lower the compile workers' CPU priority is than the engine's (``nice`` steps).
+WORKER_NICENESS = 10
 
 
 class GrammarPool:
@@ -48,7 +52,9 @@ class GrammarPool:
             )
         self.compiler = compiler
         self.timeout_s = timeout_s
-        self._executor = ThreadPoolExecutor(num_workers, thread_name_prefix="llmc-grammar")
+        self._executor = ThreadPoolExecutor(
+            num_workers, thread_name_prefix="llmc-grammar", initializer=_lower_priority
+        )
 
     async def compile(self, constraint: StructuredOutputsParams) -> Any:
         """The compiled start state of ``constraint`` (`GrammarCompiler.compile`).
@@ -82,3 +88,13 @@ class GrammarPool:
     def shutdown(self) -> None:
         """Stop the workers once idle; queued compiles are dropped."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    """Run this worker thread at a lower CPU priority (nice + `WORKER_NICENESS`; Linux sets
+    it per thread), so that on a busy host the engine's threads get the cores first and a
+    large compile takes longer rather than the running requests."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICENESS)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the default priority
+        pass
