@@ -251,7 +251,8 @@ class LLMEngine:
         check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
         if params.structured_outputs is not None:
-            start = grammar or self.grammars.compile(params.structured_outputs)
+            constraint = params.structured_outputs
+            start = grammar if grammar is not None else self.grammars.compile(constraint)
             seq.grammar = GrammarState(start)
         self.scheduler.add_request(seq)
         self.outputs.add_request(seq)

@@ -75,7 +75,7 @@ class AsyncLLMEngine:
         engine: LLMEngine,
         max_waiting: int = 64,
         max_consecutive_step_failures: int = 3,
-        grammar_compile_workers: int = 1,
+        grammar_compile_workers: int = 2,
         grammar_compile_timeout: float = 10.0,
     ) -> None:
         if max_consecutive_step_failures < 1:
@@ -180,7 +180,7 @@ class AsyncLLMEngine:
             if params.structured_outputs is not None:
                 grammar = await self._grammars.compile(params.structured_outputs)
             with self._cond:
-                self._check_open(reserved=True)
+                self._check_alive()  # it may have stopped while the constraint compiled
                 self._inbox.append(Add(stream, list(prompt_token_ids), params, prompt, grammar))
                 self._cond.notify()
         except BaseException:
@@ -235,16 +235,19 @@ class AsyncLLMEngine:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    def _check_open(self, reserved: bool = False) -> None:
-        """Under ``_cond``: raise unless the engine takes requests and the queue has room
-        (``reserved``: this request already holds its place)."""
-        if self._dead is not None or self._stopping:
-            raise self._dead or EngineDeadError("the engine is shutting down")
-        if self._num_waiting - reserved >= self.max_waiting:
+    def _check_open(self) -> None:
+        """Under ``_cond``: raise unless the engine takes requests and the queue has room."""
+        self._check_alive()
+        if self._num_waiting >= self.max_waiting:
             raise QueueFullError(
-                f"{self._num_waiting - reserved} requests are already waiting (max_waiting="
+                f"{self._num_waiting} requests are already waiting (max_waiting="
                 f"{self.max_waiting}); retry later"
             )
+
+    def _check_alive(self) -> None:
+        """Under ``_cond``: raise ``EngineDeadError`` unless the engine takes requests."""
+        if self._dead is not None or self._stopping:
+            raise self._dead or EngineDeadError("the engine is shutting down")
 
     def _count_started(self) -> None:
         with self._cond:
