@@ -12,7 +12,7 @@ prefill) on each runtime:
   channel: MLAS's u8s8 GEMM, VNNI where the CPU has it).
 - ``ort-llmc``: the same graph optimized by ONNX Runtime, then its 8-bit ``MatMulNBits`` (w8;
   int4's ``down``; the projection under w8) on llmc's ``BlockInt8MatMul``, as a cpu engine runs
-  on an AVX-512 VNNI host (``llmc.compiler.int8_matmul_rewrite``).
+  on an AVX-512 VNNI host (``llmc.compiler.backends.onnxruntime.rewrites.int8_matmul``).
 - ``ov``, ``ov-bf16``: OpenVINO's runtime compiling the same ONNX graph (weights it sees as
   compressed: DequantizeLinear of int4/int8 constants; f32 or bf16 inference precision).
 
@@ -128,7 +128,7 @@ def _llmc_kernels(path: Path) -> Path:
     MatMulNBits then put on llmc's BlockInt8MatMul; the rewritten model's path."""
     import onnxruntime as ort
 
-    from llmc.compiler.int8_matmul_rewrite import rewrite_block_int8
+    from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import rewrite_block_int8
     from llmc.runtime.ort_env import session_options
 
     optimized = path.with_suffix(".optimized.onnx")

@@ -378,7 +378,7 @@ def build_tiny_engine(root: Path) -> Path:
     """The tests' tiny Llama (2 layers, hidden 64), built for cpu under ``root`` (block size 16,
     a ``TINY_MAX_SEQ_LEN`` context)."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from tests.tiny_models import make_tiny_llama
 
     model = make_tiny_llama(root / "model", max_position_embeddings=TINY_MAX_SEQ_LEN)

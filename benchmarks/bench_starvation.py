@@ -79,7 +79,7 @@ class OldStopMatcher(StopMatcher):
 def tiny_engine(root: Path) -> LLMEngine:
     """The tests' tiny Llama (2 layers, hidden 64), built for cpu under ``root`` (about 15 s)."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from tests.tiny_models import make_tiny_llama
 
     model = make_tiny_llama(root / "model")

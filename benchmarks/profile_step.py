@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench_build_scale import host_line  # benchmarks/ is the script's directory
 
-from llmc.compiler.provider_timing import probe_steps
+from llmc.compiler.backends.onnxruntime.provider_timing import probe_steps
 from llmc.engine.manifest import read_manifest
 from llmc.runtime.ort_runner import OrtRunner
 

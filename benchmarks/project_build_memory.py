@@ -1,6 +1,6 @@
 """What ``llmc build``'s memory plan projects for models too large to build here: the peak host
 memory of each ``--quant`` for Llama-3.2-3B, Llama-3.1-8B and Llama-3.1-70B shapes (the
-formula of ``llmc.compiler.memory_plan``, checked against measured builds of the size ladder
+formula of ``llmc.compiler.memory.plan``, checked against measured builds of the size ladder
 in ``benchmarks/RESULTS.md``).
 
     python benchmarks/project_build_memory.py [--calib-samples 64 --calib-seq-len 256]
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from transformers import LlamaConfig
 
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.engine_size import CheckpointShapes
-from llmc.compiler.memory_plan import GB, plan_for_shapes
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.memory.engine_size import CheckpointShapes
+from llmc.compiler.memory.plan import GB, plan_for_shapes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from make_size_ladder import RUNGS, tensor_shapes  # noqa: E402

@@ -20,7 +20,7 @@ def tensorrt_part(arch: int | None, min_match: int) -> bool | None:
         print(f"\nSKIP tensorrt: `import tensorrt` failed ({error}); install TensorRT 11's "
               "Python package to build and run an engine")  # fmt: skip
         return None
-    from llmc.compiler.build_config import GPU_TARGETS
+    from llmc.compiler.config.build_config import GPU_TARGETS
 
     target = f"sm{arch}"
     if arch is None or target not in GPU_TARGETS:

@@ -14,7 +14,7 @@ from llmc.errors import LlmcError
 def _add_build(sub) -> None:
     import inspect
 
-    from llmc.compiler.build_config import GROUPS
+    from llmc.compiler.config.build_config import GROUPS
     from llmc.compiler.config.source import SourceOptions
     from llmc.option_flags import add_option_flags
 
@@ -50,13 +50,13 @@ def _help(cls, name: str) -> str:
 
 def _run_build(args: argparse.Namespace) -> int:
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
-    from llmc.compiler.progress import BuildProgress
+    from llmc.compiler.config.build_config import BuildConfig
+    from llmc.compiler.stages.build_progress import BuildProgress
 
     skip = ("command", "config", "print_config", "from_stage")
     cli = {k: v for k, v in vars(args).items() if k not in skip}
     if args.from_stage is not None:
-        from llmc.compiler.tensorrt.gpu_build import finish_stage
+        from llmc.compiler.backends.tensorrt.gpu_build import finish_stage
 
         with BuildProgress() as progress:
             result = finish_stage(args.from_stage, cli, progress)
@@ -195,7 +195,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_verify(sub) -> None:
-    from llmc.compiler.verify_config import VerifyConfig
+    from llmc.compiler.verify.config import VerifyConfig
 
     p = sub.add_parser(
         "verify",
@@ -220,9 +220,9 @@ def _add_verify(sub) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from llmc.compiler.progress import BuildProgress
-    from llmc.compiler.verify import result_tables, verify_engine
-    from llmc.compiler.verify_config import VerifyConfig
+    from llmc.compiler.stages.build_progress import BuildProgress
+    from llmc.compiler.verify.config import VerifyConfig
+    from llmc.compiler.verify.verify import result_tables, verify_engine
 
     config = VerifyConfig(**{f.name: getattr(args, f.name) for f in fields(VerifyConfig)})
     with BuildProgress() as progress:
@@ -300,7 +300,7 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from llmc.compiler.tensorrt.inspect import inspect_path
+    from llmc.compiler.backends.tensorrt.inspect import inspect_path
 
     result = inspect_path(args.path, args.target)
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format())

@@ -42,7 +42,7 @@ def tiny_llama_engine(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFac
     """The tiny Llama built into a cpu engine directory (block size 16, max_seq_len 128), run by
     ONNX Runtime; read-only: a test that changes it works on a copy."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
 
     config = BuildConfig.of(
         model=str(tiny_llama_dir),

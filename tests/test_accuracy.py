@@ -24,7 +24,7 @@ NUM_WINDOWS = 3
 def models(tmp_path_factory):
     """Checkpoints and OrtRunners over the unquantized graph of two tiny Gemma 3 models that
     differ only in their random seed, and held-out windows of Shakespeare."""
-    from llmc.compiler.model_source import load_model, resolve_model
+    from llmc.compiler.frontend.model_source import load_model, resolve_model
     from llmc.compiler.stages.export import float_graph
     from llmc.runtime.ort_runner import OrtRunner
 

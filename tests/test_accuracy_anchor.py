@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine.manifest import read_manifest
 from llmc.quant.ggml_q8_0 import quantize_q8_0
 from llmc.quant.grids import dequantize

@@ -9,10 +9,10 @@ import pytest
 
 from llmc.calibration.accuracy import AccuracyReport
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.quantize.accuracy_target import AccuracyTarget
-from llmc.compiler.quantize.assignment import Unit, make_units, upgrade_path
-from llmc.compiler.quantize.search import AccuracyTargetError, search
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
+from llmc.compiler.quantize.search.assignment import Unit, make_units, upgrade_path
+from llmc.compiler.quantize.search.path_search import AccuracyTargetError, search
 from llmc.engine.manifest import read_manifest
 from llmc.errors import BuildConfigError
 from tests.tiny_models import calibration_text, make_tiny_gemma3, quant_config
@@ -92,7 +92,7 @@ class _Additive:
         self.kl, self.heldout_calls, self.sensitivity_calls = kl, 0, 0
 
     def total(self, assignment) -> float:
-        from llmc.compiler.quantize.assignment import unit_name
+        from llmc.compiler.quantize.search.assignment import unit_name
 
         rungs = {unit_name(m): f for m, f in assignment}
         return sum(self.kl[u].get(r, 0.0) for u, r in rungs.items())
@@ -193,7 +193,7 @@ def test_accuracy_target_needs_a_quant():
 def test_gpu_stage_records_a_mixed_assignment_that_passes_the_lint(tiny):
     """sm100, nvfp4 with its fp8 and 8-bit fallbacks: the search runs on the cpu emulation, the
     stage records it, and TensorRT's lint takes the mixed graph."""
-    from llmc.compiler.tensorrt.gpu_build import TensorRTUnavailableError
+    from llmc.compiler.backends.tensorrt.gpu_build import TensorRTUnavailableError
     from llmc.engine.stage import read_stage
 
     root, ckpt, data = tiny

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.int8_matmul_rewrite import OP_TYPE, rewrite_block_int8
+from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import OP_TYPE, rewrite_block_int8
 from llmc.plugins.paged_attention import ort_op
 from llmc.runtime.ort_env import session_options
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmc.cli import build_parser
-from llmc.compiler.build_config import GROUPS, BuildConfig, flatten_options
+from llmc.compiler.config.build_config import GROUPS, BuildConfig, flatten_options
 from llmc.errors import BuildConfigError
 
 

@@ -142,7 +142,7 @@ def test_too_little_text_says_how_many_tokens(tokenizer):
 
 
 def test_sampled_texts_follow_the_seed_and_leave_global_rng_alone(ckpt, tokenizer):
-    from llmc.compiler.model_source import load_model, resolve_model
+    from llmc.compiler.frontend.model_source import load_model, resolve_model
 
     model = load_model(resolve_model(str(ckpt)))  # routed to paged attention
     attention = model.config._attn_implementation
@@ -159,7 +159,7 @@ def test_sampled_texts_follow_the_seed_and_leave_global_rng_alone(ckpt, tokenize
 
 
 def test_load_windows_from_file_and_from_samples(ckpt, tokenizer, tmp_path):
-    from llmc.compiler.model_source import load_model, resolve_model
+    from llmc.compiler.frontend.model_source import load_model, resolve_model
 
     records = [{"text": SHAKESPEARE.read_text()[i * 2000 : (i + 1) * 2000]} for i in range(10)]
     path = write(tmp_path / "d.jsonl", "\n".join(json.dumps(r) for r in records))

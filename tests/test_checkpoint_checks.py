@@ -21,12 +21,12 @@ import pytest
 
 from llmc.cli import build_parser, main
 from llmc.compiler import build as build_module
-from llmc.compiler import memory_plan
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.checkpoint_weights import index_safetensors
-from llmc.compiler.memory_plan import plan_memory
-from llmc.compiler.model_source import resolve_model
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.frontend.model_source import resolve_model
+from llmc.compiler.memory import plan as memory_plan
+from llmc.compiler.memory.plan import plan_memory
+from llmc.compiler.weights.checkpoint_weights import index_safetensors
 from llmc.errors import BuildConfigError, ModelSourceError
 from tests.tiny_models import make_tiny_llama
 

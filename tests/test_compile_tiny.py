@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine.plugin import FPMATH_ATTRIBUTE, REQUIRED_ATTRIBUTES, plugin_nodes
 from llmc.errors import BuildConfigError, EngineCorruptError, EngineMismatchError
 from llmc.plugins.paged_attention import ort_op
@@ -133,8 +133,8 @@ def test_graph_has_one_plugin_per_layer_and_fused_ops(tiny):
 
 def test_exported_plugin_nodes_carry_the_contract(tiny):
     _, ckpt, _ = tiny
-    from llmc.compiler.export import export_onnx
-    from llmc.compiler.model_source import load_model, resolve_model
+    from llmc.compiler.frontend.model_source import load_model, resolve_model
+    from llmc.compiler.frontend.onnx_export import export_onnx
 
     proto = export_onnx(load_model(resolve_model(str(ckpt))), block_size=4)
     nodes = plugin_nodes(proto)
@@ -244,7 +244,7 @@ def test_build_chose_the_provider_by_measurement(tiny, capsys):
     """The manifest records the measured CPU EP, the OpenVINO EP's real reason on a host where
     it exposes no CPU device, and ``llmc inspect`` prints both."""
     from llmc.cli import main
-    from llmc.compiler.provider_choice import ProviderSelection
+    from llmc.compiler.backends.onnxruntime.provider_choice import ProviderSelection
     from llmc.engine.manifest import read_manifest
     from llmc.runtime.execution_provider import openvino_cpu_devices
 
@@ -277,8 +277,8 @@ def test_probe_steps_are_what_a_real_prefill_and_decode_compute(tiny):
     CPU EP."""
     import numpy as np
 
-    from llmc.compiler.provider_choice import select_provider
-    from llmc.compiler.provider_timing import probe_steps, time_steps
+    from llmc.compiler.backends.onnxruntime.provider_choice import select_provider
+    from llmc.compiler.backends.onnxruntime.provider_timing import probe_steps, time_steps
     from llmc.runtime.ort_runner import OrtRunner
     from llmc.runtime.step_inputs import single_prefill
 

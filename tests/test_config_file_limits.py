@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmc.cli import main
-from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.config_file import MAX_CONFIG_BYTES, read_config_file
 from llmc.errors import BuildConfigError, EngineConfigError
 from llmc.runtime.server.serve_config import ServeConfig

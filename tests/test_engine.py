@@ -300,7 +300,7 @@ def test_llm_generate_aborts_all_its_requests_when_a_step_fails(tokenizer):
 def test_from_engine_dir_defaults_and_overrides(llama_dir, tmp_path):
     """A real built engine: its build limits are the defaults, overrides win, bad ones fail."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
 
     out = tmp_path / "engine"
     build(
@@ -352,7 +352,7 @@ def hf_reference(llama_dir) -> list[list[int]]:
 
 
 def torch_engine(llama_dir, tokenizer, num_blocks=64, **kw) -> LLMEngine:
-    from llmc.compiler.torch_runner import TorchRunner
+    from llmc.compiler.frontend.torch_runner import TorchRunner
 
     runner = TorchRunner(llama_dir, num_blocks=num_blocks, block_size=4)
     cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_model_len=64, **kw)

@@ -27,7 +27,7 @@ SEGMENT = "segments/segment_000.onnx"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
 
     tmp = tmp_path_factory.mktemp("integrity")
     checkpoint = make_tiny_llama(tmp / "checkpoint")

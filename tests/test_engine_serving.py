@@ -17,7 +17,7 @@ MAX_SEQ_LEN = 64
 @pytest.fixture(scope="module")
 def engine_dir(tmp_path_factory) -> Path:
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from tests.tiny_models import make_tiny_llama
 
     root = tmp_path_factory.mktemp("serving")

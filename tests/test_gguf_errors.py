@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmc.compiler.gguf_file import check_gguf
-from llmc.compiler.model_source import resolve_model
+from llmc.compiler.frontend.gguf_file import check_gguf
+from llmc.compiler.frontend.model_source import resolve_model
 from llmc.errors import ModelSourceError
 
 _FIXTURE_SETTINGS = settings(

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.gguf_file import check_gguf
-from llmc.compiler.gguf_weights import can_stream_gguf, index_gguf
-from llmc.compiler.model_source import ModelSource, load_model, resolve_model
-from llmc.compiler.streaming_export import can_stream, meta_model
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.frontend.gguf_file import check_gguf
+from llmc.compiler.frontend.gguf_weights import can_stream_gguf, index_gguf
+from llmc.compiler.frontend.model_source import ModelSource, load_model, resolve_model
+from llmc.compiler.frontend.streamed_export import can_stream, meta_model
 from tests.test_streaming_build import in_memory_engine, prefill_logits, weight_digests
 from tests.tiny_models import train_tokenizer
 

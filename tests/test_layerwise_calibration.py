@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_by_segment, collect_stats
 from llmc.calibration.stats_cache import StatsCache
-from llmc.compiler.model_source import load_model, load_tokenizer, resolve_model
+from llmc.compiler.frontend.model_source import load_model, load_tokenizer, resolve_model
 from llmc.compiler.quantize.qdq import (
     GraphQuantizer,
     QuantSpec,
@@ -178,7 +178,7 @@ def test_accuracy_report_equals_whole_graph_scoring(tmp_path):
     side (``evaluate_accuracy``) on the same windows."""
     from llmc.calibration.accuracy import evaluate_accuracy
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from llmc.compiler.quantize import pipeline
     from tests.tiny_models import SHAKESPEARE
 

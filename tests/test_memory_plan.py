@@ -12,8 +12,8 @@ import onnx_ir as ir
 import pytest
 
 from llmc.calibration.collect import collect_by_segment
-from llmc.compiler.engine_size import CheckpointShapes
-from llmc.compiler.model_source import load_model, resolve_model
+from llmc.compiler.frontend.model_source import load_model, resolve_model
+from llmc.compiler.memory.engine_size import CheckpointShapes
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, gptq_keys
 from llmc.compiler.stages.export import float_graph
 from llmc.runtime.layerwise_runner import LayerwiseRunner

@@ -15,13 +15,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.calibration.observers import TensorStats
+from llmc.compiler.backends.tensorrt.gpu_build import TensorRTUnavailableError
+from llmc.compiler.backends.tensorrt.lint import lint_file, lint_model
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.quantize import microscaling_cpu
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize.formats import FORMATS, fp8, mxfp8, nvfp4
+from llmc.compiler.quantize.formats import microscaling_emulation as microscaling_cpu
 from llmc.compiler.quantize.qdq import UniqueNames, write_linear
-from llmc.compiler.tensorrt.gpu_build import TensorRTUnavailableError
-from llmc.compiler.tensorrt.lint import lint_file, lint_model
 from llmc.engine.manifest import read_manifest
 from llmc.engine.stage import read_stage
 from llmc.errors import BuildConfigError

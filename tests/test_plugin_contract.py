@@ -74,8 +74,8 @@ def test_a_node_call_binds_back_to_its_inputs_and_attributes() -> None:
 
 def test_torch_op_and_its_onnx_translation_take_the_inputs_then_the_exported_attributes() -> None:
     pytest.importorskip("onnxscript")
-    from llmc.compiler.attention import paged_attention_op
-    from llmc.compiler.export import _translation
+    from llmc.compiler.frontend.attention import paged_attention_op
+    from llmc.compiler.frontend.onnx_export import _translation
 
     kinds = dict(PLUGIN_ATTRIBUTES)
     arguments = paged_attention_op._opoverload._schema.arguments

@@ -13,10 +13,8 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from llmc.compiler import provider_choice
-from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.provider_choice import (
+from llmc.compiler.backends.onnxruntime import provider_choice
+from llmc.compiler.backends.onnxruntime.provider_choice import (
     ACCEPTED,
     PENDING,
     REJECTED,
@@ -27,7 +25,9 @@ from llmc.compiler.provider_choice import (
     choose,
     judge,
 )
-from llmc.compiler.provider_timing import max_relative_diff, probe_steps
+from llmc.compiler.backends.onnxruntime.provider_timing import max_relative_diff, probe_steps
+from llmc.compiler.build import build
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine.manifest import parse_manifest
 from llmc.engine.provider import CPU_EP, HYBRID, OPENVINO_EP, OPENVINO_RUNTIME
 from llmc.errors import BuildConfigError
@@ -250,7 +250,7 @@ def test_probe_steps_stay_within_the_engines_limits():
 def test_the_chosen_hybrid_records_its_boundary_and_a_host_without_openvino_refuses_it():
     from dataclasses import replace
 
-    from llmc.compiler.stages.report import chosen_provider
+    from llmc.compiler.backends.onnxruntime.report import chosen_provider
     from llmc.engine.targets.cpu import check_provider_version
     from llmc.errors import EngineMismatchError
     from llmc.runtime.hybrid_runner import MIN_OPENVINO_TOKENS

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.qkv_rope_rewrite import OP_TYPE, fuse_qkv_rope
+from llmc.compiler.backends.onnxruntime.rewrites.qkv_rope import OP_TYPE, fuse_qkv_rope
 from llmc.plugins.paged_attention import ort_op
 from llmc.runtime.ort_env import session_options
 

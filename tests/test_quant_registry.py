@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from llmc.cli import build_parser
+from llmc.compiler.backends.tensorrt.gpu_build import TensorRTUnavailableError
 from llmc.compiler.build import build
-from llmc.compiler.build_config import QUANTS, BuildConfig
+from llmc.compiler.config.build_config import QUANTS, BuildConfig
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
-from llmc.compiler.tensorrt.gpu_build import TensorRTUnavailableError
 from llmc.engine.manifest import read_manifest
 from llmc.engine.stage import read_stage
 from llmc.errors import BuildConfigError

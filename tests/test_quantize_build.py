@@ -10,10 +10,10 @@ import onnx
 import pytest
 
 from llmc.calibration.data import CalibrationDataError
+from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import OP_TYPE as BLOCK_INT8
+from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import block_int8_matmul_available
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.int8_matmul_rewrite import OP_TYPE as BLOCK_INT8
-from llmc.compiler.int8_matmul_rewrite import block_int8_matmul_available
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.manifest import read_manifest
 from llmc.errors import BuildConfigError

@@ -11,13 +11,13 @@ from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_stats
 from llmc.calibration.stats_cache import load_stats, save_stats
-from llmc.compiler.lower_cpu import lower_to_cpu
-from llmc.compiler.model_source import load_model, resolve_model
+from llmc.compiler.backends.onnxruntime.host import int8_bound_pairs
+from llmc.compiler.backends.onnxruntime.lower import lower_to_cpu
+from llmc.compiler.frontend.model_source import load_model, resolve_model
 from llmc.compiler.quantize import pipeline
+from llmc.compiler.quantize.matmul_targets import find_targets
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, gptq_keys, quantize_graph
-from llmc.compiler.quantize.targets import find_targets
 from llmc.compiler.stages.export import float_graph
-from llmc.compiler.stages.host import int8_bound_pairs
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.plugin import OP_TYPE
 from llmc.runtime.ort_runner import OrtRunner

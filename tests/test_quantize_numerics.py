@@ -163,7 +163,7 @@ def test_int8_weights_this_host_runs_exactly_on_orts_integer_gemm():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmc.compiler.stages.host import int8_bound_pairs
+    from llmc.compiler.backends.onnxruntime.host import int8_bound_pairs
     from llmc.engine.isa import detect_host_isa
     from llmc.runtime.ort_env import session_options
 

@@ -18,8 +18,8 @@ import torch
 from pydantic import BaseModel, Field
 
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.model_source import resolve_model
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.frontend.model_source import resolve_model
 from llmc.runtime.engine import LLMEngine
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.step_inputs import StepInputs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from llmc.compiler.build_config import FP8_TARGETS, GPU_TARGETS
+from llmc.compiler.config.build_config import FP8_TARGETS, GPU_TARGETS
 
 CI = Path(__file__).resolve().parents[1] / "ci"
 

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from llmc.cli import main
-from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine.files import verify_engine_files
 from llmc.engine.isa import FEATURES, detect_host_isa
 from llmc.engine.manifest import EngineManifest, file_digests, read_manifest, write_manifest

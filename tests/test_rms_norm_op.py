@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.norm_rewrite import (
+from llmc.compiler.backends.onnxruntime.rewrites.rms_norm import (
     NORM_SKIP_OP,
     PLAIN_OP,
     SKIP_OP,

@@ -805,7 +805,7 @@ def build_engine(root: Path, max_seq_len: int) -> Path:
     """The tests' tiny Llama (2 layers, hidden 64, vocabulary 512), built for cpu with block
     size 16 and ``max_seq_len`` under ``root``."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from tests.tiny_models import make_tiny_llama
 
     model = make_tiny_llama(root / "model", max_position_embeddings=max(512, max_seq_len))

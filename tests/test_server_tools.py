@@ -46,7 +46,7 @@ def tools_engine(tmp_path_factory) -> Path:
     """A tiny Llama with room for the tools' instructions (its 512-token vocabulary spells
     them in hundreds of tokens)."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from tests.tiny_models import make_tiny_llama
 
     root = tmp_path_factory.mktemp("tools")

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from llmc.compiler.shared_weights import compact_files, share_weights
+from llmc.compiler.weights.shared_weights import compact_files, share_weights
 
 RNG = np.random.default_rng(0)
 ZEROS = np.zeros(4096, np.int8)  # an int8 zero point: the same in every layer

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from llmc.compiler.single_graph import GRAPH_FILE, write_single_graph
+from llmc.compiler.backends.onnxruntime.single_graph import GRAPH_FILE, write_single_graph
 from llmc.engine.plan import ExecutionPlan, save_plan
 from llmc.engine.plugin import node_fpmath_mode, plugin_nodes
 from llmc.runtime.ort_runner import OrtRunner

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.skip_norm import (
+from llmc.compiler.backends.onnxruntime.rewrites.skip_norm import (
     FUSED_OP,
     PLAIN_OP,
     fuse_skip_rms_norm,

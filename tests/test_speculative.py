@@ -119,7 +119,7 @@ def test_a_draft_model_that_agrees_is_accepted_and_changes_nothing(tiny_llama_en
 def other_engine(tmp_path_factory) -> Path:
     """A tiny Llama with other random weights: a draft the target mostly rejects."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from tests.conftest import TINY_MAX_SEQ_LEN
     from tests.tiny_models import make_tiny_llama
 
@@ -360,7 +360,7 @@ def test_build_with_a_draft_serves_it_and_refuses_a_tampered_one(
 def tiny_gemma3_engines(tmp_path_factory) -> tuple[Path, Path]:
     """Two tiny Gemma 3 engines (a sliding layer of window 8 and a global one), seeds 0 and 5."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from tests.conftest import TINY_MAX_SEQ_LEN
     from tests.tiny_models import make_tiny_gemma3
 

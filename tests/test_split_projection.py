@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 from onnx.external_data_helper import ExternalDataInfo
 
-from llmc.compiler import lower_cpu
+from llmc.compiler.backends.onnxruntime import lower as lower_cpu
+from llmc.compiler.backends.onnxruntime.rewrites.split_projection import split_projections
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.split_projection import split_projections
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.runtime.ort_runner import OrtRunner
 from llmc.runtime.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3

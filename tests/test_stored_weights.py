@@ -12,7 +12,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from llmc.compiler.stored_weights import (
+from llmc.compiler.weights.stored_weights import (
     STORED_SUFFIX,
     fold_stored_weights,
     store_weights,
@@ -162,7 +162,7 @@ def test_a_bfloat16_checkpoint_weight_is_stored_as_the_checkpoints_own_bytes(tmp
     # back as the file's bytes: no float32 value is made to narrow it again.
     from safetensors.numpy import save_file
 
-    from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
+    from llmc.compiler.weights.checkpoint_weights import bind_initializers, index_safetensors
 
     w, bias = _bf16_exact((64, 48), 3), np.zeros(48, np.float32)
     save_file({"w": w.astype(ml_dtypes.bfloat16)}, str(tmp_path / "model.safetensors"))
@@ -186,8 +186,8 @@ def test_a_transposed_bfloat16_checkpoint_weight_is_written_from_the_checkpoints
     # is made from the stored bfloat16 bytes, never widened to float32 and narrowed back.
     from safetensors.numpy import save_file
 
-    from llmc.compiler.checkpoint_weights import bind_initializers, index_safetensors
     from llmc.compiler.passes.weight_transpose import TRANSPOSED_SOURCE, fold_weight_transposes
+    from llmc.compiler.weights.checkpoint_weights import bind_initializers, index_safetensors
 
     w = _bf16_exact((48, 64), 5)  # [out, in], as nn.Linear stores it
     save_file({"w": w.astype(ml_dtypes.bfloat16)}, str(tmp_path / "model.safetensors"))

@@ -13,12 +13,12 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from llmc.compiler.backends.onnxruntime.host import plan_cpu
+from llmc.compiler.backends.onnxruntime.lower import lower_to_cpu
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.lower_cpu import lower_to_cpu
-from llmc.compiler.memory_plan import plan_memory
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.memory.plan import plan_memory
 from llmc.compiler.stages.export import export
-from llmc.compiler.stages.host import plan_cpu
 from llmc.compiler.stages.load import load, resolve
 from llmc.engine.plan import load_plan
 from llmc.engine.plugin import node_fpmath_mode, plugin_nodes
@@ -85,8 +85,8 @@ def test_bfloat16_checkpoint_streams_to_the_float32_weights_transformers_loads(t
 def test_bfloat16_float_graph_is_stored_at_half_width(family, tmp_path, monkeypatch):
     """The float graph of a bf16 checkpoint is written in bf16 (half the bytes) and reads back
     as the float32 graph written without storing: same initializers, names and values."""
-    from llmc.compiler import streaming_export
-    from llmc.compiler.streaming_export import FLOAT_GRAPH, load_float_graph
+    from llmc.compiler.frontend import streamed_export as streaming_export
+    from llmc.compiler.frontend.streamed_export import FLOAT_GRAPH, load_float_graph
 
     make = make_tiny_llama if family == "llama" else make_tiny_gemma3
     bf16 = bfloat16_copy(make(tmp_path / "f32", sharp=True), tmp_path / "bf16")
@@ -205,8 +205,8 @@ def test_tied_embedding_is_stored_once(tmp_path):
 def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
     """The engine the in-memory path writes for a quantized ``config``: the model loaded whole,
     the float graph exported and quantized in memory."""
-    from llmc.compiler.stages.host import plan_cpu
-    from llmc.compiler.stages.lower import lower_cpu
+    from llmc.compiler.backends.onnxruntime.host import plan_cpu
+    from llmc.compiler.backends.onnxruntime.lower_stage import lower_cpu
     from llmc.compiler.stages.quantize import quantize, read_texts
 
     texts = read_texts(config)

@@ -168,7 +168,7 @@ def test_gpu_build_agrees_with_its_sm_target(tiny_llama_dir: Path, tmp_path: Pat
     """A real sm90 build: without TensorRT or an sm90 GPU it writes the portable stage and
     names what ``missing_for_build`` says; its target and dtype are the sm90 target's."""
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from llmc.engine import stage as st
 
     sm90 = target("sm90")

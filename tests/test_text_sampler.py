@@ -6,11 +6,11 @@ import onnx
 import pytest
 from transformers import AutoTokenizer
 
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.memory_plan import plan_memory
+from llmc.compiler.backends.onnxruntime.text_sampler import EngineTextSampler
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.memory.plan import plan_memory
 from llmc.compiler.stages.export import export
 from llmc.compiler.stages.load import load, resolve
-from llmc.compiler.text_sampler import EngineTextSampler
 
 
 @pytest.fixture(scope="module")

@@ -229,7 +229,7 @@ def native_server(
     from transformers import AutoTokenizer
 
     from llmc.compiler.build import build
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
     from llmc.runtime.engine import LLMEngine
     from tests.tiny_models import make_tiny_llama
 

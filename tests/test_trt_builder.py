@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmc.compiler.tensorrt.builder import ShapeRange, TensorRTBuildError, build_plan
+from llmc.compiler.backends.tensorrt.builder import ShapeRange, TensorRTBuildError, build_plan
 from llmc.plugins.paged_attention import trt_register
 from llmc.plugins.paged_attention.trt_register import cuda_array_interface
 

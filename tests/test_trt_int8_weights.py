@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.tensorrt.int8_weights import blockwise_int8_to_per_channel
+from llmc.compiler.quantize.formats.int8_weights import blockwise_int8_to_per_channel
 
 
 def _graph(q: np.ndarray, block_scale: np.ndarray, block: int) -> onnx.ModelProto:

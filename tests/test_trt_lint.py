@@ -13,13 +13,13 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-import llmc.compiler.tensorrt.lower as lower_mod
+import llmc.compiler.backends.tensorrt.lower as lower_mod
 from llmc.calibration.collect import collect_stats
-from llmc.compiler.model_source import load_model, resolve_model
+from llmc.compiler.backends.tensorrt.lint import lint_model
+from llmc.compiler.backends.tensorrt.lower import lower_for_tensorrt
+from llmc.compiler.frontend.model_source import load_model, resolve_model
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_graph
 from llmc.compiler.stages.export import float_graph
-from llmc.compiler.tensorrt.lint import lint_model
-from llmc.compiler.tensorrt.lower import lower_for_tensorrt
 from llmc.engine.plugin import DOMAIN, plugin_nodes
 from llmc.plugins.paged_attention.reference import paged_attention_reference
 from llmc.runtime.ort_runner import OrtRunner

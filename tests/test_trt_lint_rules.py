@@ -14,11 +14,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import llmc.compiler.tensorrt.lint as lint_mod
-import llmc.compiler.tensorrt.lower as lower_mod
+import llmc.compiler.backends.tensorrt.lint as lint_mod
+import llmc.compiler.backends.tensorrt.lower as lower_mod
 from llmc.cli import main
-from llmc.compiler.tensorrt.lint import lint_model
-from llmc.compiler.tensorrt.plugin_io import PTX_ISA_KEY, set_metadata
+from llmc.compiler.backends.tensorrt.lint import lint_model
+from llmc.compiler.backends.tensorrt.plugin_io import PTX_ISA_KEY, set_metadata
 from llmc.engine import stage as st
 from llmc.engine.gpu import missing_for_build
 from llmc.engine.plugin import PLUGIN_ATTRIBUTES, PluginAttributes, plugin_nodes

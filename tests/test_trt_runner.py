@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from llmc.compiler.tensorrt.builder import BuildPhases, ShapeRange, optimization_profile
+from llmc.compiler.backends.tensorrt.builder import BuildPhases, ShapeRange, optimization_profile
 from llmc.engine.gpu import GpuInfo, arch_capability
 from llmc.engine.host import check_gpu_host
 from llmc.engine.manifest import EngineManifest, read_manifest, write_manifest
@@ -183,7 +183,7 @@ def test_ctrl_c_during_a_build_cancels_through_the_monitor():
     import threading
     import time
 
-    from llmc.compiler.tensorrt.builder import _build_cancellable
+    from llmc.compiler.backends.tensorrt.builder import _build_cancellable
 
     phases = BuildPhases()
     steps = []

@@ -15,10 +15,10 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler import memory_plan
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.tensorrt import portable_stage
-from llmc.compiler.tensorrt.int8_weights import (
+from llmc.compiler.backends.tensorrt import portable_stage
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.memory import plan as memory_plan
+from llmc.compiler.quantize.formats.int8_weights import (
     blockwise_int8_to_per_channel,
     lazy_blockwise_int8_to_per_channel,
 )

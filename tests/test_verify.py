@@ -15,8 +15,8 @@ import pytest
 from llmc.calibration.accuracy import AccuracyReport
 from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.build import build
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.verify import VerifyConfig, VerifyError, result_tables, verify_engine
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.verify.verify import VerifyConfig, VerifyError, result_tables, verify_engine
 from llmc.engine.manifest import read_manifest, write_manifest
 from llmc.engine.plan import load_plan
 from llmc.errors import ModelSourceError
@@ -144,7 +144,7 @@ def test_tensor_names_the_exporter_swaps_are_matched_by_value(engines, tmp_path)
     assert names[verify_seed] != names[build_seed]
 
     code = (
-        "import json, sys; from llmc.compiler.verify import VerifyConfig, verify_engine; "
+        "import json, sys; from llmc.compiler.verify.verify import VerifyConfig, verify_engine; "
         f"rs = [verify_engine(e, VerifyConfig(data=sys.argv[1], **{FAST!r})) "
         "for e in sys.argv[2:]]; "
         "print(json.dumps([{'renamed': r.renamed, 'segments': "

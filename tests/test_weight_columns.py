@@ -11,9 +11,9 @@ import onnx_ir as ir
 import pytest
 
 from llmc.compiler.quantize.formats import int8_weight_only
-from llmc.compiler.quantize.targets import QuantTarget
+from llmc.compiler.quantize.matmul_targets import QuantTarget
 from llmc.compiler.quantize.weight_columns import WeightColumns
-from llmc.compiler.stored_weights import (
+from llmc.compiler.weights.stored_weights import (
     WidenedTensor,
 )
 from llmc.quant.protocol import QuantSpec

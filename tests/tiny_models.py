@@ -120,7 +120,7 @@ def bfloat16_copy(ckpt: Path, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from llmc.compiler.checkpoint_weights import index_safetensors
+    from llmc.compiler.weights.checkpoint_weights import index_safetensors
 
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
     model.save_pretrained(out)
@@ -145,7 +145,7 @@ def quant_config(model: Path, root: Path, data: Path, quant: str, name: str, **k
     """A small quantized build of ``model`` into ``root / name``: 8-token blocks, 4 calibration
     windows of 64 tokens from ``data``, 2 held-out windows, statistics cached in ``root``;
     ``kw`` sets or overrides any other option by its flat name."""
-    from llmc.compiler.build_config import BuildConfig
+    from llmc.compiler.config.build_config import BuildConfig
 
     options = {
         "block_size": 8,

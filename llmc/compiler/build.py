@@ -11,25 +11,25 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.build_stats import BuildStats
-from llmc.compiler.memory_plan import plan_memory
-from llmc.compiler.progress import BuildProgress
-from llmc.compiler.provider_choice import check_requested
-from llmc.compiler.quantize.search import AccuracyTargetError
-from llmc.compiler.staged_dir import scratch_dir, staged_dir
+from llmc.compiler.backends.onnxruntime.host import plan_cpu
+from llmc.compiler.backends.onnxruntime.lower_stage import lower_cpu
+from llmc.compiler.backends.onnxruntime.provider_choice import check_requested
+from llmc.compiler.backends.onnxruntime.report import report_cpu
+from llmc.compiler.backends.tensorrt.gpu_build import build_gpu
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.memory.plan import plan_memory
+from llmc.compiler.quantize.search.path_search import AccuracyTargetError
+from llmc.compiler.stages.build_progress import BuildProgress
+from llmc.compiler.stages.build_stats import BuildStats
 from llmc.compiler.stages.export import export
-from llmc.compiler.stages.host import plan_cpu
 from llmc.compiler.stages.load import load, resolve
-from llmc.compiler.stages.lower import lower_cpu
 from llmc.compiler.stages.manifest import write_cpu_manifest
 from llmc.compiler.stages.publish import publish_result
 from llmc.compiler.stages.quantize import quantize, read_texts, sampling_model
-from llmc.compiler.stages.report import report_cpu
 from llmc.compiler.stages.result import BuildResult
-from llmc.compiler.tensorrt.gpu_build import build_gpu
 from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
 from llmc.engine.manifest import parse_manifest, read_manifest, write_manifest
+from llmc.engine.staged_dir import scratch_dir, staged_dir
 from llmc.errors import BuildConfigError
 from llmc.heap import collect_new_objects_only
 from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR

@@ -95,9 +95,9 @@ class EngineManifest(ManifestCore):
     provider_selection: dict | None = None  # cpu: candidates measured (provider_choice)
     accuracy_report: dict | None = None  # quantized builds: against the unquantized model
     # TensorRT engines: version, cuda_version, compute_capability, plan file, builder options,
-    # optimization profiles, lint summary (``llmc.compiler.tensorrt.engine_dir``).
+    # optimization profiles, lint summary (``llmc.compiler.backends.tensorrt.engine_dir``).
     tensorrt: dict | None = None
-    # Wall time and peak RSS of the build, whole and per stage (llmc.compiler.build_stats).
+    # Wall time and peak RSS of the build, whole and per stage (llmc.compiler.stages.build_stats).
     build_stats: dict | None = None
     # The draft engine built beside it (--draft): {"path", "quant", "manifest_sha256",
     # "accuracy_report"}; the runtime loads it for speculative decoding only if its manifest

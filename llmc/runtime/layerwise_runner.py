@@ -63,7 +63,7 @@ class LayerwiseRunner:
             session is made; it may write external data to ``external_data_dir / file_name``
             (removed once the session has loaded it) and returns the graph to run. The build
             widens a float graph's 16-bit stored weights this way
-            (``llmc.compiler.stored_weights.widen_segment``).
+            (``llmc.compiler.weights.stored_weights.widen_segment``).
         engine_kernels: optimize each segment as the CPU lowering does (ORT_ENABLE_ALL, so
             Q/DQ MatMuls fuse into the kernels an engine runs) with ``session_config``'s
             entries, instead of ORT_ENABLE_BASIC; for scoring quantized graphs as the engine

@@ -13,7 +13,7 @@ class Runner(Protocol):
     """Executes the model on one packed step and owns the paged KV cache.
 
     Implementations: ``OrtRunner`` (CPU engines), ``TrtRunner`` (TensorRT engines) and
-    ``llmc.compiler.torch_runner.TorchRunner`` (the eager reference).
+    ``llmc.compiler.frontend.torch_runner.TorchRunner`` (the eager reference).
     """
 
     num_blocks: int

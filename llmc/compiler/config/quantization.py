@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmc.compiler.config.option import check_choices, option
-from llmc.compiler.quantize.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.formats import FORMATS, QuantChoices
+from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.config_file import short_repr
 from llmc.errors import BuildConfigError
 from llmc.quant.protocol import FormatDefaults

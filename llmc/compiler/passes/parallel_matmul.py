@@ -14,7 +14,7 @@ from collections import defaultdict
 import numpy as np
 import onnx_ir as ir
 
-from llmc.compiler.module_names import (
+from llmc.compiler.passes.module_names import (
     NAME_SCOPES_KEY,
     fused_module_name,
     module_name_from_scopes,

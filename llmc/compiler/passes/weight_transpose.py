@@ -4,7 +4,7 @@ The exporter writes ``nn.Linear`` as ``MatMul(x, Transpose(W))``. Constant foldi
 every weight and hold its transposed copy in memory, the whole model at once; this pass
 replaces each such pair by one initializer whose values are transposed when it is written
 (``onnx_ir.LazyTensor``), so a streaming build reads one weight at a time
-(``llmc.compiler.checkpoint_weights``). The graph is the one constant folding gives.
+(``llmc.compiler.weights.checkpoint_weights``). The graph is the one constant folding gives.
 """
 
 from __future__ import annotations

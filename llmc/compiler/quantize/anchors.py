@@ -26,8 +26,8 @@ import onnx_ir as ir
 
 from llmc.calibration.observers import TensorStats
 from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.matmul_targets import find_targets
 from llmc.compiler.quantize.qdq import base_format, kept_float
-from llmc.compiler.quantize.targets import find_targets
 from llmc.compiler.quantize.tensor_spill import SPILL_THRESHOLD_BYTES, spill_array
 from llmc.quant.ggml_q8_0 import QK8_0, quantize_q8_0
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
@@ -53,7 +53,7 @@ def gguf_source_types(path) -> SourceTypes:
     """The stored types of the GGUF file at ``path`` (its header only)."""
     from gguf import GGMLQuantizationType
 
-    from llmc.compiler.gguf_file import check_gguf
+    from llmc.compiler.frontend.gguf_file import check_gguf
 
     summary = check_gguf(path)
     counts = Counter(GGMLQuantizationType(t.ggml_type).name for t in summary.tensors)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import QuantReport
@@ -123,8 +123,8 @@ def quantize(
 
     from llmc.calibration.collect import calibration_key
     from llmc.calibration.stats_cache import StatsCache
+    from llmc.compiler.frontend.streamed_export import load_float_graph
     from llmc.compiler.quantize.qdq import GraphQuantizer, calibration_tensors, gptq_keys
-    from llmc.compiler.streaming_export import load_float_graph
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.version import __version__
 
@@ -153,7 +153,7 @@ def quantize(
     target = config.quantization.target
     targeted = anchors = anchor_dir = None
     if target is not None:
-        from llmc.compiler.quantize.targeted import TargetedQuantization
+        from llmc.compiler.quantize.search.targeted import TargetedQuantization
 
         targeted = TargetedQuantization(graph, spec, config.target.arch, str(config.source.dtype))
     if calib.anchor == "auto":
@@ -205,7 +205,7 @@ def quantize(
         if targeted is None:
             report = quantizer.finish()
     if targeted is not None or anchors is not None:
-        from llmc.compiler.quantize.heldout_scoring import score_heldout
+        from llmc.compiler.quantize.search.heldout_scoring import score_heldout
 
         def load(source: TextSource, num: int) -> list[np.ndarray]:
             return windows_of(source, hf_model, tokenizer, num, calib.calib_seq_len)
@@ -274,7 +274,7 @@ def _cache_use(calibrated: bool, cached: bool, cache) -> str:
 def _widener(weights_dir: Path | None):
     """``LayerwiseRunner``'s ``prepare`` for a float graph whose 16-bit stored weights are in
     ``weights_dir`` (``stored_weights.widen_segment``), None without one."""
-    from llmc.compiler.stored_weights import widen_segment
+    from llmc.compiler.weights.stored_weights import widen_segment
 
     if weights_dir is None:
         return None
@@ -340,7 +340,7 @@ def accuracy_report(
     import tempfile
 
     from llmc.calibration.accuracy import check_windows, score_logits
-    from llmc.compiler.quantize.assignment_eval import spill_logits
+    from llmc.compiler.quantize.search.assignment_eval import spill_logits
     from llmc.runtime.cpu_runner import cpu_runner
     from llmc.runtime.layerwise_runner import LayerwiseRunner
     from llmc.runtime.step_inputs import single_prefill

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from llmc.calibration.observers import TensorStats
 from llmc.compiler.quantize import microscaling_graph
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
-from llmc.compiler.quantize.targets import QuantTarget, find_targets, is_excluded
+from llmc.compiler.quantize.matmul_targets import QuantTarget, find_targets, is_excluded
 from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.engine.plugin import DOMAIN, OP_TYPE
 from llmc.quant.grids import FP8_E4M3, INT8, QuantizedWeight

@@ -9,11 +9,11 @@ from typing import Any
 import onnx
 
 from llmc.compiler.config.export import ExportOptions
-from llmc.compiler.export import export_onnx
+from llmc.compiler.frontend.onnx_export import export_onnx
+from llmc.compiler.frontend.streamed_export import write_float_graph
 from llmc.compiler.passes import run_passes
 from llmc.compiler.stages.load import LoadedModel
 from llmc.compiler.stages.progress import Stage, no_stage
-from llmc.compiler.streaming_export import write_float_graph
 
 
 @dataclass(frozen=True)

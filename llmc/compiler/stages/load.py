@@ -6,17 +6,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmc.compiler.config.source import SourceOptions
-from llmc.compiler.memory_plan import MemoryPlan
-from llmc.compiler.model_source import (
+from llmc.compiler.frontend.model_source import (
     ModelSource,
     load_model,
     load_tokenizer,
     resolve_model,
     sha256_files,
 )
+from llmc.compiler.frontend.streamed_export import MetaModel, meta_model
+from llmc.compiler.memory.plan import MemoryPlan
 from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.compiler.stages.tokenizer import generation_config
-from llmc.compiler.streaming_export import MetaModel, meta_model
 from llmc.engine.kv_cache import CacheSpec, cache_spec
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmc.compiler.build_config import BuildConfig
-from llmc.compiler.build_stats import BuildStats
-from llmc.compiler.memory_plan import MemoryPlan
-from llmc.compiler.stages.host import CpuPlan
+from llmc.compiler.backends.onnxruntime.host import CpuPlan
+from llmc.compiler.backends.onnxruntime.lower_stage import LoweredEngine
+from llmc.compiler.backends.onnxruntime.report import EngineReport
+from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.memory.plan import MemoryPlan
+from llmc.compiler.stages.build_stats import BuildStats
 from llmc.compiler.stages.load import LoadedModel
-from llmc.compiler.stages.lower import LoweredEngine
 from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.compiler.stages.quantize import EngineGraph
-from llmc.compiler.stages.report import EngineReport
 from llmc.compiler.stages.tokenizer import write_tokenizer_files
 from llmc.engine import manifest as mf
 from llmc.engine.plugin import PLUGIN_ID, PLUGIN_VERSION

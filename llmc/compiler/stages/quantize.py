@@ -9,13 +9,13 @@ from typing import Any
 
 import onnx
 
-from llmc.compiler.build_config import BuildConfig
+from llmc.compiler.backends.onnxruntime.text_sampler import EngineTextSampler
+from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.compiler.stages.export import FloatGraph
 from llmc.compiler.stages.load import LoadedModel
 from llmc.compiler.stages.progress import Stage, no_stage
-from llmc.compiler.text_sampler import EngineTextSampler
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class BuildResult:
             lines.append(f"quantized: {counts}; fused kernels: {fast}")
             record = self.quantization.get("spec", {}).get("accuracy_target")
             if record is not None:
-                from llmc.compiler.quantize.search import format_record
+                from llmc.compiler.quantize.search.path_search import format_record
 
                 lines.append(format_record(record))
         if self.accuracy_report is not None:

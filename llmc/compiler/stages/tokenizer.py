@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from llmc.compiler.model_source import ModelSource, extra_eos_token_ids, sha256_files
+from llmc.compiler.frontend.model_source import ModelSource, extra_eos_token_ids, sha256_files
 
 
 def generation_config(src: ModelSource, hf_model: Any, tokenizer: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ weights lose too much in the build's format (by default the vocabulary projectio
 ``--quant``, and int4's ``*.down_proj``; llama.cpp's Q4_K_M likewise keeps its output tensor at
 ~6 bits). Blocks of ``--int4-block-size`` input channels. ONNX Runtime runs it as
 ``MatMulNBits``; TensorRT dequantizes block-wise only FP4, FP8 and INT4, so its lowering makes
-the weights per-channel INT8 (``llmc.compiler.tensorrt.int8_weights``).
+the weights per-channel INT8 (``llmc.compiler.quantize.formats.int8_weights``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from llmc.compiler.quantize.rounding import rounded
-from llmc.compiler.tensorrt.int8_weights import (
+from llmc.compiler.quantize.formats.int8_weights import (
     blockwise_int8_to_per_channel,
     lazy_blockwise_int8_to_per_channel,
 )
+from llmc.compiler.quantize.rounding import rounded
 from llmc.quant.grids import INT8, QuantizedWeight, quantize_weight_blockwise
 from llmc.quant.protocol import ActivationStats, QuantFormat, QuantizedLinear, QuantSpec
 

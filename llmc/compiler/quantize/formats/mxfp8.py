@@ -11,7 +11,7 @@ activation statistics (only GPTQ's, when on). K must be a multiple of 32.
 
 ONNX Runtime's CPU EP has no MXFP8 GEMM: CPU engines run the weights as the float32 values they
 dequantize to and emulate the activations' quantization bit for bit with standard ops
-(``microscaling_cpu``), so a CPU-only CI can build an MXFP8 engine and check its accuracy.
+(``microscaling_emulation``), so a CPU-only CI can build an MXFP8 engine and check its accuracy.
 
 Weight rounding: GPTQ (the default) re-chooses the E4M3 codes with the block scales fixed
 (``gptq_on_grid`` takes block-wise scales; the grid is FP8's).
@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 
-from llmc.compiler.quantize.microscaling_cpu import MARKER, emulate_mxfp8
+from llmc.compiler.quantize.formats.microscaling_emulation import MARKER, emulate_mxfp8
 from llmc.compiler.quantize.rounding import rounded
 from llmc.quant.grids import FP8_E4M3
 from llmc.quant.microscaling import MXFP8_BLOCK, BlockActivationQuant, quantize_mxfp8

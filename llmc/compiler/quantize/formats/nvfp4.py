@@ -11,7 +11,7 @@ the block scales, so ``--calib-method`` does not change it). K must be a multipl
 
 ONNX Runtime's CPU EP has no FP4 GEMM: CPU engines run the weights as the float32 values they
 dequantize to and emulate the activations' quantization bit for bit with standard ops
-(``microscaling_cpu``), so a CPU-only CI can build an NVFP4 engine and check its accuracy.
+(``microscaling_emulation``), so a CPU-only CI can build an NVFP4 engine and check its accuracy.
 
 Weight rounding: GPTQ (``--weight-rounding gptq``, the default) re-chooses the E2M1 codes with
 the block scales fixed, as for every other grid: ``gptq_on_grid`` takes block-wise scales, and
@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 
-from llmc.compiler.quantize.microscaling_cpu import MARKER, emulate_nvfp4
+from llmc.compiler.quantize.formats.microscaling_emulation import MARKER, emulate_nvfp4
 from llmc.compiler.quantize.rounding import rounded
 from llmc.quant.microscaling import (
     FP4_E2M1,

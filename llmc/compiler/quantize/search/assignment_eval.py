@@ -1,0 +1,223 @@
+"""Score per-module format assignments without building engines (``--accuracy-target``).
+
+The float graph runs segment by segment over token windows (``LayerwiseRunner``), as for the
+accuracy report's reference; before each segment's session is made, the modules the assignment
+quantizes get their Q/DQ nodes written into that segment (the ``QuantizedLinear``s made once
+per module and format while calibration statistics were in memory), and each format's CPU
+rewrite (FP8 emulation, ...) runs on it. So an assignment costs one pass over the windows, the
+float model's weights are read one segment at a time, and the numbers are those of the Q/DQ
+graph the build would write. Logits are scored against the float graph's, computed once per
+window set and kept in a temporary file (``spill_logits``).
+
+Segments are optimized as the CPU lowering optimizes them, so quantized MatMuls run on the
+engine's fused kernels. Not modelled: a quantized KV cache (``--kv-cache-dtype``); the engine's
+own accuracy report confirms the choice.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from llmc.calibration.accuracy import AccuracyReport, score_logits
+from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.matmul_targets import find_targets
+from llmc.compiler.quantize.qdq import UniqueNames, drop_dead, write_linear
+from llmc.compiler.quantize.search.assignment import FLOAT
+from llmc.compiler.quantize.tensor_spill import drop_pages
+from llmc.heap import release_freed_memory
+from llmc.quant.protocol import QuantizedLinear
+
+Assignment = tuple[tuple[str, str], ...]
+Prepare = Callable[[onnx.ModelProto, str], onnx.ModelProto]
+
+
+class AssignmentScorer:
+    """Scores assignments of ``precomputed`` quantized modules on named window sets.
+
+    Args:
+        float_model: the float engine graph (weights in it, or external data in
+            ``weights_dir``).
+        precomputed: {(module, format name): QuantizedLinear} for every pair an assignment
+            may name.
+        windows: {set name: [T] int64 token windows}, e.g. "sensitivity" and "heldout".
+        labels: {set name: the text's origin, as the accuracy report records it}.
+        threads: ORT intra-op threads.
+        weights_dir: where the float graph's external data is.
+        prepare: the float graph's own segment preparation (widening 16-bit stored weights,
+            ``pipeline._widener``), run first.
+        session_config: the engine's ONNX Runtime session entries (``pipeline.session_config``):
+            assignments run with the engine's fused kernels (``LayerwiseRunner``'s
+            ``engine_kernels``), e.g. MatMulNBits at the engine's accuracy level.
+        strides: {set name: k}: score only every k-th position of that set's windows (its
+            logits are computed for those positions only: the vocabulary projection and the
+            float64 log-softmax, most of a scoring's time at a 262,144-token vocabulary, shrink
+            k times). Sets not named score every position.
+    """
+
+    def __init__(
+        self,
+        float_model: onnx.ModelProto,
+        precomputed: dict[tuple[str, str], QuantizedLinear],
+        windows: dict[str, list[np.ndarray]],
+        labels: dict[str, str],
+        threads: int | None,
+        weights_dir: Path | None = None,
+        prepare: Prepare | None = None,
+        session_config: dict[str, str] | None = None,
+        strides: dict[str, int] | None = None,
+    ):
+        self.float_model, self.precomputed = float_model, precomputed
+        self.strides = strides or {}
+        self.session_config = session_config or {}
+        self.windows, self.labels = windows, labels
+        self.threads, self.weights_dir, self.prepare = threads, weights_dir, prepare
+        self._spills: dict[str, tuple[tempfile._TemporaryFileWrapper, list]] = {}
+        self._layerwise = None
+        self.runs = 0
+
+    def close(self) -> None:
+        """Remove the reference logits' temporary files."""
+        for spill, _ in self._spills.values():
+            spill.close()
+        self._spills.clear()
+        self._layerwise = None  # its segments: a copy of the float graph's weights
+
+    def __enter__(self) -> AssignmentScorer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def score(self, assignment: Assignment, which: str) -> AccuracyReport:
+        """The accuracy report of the float graph with ``assignment``'s (module, format) pairs
+        quantized ("none" stays float), on window set ``which``, against the float graph."""
+        spill, shapes = self._reference(which)
+        runner = self._runner()
+        windows = self.windows[which]
+        positions = self._positions(which)
+        last = runner.num_segments - 1
+        self.runs += 1
+        prepare = self._quantizing(assignment)
+
+        def pairs():
+            spill.seek(0)
+            for out in runner.run(windows, logits_indices=positions, prepare=prepare):
+                if out.segment == last and out.window is not None:
+                    shape = shapes[out.window]
+                    want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
+                    yield want, out.tensors[runner.logits]
+
+        report = score_logits(pairs(), windows, self.labels[which], positions=positions)
+        release_freed_memory()  # a scoring's logits and sessions, before the next one
+        return report
+
+    def _positions(self, which: str) -> list[np.ndarray] | None:
+        """The scored positions of each window of set ``which`` (None: all)."""
+        k = self.strides.get(which)
+        if k is None:
+            return None
+        return [np.arange(0, int(w.shape[0]) - 1, k, dtype=np.int64) for w in self.windows[which]]
+
+    def _runner(self):
+        """The float graph split into segments once (``LayerwiseRunner``), run with the
+        engine's kernels; each run prepares its segments (``prepare``) its own way."""
+        if self._layerwise is None:
+            from llmc.runtime.layerwise_runner import LayerwiseRunner
+
+            self._layerwise = LayerwiseRunner(
+                self.float_model,
+                threads=self.threads,
+                external_data_dir=self.weights_dir,
+                prepare=self.prepare,
+                engine_kernels=True,
+                session_config=self.session_config,
+            )
+        return self._layerwise
+
+    def _reference(self, which: str):
+        """(file, shapes) of the float graph's logits on window set ``which``, made once (with
+        the same kernels as the scorings: ORT's float fusions move logits by ~1e-6)."""
+        if which not in self._spills:
+            spill = tempfile.TemporaryFile(dir=self.weights_dir)
+            positions = self._positions(which)
+            # The float graph has no MatMulNBits, so it runs without packed copies of its
+            # weights (a float vocabulary projection's copy is 0.54 GB at Qwen2.5-0.5B's):
+            # the same kernels, the same numbers (tests/test_layerwise_calibration.py).
+            runner = self._runner()
+            shapes = spill_logits(runner, self.windows[which], spill, None, positions, False)
+            self._spills[which] = (spill, shapes)
+        return self._spills[which]
+
+    def _quantizing(self, assignment: Assignment) -> Prepare:
+        """A ``LayerwiseRunner`` ``prepare`` writing ``assignment``'s Q/DQ into each segment."""
+        wanted = {module: fmt for module, fmt in assignment if fmt != FLOAT}
+        missing = [pair for pair in wanted.items() if pair not in self.precomputed]
+        if missing:
+            raise ValueError(f"no quantized weights for {missing[0]}")
+
+        def prepare(segment: onnx.ModelProto, scratch: str) -> onnx.ModelProto:
+            if self.prepare is not None:
+                segment = self.prepare(segment, scratch)
+            return quantize_segment(segment, wanted, self.precomputed, self.weights_dir)
+
+        return prepare
+
+
+def quantize_segment(
+    segment: onnx.ModelProto,
+    wanted: dict[str, str],
+    precomputed: dict[tuple[str, str], QuantizedLinear],
+    data_dir: Path | None,
+) -> onnx.ModelProto:
+    """``segment`` with each target module in ``wanted`` ({module: format name, or
+    ``"<anchor>:<format name>"`` for an anchor's weights}) replaced by its
+    ``precomputed`` Q/DQ form and the formats' CPU rewrites applied; ``segment`` itself when
+    it has none. External data stays referenced (resolved in ``data_dir``). Spilled weights
+    (memory maps) give their pages back once copied into the segment."""
+    model = ir.from_proto(segment)
+    if data_dir is not None:
+        ir.external_data.set_base_dir(model.graph, data_dir)
+    names = UniqueNames(model.graph)
+    used: Counter = Counter()
+    written: list[QuantizedLinear] = []
+    for target in find_targets(model):
+        fmt = wanted.get(target.module)
+        if fmt is None:
+            continue
+        written.append(precomputed[(target.module, fmt)])
+        write_linear(model.graph, target, written[-1], names)
+        used[fmt] += 1
+    if not used:
+        return segment
+    drop_dead(model.graph)
+    proto = ir.to_proto(model)  # a copy of the weights: spilled ones need no pages any more
+    for ql in written:
+        drop_pages(ql.weight.data)
+        drop_pages(ql.smoothing)
+    for fmt in used:  # an anchor's key is "<anchor>:<format>"
+        FORMATS[fmt.rpartition(":")[2]].rewrite_for_cpu(proto)
+    return proto
+
+
+def spill_logits(
+    runner, windows: list[np.ndarray], spill, progress, logits_indices=None, prepacking=True
+) -> list[tuple[int, int]]:
+    """Write the logits [T, V] float32 of each window, run by ``runner`` (a
+    ``LayerwiseRunner``), to the binary file ``spill`` in window order; return their shapes.
+    No window's logits outlive this call. ``logits_indices``, ``prepacking``: as
+    ``LayerwiseRunner.run``'s."""
+    shapes = []
+    last = runner.num_segments - 1
+    for out in runner.run(windows, progress, logits_indices, prepacking=prepacking):
+        if out.segment == last and out.window is not None:
+            logits = np.ascontiguousarray(out.tensors[runner.logits], np.float32)
+            spill.write(memoryview(logits).cast("B"))
+            shapes.append(logits.shape)
+    return shapes

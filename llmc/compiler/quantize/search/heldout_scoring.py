@@ -1,0 +1,64 @@
+"""The quantize stage's scorings on held-out text before the engine is lowered: the
+``--accuracy-target`` search (``targeted``) and the accuracy anchor (``anchors``), sharing one
+``AssignmentScorer`` so the float graph's held-out logits are computed once."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
+
+
+def score_heldout(config, targeted, anchors, texts, graph_run, progress):
+    """(the search's ``SearchResult`` or None, the anchor's manifest record or None).
+
+    ``targeted``: a ``TargetedQuantization`` or None; ``anchors``: an ``AnchorQuantization``
+    or None; ``texts``: (calibration source, held-out source, ``load(source, num)`` giving
+    ``num`` windows of a source, the calibration windows already loaded or []);
+    ``graph_run``: (the float graph, its weights directory or None, its segments' ``prepare``
+    or None, the engine's ORT session entries), as ``AssignmentScorer`` takes them. The
+    sensitivities are scored on the first calibration windows (sampled anew when the statistics
+    came from the cache), everything else on the held-out windows of the accuracy report.
+    ``progress(done, total)`` counts scorings. Raises AccuracyTargetError as
+    ``search.search``."""
+    from llmc.compiler.quantize.search.targeted import SENSITIVITY_STRIDE, SENSITIVITY_WINDOWS
+
+    calib_source, heldout_source, load, windows = texts
+    calib = config.calibration
+    sets = {"heldout": load(heldout_source, calib.eval_samples)}
+    labels = {"heldout": heldout_source.describe(), "sensitivity": calib_source.describe()}
+    precomputed = {}
+    if anchors is not None:
+        anchors.finish()
+        precomputed.update(anchors.precomputed)
+    if targeted is not None:
+        targeted.finish()
+        precomputed.update(targeted.precomputed)
+        sets["sensitivity"] = windows[:SENSITIVITY_WINDOWS] or load(
+            calib_source, min(SENSITIVITY_WINDOWS, calib.calib_samples)
+        )
+    float_model, weights_dir, prepare, session_config = graph_run
+    scorer = AssignmentScorer(
+        float_model, precomputed, sets, labels, config.target.threads, weights_dir, prepare,
+        session_config, {"sensitivity": SENSITIVITY_STRIDE},
+    )  # fmt: skip
+    done, total = itertools.count(1), _scorings(targeted) + (anchors is not None)
+    tick = lambda _=None: progress(next(done), total)  # noqa: E731
+    with scorer:
+        result = anchor = None
+        if targeted is not None:
+            result = targeted.search(config.quantization.target, scorer, tick)
+        if anchors is not None:
+            anchor = anchors.record(scorer.score(anchors.assignment(), "heldout"))
+            tick()
+    return result, anchor
+
+
+def _scorings(targeted) -> int:
+    """About how many scorings the search makes: the flat one, the sensitivities, then about
+    log2(moves) + 1 on the path."""
+    if targeted is None:
+        return 0
+    sensitivities = sum(len(u.ladder) - 1 for u in targeted.units)
+    return 2 + sensitivities + math.ceil(math.log2(sensitivities + 1))

@@ -1,0 +1,167 @@
+"""The ``--accuracy-target`` search: the cheapest per-layer format assignment whose held-out
+accuracy keeps the target.
+
+1. The flat assignment (every unit at ``--quant``'s format, the format's defaults elsewhere)
+   is scored on the held-out windows; if it keeps the target, it is the answer.
+2. Sensitivity: each unit alone at each of its rungs below float, the rest float, scored by
+   the KL divergence of the logits on a few calibration windows (not the held-out ones).
+3. The units' moves up their ladders are ordered by KL removed per weight byte added
+   (``assignment.upgrade_path``); the assignments after 1, 2, ... moves get cheaper to
+   dearer. A binary search over that path (accuracy grows along it, up to noise) finds the
+   first one whose held-out accuracy keeps the target, in about log2(moves) scorings.
+
+The all-float end of the path is not a candidate: a build whose target only float meets fails
+(``AccuracyTargetError``) naming the best quantized assignment's accuracy. Scoring is done by
+the caller's functions (``assignment_eval``), so this module is plain logic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmc.calibration.accuracy import AccuracyReport
+from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
+from llmc.compiler.quantize.search.assignment import FLOAT, Unit, assignment_of, upgrade_path
+from llmc.errors import LlmcError
+
+Assignment = tuple[tuple[str, str], ...]
+
+
+class AccuracyTargetError(LlmcError):
+    """No quantized assignment keeps ``--accuracy-target`` (or the built engine's own report
+    does not)."""
+
+
+@dataclass
+class SearchResult:
+    """What the search chose and what it measured.
+
+    Attributes:
+        target: the target searched for.
+        rungs: {unit name: the format it takes}.
+        assignment: (module, format) pairs of the chosen assignment.
+        report: the chosen assignment's held-out accuracy.
+        flat: the flat assignment's held-out accuracy.
+        weight_bytes: the quantized modules' weight bytes, chosen and flat.
+        sensitivity: {unit: {rung: KL}} (empty when the flat assignment kept the target).
+        scored: (moves along the path, weight bytes, target metric) of each held-out scoring.
+    """
+
+    target: AccuracyTarget
+    rungs: dict[str, str]
+    assignment: Assignment
+    report: AccuracyReport
+    flat: AccuracyReport
+    weight_bytes: tuple[float, float]
+    sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)
+    scored: list[tuple[int, float, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (the quantization report's ``spec.accuracy_target``; ``format_record``
+        prints it)."""
+        return {
+            "target": str(self.target),
+            "metric": self.target.metric,
+            "value": self.target.measure(self.report),
+            "flat_value": self.target.measure(self.flat),
+            "rungs": self.rungs,
+            "report": self.report.to_dict(),
+            "flat_report": self.flat.to_dict(),
+            "weight_bytes": {"chosen": self.weight_bytes[0], "flat": self.weight_bytes[1]},
+            "sensitivity_kl": self.sensitivity,
+            "scored": [{"moves": k, "weight_bytes": b, "value": v} for k, b, v in self.scored],
+        }
+
+
+def format_record(record: dict) -> str:
+    """A ``SearchResult.to_dict`` record as a table: each unit's format and its sensitivity (KL
+    with it alone at each rung below float)."""
+    size = record["weight_bytes"]
+    lines = [
+        f"--accuracy-target {record['target']}: {record['metric']} {record['value']:.4g} on "
+        f"held-out text (flat: {record['flat_value']:.4g}); quantized modules' weights "
+        f"{size['chosen'] / 1e6:.1f} MB (flat: {size['flat'] / 1e6:.1f} MB)",
+        f"  {'unit':<26} {'format':<17} sensitivity (KL alone at each rung)",
+    ]
+    for unit, rung in record["rungs"].items():
+        kl = record["sensitivity_kl"].get(unit, {})
+        shown = "  ".join(f"{r} {v:.3g}" for r, v in kl.items())
+        lines.append(f"  {unit:<26} {rung:<17} {shown}")
+    return "\n".join(lines)
+
+
+def search(
+    target: AccuracyTarget,
+    units: list[Unit],
+    float_bytes: float,
+    sensitivity_kl: Callable[[Assignment], float],
+    heldout: Callable[[Assignment], AccuracyReport],
+    progress: Callable[[str], None] | None = None,
+) -> SearchResult:
+    """Search as the module docstring says. ``sensitivity_kl(assignment)`` scores an assignment
+    on the calibration windows (mean KL), ``heldout(assignment)`` on the held-out ones;
+    ``progress`` is told each scoring. Raises AccuracyTargetError when no quantized
+    assignment keeps ``target``, ValueError for no units."""
+    if not units:
+        raise ValueError("no quantized module to assign a format to")
+    say = progress or (lambda _: None)
+    flat_rungs = {u.name: u.ladder[0] for u in units}
+    flat_bytes = sum(u.weight_bytes(u.ladder[0], float_bytes) for u in units)
+    flat = heldout(assignment_of(units, flat_rungs))
+    scored = [(0, flat_bytes, target.measure(flat))]
+    say(f"flat assignment: {target.metric} {target.measure(flat):.4g}")
+    if target.met(flat):
+        return SearchResult(
+            target, flat_rungs, assignment_of(units, flat_rungs), flat, flat,
+            (flat_bytes, flat_bytes), scored=scored,
+        )  # fmt: skip
+
+    all_float = {u.name: FLOAT for u in units}
+    sensitivity: dict[str, dict[str, float]] = {}
+    for u in units:
+        for rung in u.ladder[:-1]:
+            kl = sensitivity_kl(assignment_of(units, all_float | {u.name: rung}))
+            sensitivity.setdefault(u.name, {})[rung] = kl
+            say(f"sensitivity {u.name} {rung}: KL {kl:.4g}")
+    path = upgrade_path(units, sensitivity, float_bytes)
+    candidates = path[:-1]  # the last move leaves every unit float
+    reports: dict[int, AccuracyReport] = {}
+
+    def score(k: int) -> AccuracyReport:  # the assignment after moves 1..k (k >= 1)
+        if k not in reports:
+            move = candidates[k - 1]
+            reports[k] = heldout(assignment_of(units, dict(move.rungs)))
+            scored.append((k, move.weight_bytes, target.measure(reports[k])))
+            say(f"{k} moves ({move.weight_bytes / 1e6:.1f} MB): {scored[-1][2]:.4g}")
+        return reports[k]
+
+    if not candidates or not target.met(score(len(candidates))):
+        best = reports.get(len(candidates), flat)
+        raise AccuracyTargetError(
+            f"--accuracy-target {target} is not kept by any assignment that quantizes a "
+            f"module: the most accurate one ({_describe(candidates)}) reaches "
+            f"{target.metric} {target.measure(best):.4g}, the flat --quant "
+            f"{units[0].ladder[0]} {target.measure(flat):.4g}. Relax the target, or build "
+            "with --quant none"
+        )
+    lo, hi = 1, len(candidates)  # hi keeps the target
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if target.met(score(mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    chosen = dict(candidates[hi - 1].rungs)
+    return SearchResult(
+        target, chosen, assignment_of(units, chosen), reports[hi], flat,
+        (candidates[hi - 1].weight_bytes, flat_bytes), sensitivity, scored,
+    )  # fmt: skip
+
+
+def _describe(candidates) -> str:
+    if not candidates:
+        return "none: the ladder has no rung between the format and float"
+    last = candidates[-1]
+    quantized = [u for u, r in last.rungs.items() if r != FLOAT]
+    return f"only {', '.join(quantized)} quantized"

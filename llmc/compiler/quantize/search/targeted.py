@@ -1,0 +1,101 @@
+"""Quantization to ``--accuracy-target`` inside the build's quantize stage
+(``pipeline.quantize``): the units of the graph, every module quantized in each format of its
+ladder while its calibration statistics are in memory, the search (``search.search``) scored
+on the float graph with those weights written in (``assignment_eval``), and the spec that
+writes the chosen assignment.
+
+Memory: every module is held once per format of its ladder below float (about 2 bytes per
+parameter for fp8 -> 8-bit weight-only) until the engine graph is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import onnx_ir as ir
+
+from llmc.calibration.observers import TensorStats
+from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.matmul_targets import find_targets
+from llmc.compiler.quantize.qdq import base_format, is_kv_key, kept_float
+from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
+from llmc.compiler.quantize.search.assignment import FLOAT, Unit, ladder_of, make_units
+from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
+from llmc.compiler.quantize.search.path_search import SearchResult, search
+from llmc.quant.protocol import QuantizedLinear, QuantSpec
+
+#: Calibration windows the per-unit sensitivities are scored on, at every k-th position (the
+#: forward runs every token; the logits and their KL are taken at 1 in SENSITIVITY_STRIDE).
+SENSITIVITY_WINDOWS = 4
+SENSITIVITY_STRIDE = 4
+#: Bytes per float weight of the compute dtype.
+FLOAT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+
+
+class TargetedQuantization:
+    """The state of one ``--accuracy-target`` quantization of ``graph`` (the ir model the
+    engine's Q/DQ nodes are written into) for ``spec`` on target ``arch``."""
+
+    def __init__(self, graph: ir.Model, spec: QuantSpec, arch: str, dtype: str):
+        self.graph, self.spec, self.float_bytes = graph, spec, FLOAT_BYTES[dtype]
+        self.targets = {t.module: t for t in find_targets(graph)}
+        ladder = tuple(f for f in ladder_of(spec.quant) if f == FLOAT or FORMATS[f].runs_on(arch))
+        quantized = {m: t for m, t in self.targets.items() if not kept_float(m, spec)}
+        params = {m: t.shape[0] * t.shape[1] for m, t in quantized.items()}
+        self.units: list[Unit] = make_units(
+            params, {m: base_format(m, spec) for m in quantized}, ladder
+        )
+        # {module: the formats below float it may take}, made once per module and format
+        self.needed: dict[str, set[str]] = {}
+        for u in self.units:
+            for rung in u.ladder[:-1]:
+                for m, f in u.formats(rung).items():
+                    if f != FLOAT:
+                        self.needed.setdefault(m, set()).add(f)
+        self.precomputed: dict[tuple[str, str], QuantizedLinear] = {}
+        self.kv_stats: dict[str, TensorStats] = {}
+
+    def add(self, stats: dict[str, TensorStats]) -> None:
+        """Quantize the modules ``stats`` has statistics for in every format they may take;
+        keep the KV-cache statistics."""
+        self.kv_stats.update({k: s for k, s in stats.items() if is_kv_key(k)})
+        self._quantize(stats, set(stats))
+
+    def finish(self) -> None:
+        """Quantize what is left (formats that need no statistics). Raises ValueError for a
+        module whose format needs statistics that never came."""
+        self._quantize({}, None)
+
+    def _quantize(self, stats: dict[str, TensorStats], modules: set[str] | None) -> None:
+        for module, formats in self.needed.items():
+            if modules is not None and module not in modules:
+                continue
+            todo = [f for f in formats if (module, f) not in self.precomputed]
+            if not todo:
+                continue
+            target = self.targets[module]
+            weight = target.weight()
+            for fmt in sorted(todo):
+                if FORMATS[fmt].needs_stats and module not in stats:
+                    raise ValueError(f"no calibration statistics for {module!r}")
+                self.precomputed[(module, fmt)] = FORMATS[fmt].quantize(
+                    weight, stats.get(module), self.spec
+                )
+            del weight
+            target.release()
+
+    def search(self, target: AccuracyTarget, scorer: AssignmentScorer, progress) -> SearchResult:
+        """Run the search (``search.search``) with ``scorer``'s window sets "sensitivity" and
+        "heldout"; ``progress(message)`` is told each scoring."""
+        return search(
+            target,
+            self.units,
+            self.float_bytes,
+            lambda a: scorer.score(a, "sensitivity").mean_kl,
+            lambda a: scorer.score(a, "heldout"),
+            progress,
+        )
+
+    def spec_for(self, result: SearchResult) -> QuantSpec:
+        """``spec`` with the chosen assignment."""
+        return replace(self.spec, assignment=result.assignment)

@@ -1,0 +1,159 @@
+"""Comparing one engine segment with the same segment of the unquantized graph (``llmc verify``).
+
+Polygraphy's comparator (``OnnxrtRunner`` + ``Comparator.compare_accuracy``) runs both segments
+on the same captured inputs; ``match_names`` first re-matches engine tensors the exporter named
+differently in another process. See ``llmc.compiler.verify.verify`` for how the inputs are captured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmc.runtime.execution_provider import bind_provider
+from llmc.runtime.ort_env import session_options
+
+# How much closer another tensor must be for an engine tensor to be re-matched (match_names).
+_MATCH_MARGIN = 100.0
+
+
+@dataclass(frozen=True)
+class SegmentComparison:
+    """Polygraphy's comparison of one engine segment with the unquantized segment.
+
+    ``max_abs_error`` / ``max_rel_error`` are the largest over the compared outputs (relative to
+    the reference); ``note`` says why a segment could not be compared (then ``passed`` is False).
+    """
+
+    index: int
+    file: str
+    outputs: tuple[str, ...]
+    passed: bool
+    max_abs_error: float
+    max_rel_error: float
+    note: str | None = None
+
+
+def match_names(engine_env: dict, env: dict, names: tuple[str, ...]) -> dict[str, str]:
+    """Engine tensor names whose value is another unquantized tensor's: {engine: reference}.
+
+    The exporter does not always give a tensor the same name: Gemma 3 computes its two RoPE
+    tables in ``set(layer_types)`` order, which follows Python's hash seed, so an engine built
+    in another process can have the tables' names swapped. A name is re-matched when a tensor of
+    the same shape and dtype is at least ``_MATCH_MARGIN`` times closer to the engine's values
+    than the reference tensor of that name: quantization error cannot do that, a swap does (the
+    swapped tensor is exact). ``engine_env`` / ``env``: every tensor at a segment boundary of
+    the engine / the unquantized graph for one step, by name; ``names``: the engine's boundary
+    tensors that the unquantized graph also computes.
+    """
+    mapping = {}
+    for name in names:
+        e, r = engine_env.get(name), env.get(name)
+        if e is None or r is None:
+            continue
+        error = relative_error(e, r)
+        if error == 0.0:
+            continue
+        candidates = [
+            c for c, v in env.items() if c != name and v.shape == e.shape and v.dtype == e.dtype
+        ]
+        best = min(candidates, key=lambda c: relative_error(e, env[c]), default=None)
+        if best is not None and relative_error(e, env[best]) * _MATCH_MARGIN < error:
+            mapping[name] = best
+    return mapping
+
+
+def relative_error(a, b) -> float:
+    """mean |a - b| / mean |b| (inf for different shapes)."""
+    import numpy as np
+
+    if a.shape != b.shape:
+        return math.inf
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(np.abs(a - b).mean() / max(np.abs(b).mean(), 1e-30)) if a.size else 0.0
+
+
+def compare_segment(
+    index: int,
+    engine_dir: Path,
+    spec,
+    ref_model,
+    ref_spec,
+    env: dict,
+    renamed: dict[str, str],
+    provider,
+    *,
+    threads: int,
+    rtol: float,
+    atol: float,
+) -> SegmentComparison:
+    """Run engine segment ``spec`` (file in ``engine_dir``, on ``provider``) and the unquantized
+    ``ref_model`` (its ``SegmentSpec`` is ``ref_spec``) on the inputs captured in ``env`` through
+    Polygraphy, and compare the engine segment's outputs with their reference tensors (names
+    mapped through ``renamed``; see ``match_names``) at ``rtol`` / ``atol``. Never raises for a
+    mismatch: a segment that cannot be compared is returned failed, with a note."""
+    import onnxruntime as ort
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
+    from polygraphy.exception import PolygraphyException
+    from polygraphy.logger import G_LOGGER
+
+    ref_of = {n: renamed.get(n, n) for n in [*spec.inputs, *spec.outputs]}
+    outputs = tuple(o for o in spec.outputs if ref_of[o] in ref_spec.outputs)
+    missing = [n for n in spec.inputs if ref_of[n] not in env]
+    missing += [n for n in ref_spec.inputs if n not in env]
+    note = None
+    if missing:
+        note = f"inputs not in the unquantized graph: {', '.join(missing[:3])}"
+    elif len(outputs) < len(spec.outputs):
+        lost = [o for o in spec.outputs if o not in outputs]
+        note = f"outputs not in the unquantized graph: {', '.join(lost[:3])}"
+    if note is not None:
+        return SegmentComparison(index, spec.file, outputs, False, math.nan, math.nan, note)
+
+    opts = session_options(threads)
+    if provider.optimize_at_build:  # as OrtRunner loads it: optimized at build time
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    engine_sess = ort.InferenceSession(
+        str(engine_dir / spec.file), opts, providers=bind_provider(opts, provider)
+    )
+    ref_opts = session_options(threads)
+    ref_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    ref_opts.log_severity_level = 3
+    ref_sess = ort.InferenceSession(
+        ref_model.SerializeToString(), ref_opts, providers=["CPUExecutionProvider"]
+    )
+    engine_name, ref_name = f"engine-segment-{index}", f"unquantized-segment-{index}"
+    compare = SimpleCompareFunc(
+        rtol=rtol,
+        atol=atol,
+        find_output_func=lambda name, _i, _result: [ref_of.get(name, name)],
+    )
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+            # One run per runner: a renamed tensor feeds the engine under its engine name.
+            results = RunResults()
+            for runner, feed in (
+                (
+                    OnnxrtRunner(lambda: engine_sess, name=engine_name),
+                    {n: env[ref_of[n]] for n in spec.inputs},
+                ),
+                (
+                    OnnxrtRunner(lambda: ref_sess, name=ref_name),
+                    {n: env[n] for n in ref_spec.inputs},
+                ),
+            ):
+                results.extend(Comparator.run([runner], data_loader=[feed]))
+            accuracy = Comparator.compare_accuracy(results, compare_func=compare)
+    except PolygraphyException as e:
+        return SegmentComparison(index, spec.file, outputs, False, math.nan, math.nan, str(e))
+    per_output = accuracy[0][(engine_name, ref_name)][0]  # {output name: OutputCompareResult}
+    return SegmentComparison(
+        index,
+        spec.file,
+        outputs,
+        bool(accuracy),
+        max(r.max_absdiff for r in per_output.values()),
+        max(r.max_reldiff for r in per_output.values()),
+    )
