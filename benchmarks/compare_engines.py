@@ -3,7 +3,8 @@
     python benchmarks/compare_engines.py ENGINE_A ENGINE_B [--steps prefill_128,decode_1]
         [--rounds 25]
 
-Each engine runs the build's probe steps (``llmc.compiler.backends.onnxruntime.provider_timing.probe_steps``: a
+Each engine runs the build's probe steps
+(``llmc.compiler.backends.onnxruntime.provider_timing.probe_steps``: a
 128-token prefill, decodes of 1 and 16 sequences) through its single graph, as it serves. A
 round runs every engine once per step; the medians over ``--rounds`` rounds are printed for the
 engines in the given order and again in reverse order, with each engine's time over the first

@@ -13,7 +13,8 @@ same engine's segments compiled by OpenVINO's runtime (whose int4 kernels lead o
 from a few rows up), over one KV cache (``llmc.runtime.hybrid_runner``). Providers are a
 sub-axis of the ``cpu`` target (``llmc.engine.targets.cpu``), named on the command line by
 the keys of ``PROVIDERS``. Which provider an engine runs on is chosen at build time by
-measurement (``llmc.compiler.backends.onnxruntime.provider_choice``) and recorded in its manifest; how a session is
+measurement (``llmc.compiler.backends.onnxruntime.provider_choice``) and recorded in its manifest;
+how a session is
 bound to it is the runtime's (``llmc.runtime.execution_provider``).
 """
 

@@ -19,7 +19,8 @@ scale: for a weight [K, N] (MatMul's B) one scale per (block of rows, column), f
   block of zeros gets scale 2^-127 and zero elements).
 
 Every step is float32 arithmetic in the order written above (``x / 6 / g`` is two divisions),
-so the CPU emulation (``llmc.compiler.quantize.formats.microscaling_emulation``) reproduces these functions
+so the CPU emulation (``llmc.compiler.quantize.formats.microscaling_emulation``) reproduces these
+functions
 bit for bit. TensorRT's kernels compute the same quantities; whether they agree to the last bit
 (e.g. a reciprocal multiply for a division) has not been checked: no Blackwell GPU here. Numpy
 and ml_dtypes only (torch in ``round_torch``, for GPTQ).

@@ -5,7 +5,8 @@ ONNX Runtime's OpenVINO execution provider refuses non-Intel CPUs (DESIGN §9), 
 runtime runs on any x86-64 CPU and reads ONNX: on AVX-512 BF16 and VNNI hosts its CPU plugin
 has bf16 and int8 GEMMs that ONNX Runtime's CPU EP lacks. The segments are the same files the
 ONNX Runtime runner falls back to (``llmc.engine.split``), so what is measured at build time
-(``llmc.compiler.backends.onnxruntime.provider_choice``) is what ships; the KV cache, the plugin calls and the step
+(``llmc.compiler.backends.onnxruntime.provider_choice``) is what ships; the KV cache, the plugin
+calls and the step
 loop are ``OrtRunner``'s.
 """
 

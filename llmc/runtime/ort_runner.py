@@ -3,7 +3,8 @@
 The KV cache is this runner's numpy arrays, only ever written in place at the step's slots. A
 step runs in one of two forms of the same optimized nodes, with bit-identical results:
 
-- one graph (``engine.onnx``, ``llmc.compiler.backends.onnxruntime.single_graph``): one ORT run per step, the
+- one graph (``engine.onnx``, ``llmc.compiler.backends.onnxruntime.single_graph``): one ORT run per
+step, the
   PagedAttention nodes run by the custom op (``llmc/plugins/paged_attention/ort_op.c``) on ORT's
   thread pool, the caches fed as graph inputs. Used when the engine has the graph, the custom op
   is built and the provider is the CPU EP: 10-14% faster per decode step than segments (Gemma 3

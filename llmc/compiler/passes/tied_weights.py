@@ -6,7 +6,8 @@ transpose (``weight_transpose.py``) would store a second, transposed table: 262,
 float32 (671 MB) for Gemma 3 270M. This pass turns ``MatMul(x, table^T)`` with a 2-D ``x``
 into ``Gemm(x, table, transB=1)`` (standard ONNX, which ONNX Runtime's CPU GEMM and TensorRT run
 with the transpose folded into the kernel) and drops the transposed copy, so the graph holds
-the table once. ``llmc.compiler.weights.shared_weights`` then keeps the engine's segments from storing
+the table once. ``llmc.compiler.weights.shared_weights`` then keeps the engine's segments from
+storing
 it twice.
 """
 

@@ -9,6 +9,7 @@
     manifest           ... -> manifest.json                  (``core_facts``: shared fields)
     publish.publish    engine directory -> IndexEntry        (with --registry)
 
-``llmc.compiler.build`` runs them for the cpu target; ``llmc.compiler.backends.tensorrt.gpu_build`` runs
+``llmc.compiler.build`` runs them for the cpu target; ``llmc.compiler.backends.tensorrt.gpu_build``
+runs
 the same ones up to the engine graph, then its own TensorRT lowering and portable stage.
 """

@@ -1,5 +1,6 @@
 """The progress callback every stage takes: ``stage(name)`` opens a named step and yields
-``tick(done, total)`` for its sub-steps (``llmc.compiler.stages.build_progress.BuildProgress.stage``)."""
+``tick(done, total)`` for its sub-steps
+(``llmc.compiler.stages.build_progress.BuildProgress.stage``)."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 The C kernel (``int8_matmul.c``) and its ONNX Runtime op (``ort_matmul.c``) are built into the
 custom-op library of ``llmc.plugins.paged_attention.ort_op`` (``setup.py``); the CPU lowering
-(``llmc.compiler.backends.onnxruntime.rewrites.int8_matmul``) puts the op in place of ``MatMulNBits`` where it is
+(``llmc.compiler.backends.onnxruntime.rewrites.int8_matmul``) puts the op in place of
+``MatMulNBits`` where it is
 faster.
 """

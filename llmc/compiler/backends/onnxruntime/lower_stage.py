@@ -1,5 +1,6 @@
 """Lower an engine graph to the cpu target: ONNX Runtime segments optimized for this host
-(``llmc.compiler.backends.onnxruntime.lower``), and the check that quantized layers reached their fused kernels."""
+(``llmc.compiler.backends.onnxruntime.lower``), and the check that quantized layers reached their
+fused kernels."""
 
 from __future__ import annotations
 
