@@ -51,15 +51,15 @@ def _help(cls, name: str) -> str:
 def _run_build(args: argparse.Namespace) -> int:
     from llmc.compiler.build import build
     from llmc.compiler.config.build_config import BuildConfig
-    from llmc.compiler.stages.build_progress import BuildProgress
+    from llmc.compiler.stages.progress import BuildProgress
 
     skip = ("command", "config", "print_config", "from_stage")
     cli = {k: v for k, v in vars(args).items() if k not in skip}
     if args.from_stage is not None:
-        from llmc.compiler.backends.tensorrt.gpu_build import finish_stage
+        from llmc.compiler.backends.tensorrt.finish import finish_stage
 
         with BuildProgress() as progress:
-            result = finish_stage(args.from_stage, cli, progress)
+            result = finish_stage(args.from_stage, cli, progress.stage)
         print(f"engine: {result.engine_dir}")
         return 0
     config = BuildConfig.from_sources(args.config, cli)
@@ -220,7 +220,7 @@ def _add_verify(sub) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from llmc.compiler.stages.build_progress import BuildProgress
+    from llmc.compiler.stages.progress import BuildProgress
     from llmc.compiler.verify.config import VerifyConfig
     from llmc.compiler.verify.verify import result_tables, verify_engine
 
@@ -300,7 +300,7 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from llmc.compiler.backends.tensorrt.inspect import inspect_path
+    from llmc.compiler.verify.inspect import inspect_path
 
     result = inspect_path(args.path, args.target)
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format())

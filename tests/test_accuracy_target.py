@@ -193,7 +193,7 @@ def test_accuracy_target_needs_a_quant():
 def test_gpu_stage_records_a_mixed_assignment_that_passes_the_lint(tiny):
     """sm100, nvfp4 with its fp8 and 8-bit fallbacks: the search runs on the cpu emulation, the
     stage records it, and TensorRT's lint takes the mixed graph."""
-    from llmc.compiler.backends.tensorrt.gpu_build import TensorRTUnavailableError
+    from llmc.compiler.backends.tensorrt.finish import TensorRTUnavailableError
     from llmc.engine.stage import read_stage
 
     root, ckpt, data = tiny

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.calibration.observers import TensorStats
-from llmc.compiler.backends.tensorrt.gpu_build import TensorRTUnavailableError
+from llmc.compiler.backends.tensorrt.finish import TensorRTUnavailableError
 from llmc.compiler.backends.tensorrt.lint import lint_file, lint_model
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig

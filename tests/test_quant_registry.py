@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmc.cli import build_parser
-from llmc.compiler.backends.tensorrt.gpu_build import TensorRTUnavailableError
+from llmc.compiler.backends.tensorrt.finish import TensorRTUnavailableError
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import QUANTS, BuildConfig
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8

@@ -205,8 +205,8 @@ def test_tied_embedding_is_stored_once(tmp_path):
 def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
     """The engine the in-memory path writes for a quantized ``config``: the model loaded whole,
     the float graph exported and quantized in memory."""
-    from llmc.compiler.backends.onnxruntime.host import plan_cpu
-    from llmc.compiler.backends.onnxruntime.lower_stage import lower_cpu
+    from llmc.compiler.backends.onnxruntime.backend import OnnxRuntimeBackend
+    from llmc.compiler.stages.progress import no_stage
     from llmc.compiler.stages.quantize import quantize, read_texts
 
     texts = read_texts(config)
@@ -214,7 +214,8 @@ def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
     graph = quantize(export(model, config.export), model, config, texts)
     assert graph.weights_dir is None
     out.mkdir()
-    lower_cpu(graph, out, config, plan_cpu(config))
+    backend = OnnxRuntimeBackend()
+    backend.lower(graph, out, config, backend.plan_host(config), no_stage, memory=None)
     return out
 
 

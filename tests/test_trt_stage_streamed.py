@@ -15,7 +15,9 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from llmc.compiler.backends.tensorrt import portable_stage
+from llmc.compiler.backends.tensorrt import backend as trt_backend
+from llmc.compiler.backends.tensorrt.finish import TensorRTUnavailableError
+from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.memory import plan as memory_plan
 from llmc.compiler.quantize.formats.int8_weights import (
@@ -57,7 +59,9 @@ def _stage(checkpoint, quant: str, out: Path, cache: Path) -> tuple[Path, list[s
     options |= dict(calib_data=str(data), calib_samples=3, calib_seq_len=32, int4_block_size=64)
     config = BuildConfig.of(**options, cache_dir=str(cache), output=str(out))
     progress = StageNames()
-    return portable_stage.prepare_stage(config, progress, final=False), progress.names
+    with pytest.raises(TensorRTUnavailableError):  # no TensorRT and GPU here: the stage only
+        build(config, progress)
+    return out, progress.names
 
 
 def _no_weights_read(lower):
@@ -139,7 +143,7 @@ def test_streamed_stage_equals_in_memory_stage(quant, source, request, tmp_path,
     checkpoint = request.getfixturevalue(source)
     cache = tmp_path / "cache"
     with monkeypatch.context() as m:
-        m.setattr(portable_stage, "lower_streamed", _no_weights_read(portable_stage.lower_streamed))
+        m.setattr(trt_backend, "lower_streamed", _no_weights_read(trt_backend.lower_streamed))
         streamed, ran = _stage(checkpoint, quant, tmp_path / "streamed", cache)
     # Each build calibrates (same options, same cache path): cached statistics hold GPTQ's Gram
     # matrices in float32, which can move a code by one step against a fresh float64 one.
@@ -148,8 +152,7 @@ def test_streamed_stage_equals_in_memory_stage(quant, source, request, tmp_path,
     assert STREAMED_STAGES <= set(ran)
     assert ("write the quantized graph" in ran) == (quant != "none")
     with monkeypatch.context() as m:
-        # A source that cannot stream: plan_memory decides with it, and prepare_stage while
-        # plan_memory plans GPU builds in memory.
+        # A source that cannot stream: plan_memory decides with it, and the build follows it.
         m.setattr(memory_plan, "can_stream", lambda src: False)
         whole, ran = _stage(checkpoint, quant, tmp_path / "whole", cache)
     assert not STREAMED_STAGES & set(ran)

@@ -1,8 +1,11 @@
 """``build``: checkpoint -> ONNX with plugins -> passes -> engine directory (DESIGN §1).
 
-Each stage (``llmc.compiler.stages``) is a function of the previous stage's artifact; the engine
-is written to a temporary directory beside the target and renamed into place at the end, so a
-failed or interrupted build never leaves a half-written engine where the runtime would find it.
+One orchestrator for every backend (``backends.registry``): the target-independent stages
+(``llmc.compiler.stages``: resolve -> load -> export with the passes -> quantize), then the
+backend's (``backends.protocol.Backend``: lower -> report -> manifest -> finish), then publish.
+Each stage is a function of the previous stage's artifact. The engine is written to a
+temporary directory beside the target and renamed into place at the end, so a failed or
+interrupted build never leaves a half-written engine where the runtime would find it.
 """
 
 from __future__ import annotations
@@ -11,39 +14,37 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
-from llmc.compiler.backends.onnxruntime.host import plan_cpu
-from llmc.compiler.backends.onnxruntime.lower_stage import lower_cpu
-from llmc.compiler.backends.onnxruntime.provider_choice import check_requested
-from llmc.compiler.backends.onnxruntime.report import report_cpu
-from llmc.compiler.backends.tensorrt.gpu_build import build_gpu
+from llmc.compiler.backends.onnxruntime.text_sampler import sampling_model
+from llmc.compiler.backends.protocol import BuildRecord, HostPlan, Reference
+from llmc.compiler.backends.registry import backend_for
 from llmc.compiler.config.build_config import BuildConfig
-from llmc.compiler.memory.plan import plan_memory
+from llmc.compiler.memory.plan import MemoryPlan, plan_memory
 from llmc.compiler.quantize.search.path_search import AccuracyTargetError
-from llmc.compiler.stages.build_progress import BuildProgress
 from llmc.compiler.stages.build_stats import BuildStats
 from llmc.compiler.stages.export import export
-from llmc.compiler.stages.load import load, resolve
-from llmc.compiler.stages.manifest import write_cpu_manifest
+from llmc.compiler.stages.load import ResolvedModel, load, resolve
+from llmc.compiler.stages.progress import BuildProgress
 from llmc.compiler.stages.publish import publish_result
-from llmc.compiler.stages.quantize import quantize, read_texts, sampling_model
+from llmc.compiler.stages.quantize import CalibrationTexts, quantize, read_texts
 from llmc.compiler.stages.result import BuildResult
 from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
 from llmc.engine.manifest import parse_manifest, read_manifest, write_manifest
 from llmc.engine.staged_dir import scratch_dir, staged_dir
 from llmc.errors import BuildConfigError
 from llmc.heap import collect_new_objects_only
-from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR
 
 
 def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildResult:
-    """Build one engine as ``config`` says.
+    """Build one engine as ``config`` says, on the backend of its target.
 
     ``progress`` is told each stage's start and end. Raises BuildConfigError for a target this
     host cannot build, a ``--max-seq-len`` past the model's positions or a model over the
     host's memory; ModelSourceError for a bad model path, a malformed checkpoint file or a
     config that does not match its tensors (all before any weight is read);
     CalibrationDataError for bad calibration text, FastPathError when quantized layers miss
-    their kernels, and whatever export/ORT raise for a model they cannot handle.
+    their kernels, TensorRTLintError for a GPU graph TensorRT would refuse,
+    TensorRTUnavailableError after writing a GPU target's portable stage on a host that cannot
+    build its plan, and whatever export/ORT raise for a model they cannot handle.
     """
     with collect_new_objects_only():
         return _build(config, progress)
@@ -51,53 +52,60 @@ def build(config: BuildConfig, progress: BuildProgress | None = None) -> BuildRe
 
 def _build(config: BuildConfig, progress: BuildProgress | None) -> BuildResult:
     config.validate()
-    if not config.target.is_cpu:
-        if config.quantization.draft is not None:
-            raise BuildConfigError("--draft builds cpu engines only; build a GPU draft on its own")
-        return build_gpu(config, progress)  # TensorRT: portable stage, then the plan
+    backend = backend_for(config.target.arch)
+    if config.quantization.draft is not None and not backend.supports_draft:
+        raise BuildConfigError("--draft builds cpu engines only; build a GPU draft on its own")
     stats = BuildStats(progress.stage if progress is not None else None)
     stage = stats.stage
     # Everything that can be refused is checked before the weights are read.
-    check_requested(config.source.dtype, config.target.execution_provider)
+    host = backend.plan_host(config)
     resolved = resolve(config.source, stage)
     config = config.for_model(resolved.source.dims)  # --max-seq-len within the model's positions
     texts = read_texts(config)
-    plan = plan_cpu(config)
-    quant, limit = config.quantization.quant, config.target.max_build_memory
-    calib = config.calibration
-    memory = plan_memory(
-        resolved.source,
-        quant,
-        cpu=True,
-        limit_gb=limit,
-        spec=config.quant_spec(plan.bound_pairs) if config.quantization.quantizes else None,
-        calib_tokens=calib.calib_samples * calib.calib_seq_len,
-        samples_text=texts is not None and not texts.calibration.path,
-        engine_load_factor=OPENVINO_LOAD_FACTOR if plan.layout.precision == "bf16" else 1.0,
-    )
-    out = config.output_dir(resolved.model_id)
+    memory = _memory_plan(config, resolved, texts, host)
+    out = backend.output_dir(config, resolved.model_id, host)
     with scratch_dir(out) as work:
         model = load(resolved, stage, memory)
-        tied = not config.quantization.quantizes  # a quantized build quantizes the projection
-        reference = export(model, config.export, stage, work, memory.in_flight_bytes, tied)
-        sampler = sampling_model(model, reference, texts, config)
-        graph = quantize(reference, model, config, texts, stage, plan.bound_pairs, work, sampler)
+        graph = export(model, config.export, stage, work, memory.in_flight_bytes, host.share_tied)
+        reference = Reference(model, graph, texts, sampling_model(model, graph, texts, config))
+        engine_graph = quantize(
+            graph, model, config, texts, stage, host.bound_pairs, work, reference.sampler
+        )
         with staged_dir(out) as tmp:
-            engine = lower_cpu(graph, tmp, config, plan, stage)
-            allowed = _headroom(stats)
-            report = report_cpu(engine, reference, model, config, texts, stage, sampler, allowed)
+            engine = backend.lower(engine_graph, tmp, config, host, stage, memory)
+            report = backend.report(engine, reference, config, stage, _headroom(stats))
             check_accuracy_target(config, report.accuracy)
-            write_cpu_manifest(config, model, graph, engine, report, plan, stage, stats, memory)
+            record = BuildRecord(config, model, engine_graph, engine, report, host, stats, memory)
+            backend.write_manifest(record, stage)
+    out = backend.finish(out, config, host, stage)
     if config.quantization.draft is not None:
         build_draft(config, out, progress)
     return publish_result(
         config.destination,
         out,
         stage,
-        graph.pass_report,
+        engine_graph.pass_report,
         engine.optimized_ops,
         engine.quantization,
         report.accuracy,
+    )
+
+
+def _memory_plan(
+    config: BuildConfig, resolved: ResolvedModel, texts: CalibrationTexts | None, host: HostPlan
+) -> MemoryPlan:
+    """``plan_memory`` of this build on ``host``'s backend (raises BuildConfigError when it
+    cannot fit ``--max-build-memory``)."""
+    calib, quantization = config.calibration, config.quantization
+    return plan_memory(
+        resolved.source,
+        quantization.quant,
+        cpu=host.measures_engine,
+        limit_gb=config.target.max_build_memory,
+        spec=config.quant_spec(host.bound_pairs) if quantization.quantizes else None,
+        calib_tokens=calib.calib_samples * calib.calib_seq_len,
+        samples_text=texts is not None and not texts.calibration.path,
+        engine_load_factor=host.engine_load_factor,
     )
 
 

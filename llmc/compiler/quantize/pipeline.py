@@ -12,18 +12,21 @@ import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from llmc.compiler.config.build_config import BuildConfig
-from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.engine.provider import ProviderChoice
 from llmc.errors import LlmcError
 from llmc.heap import release_freed_memory
+
+if TYPE_CHECKING:
+    from llmc.compiler.config.build_config import BuildConfig
+    from llmc.compiler.config.calibration import CalibrationOptions
 
 #: The quantized graph of a streamed build, written in its work directory.
 QUANTIZED_GRAPH = "quantized.onnx"

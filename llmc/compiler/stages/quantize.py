@@ -9,7 +9,6 @@ from typing import Any
 
 import onnx
 
-from llmc.compiler.backends.onnxruntime.text_sampler import EngineTextSampler
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.quantize.qdq import QuantReport
@@ -83,29 +82,6 @@ def quantize(
         gguf_types=_gguf_types(resolved.source),
     )
     return EngineGraph(proto, graph.pass_report, report, work_dir if graph.weights_dir else None)
-
-
-def sampling_model(
-    model: LoadedModel,
-    graph: FloatGraph,
-    texts: CalibrationTexts | None,
-    config: BuildConfig,
-):
-    """What samples text where a build has no file for it: the loaded transformers model, or
-    for a streamed build (weights on the meta device) the float graph run in llmc's runtime
-    (``EngineTextSampler``). None when nothing is sampled."""
-    if texts is None or (texts.calibration.path and texts.heldout.path):
-        return None
-    if model.streamed is None:
-        return model.hf_model
-    return EngineTextSampler(
-        graph.proto,
-        graph.weights_dir,
-        model.tokenizer,
-        config.export.block_size,
-        config.target.threads,
-        work_dir=graph.weights_dir,
-    )
 
 
 def _gguf_types(source):

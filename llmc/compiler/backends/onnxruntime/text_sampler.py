@@ -16,12 +16,18 @@ batch size. Special tokens are dropped from the decoded texts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from llmc.calibration.data import TextSampler
 from llmc.compiler.backends.onnxruntime.sampler_engine import write_sampler_engine
+
+if TYPE_CHECKING:
+    from llmc.compiler.config.build_config import BuildConfig
+    from llmc.compiler.stages.export import FloatGraph
+    from llmc.compiler.stages.load import LoadedModel
+    from llmc.compiler.stages.quantize import CalibrationTexts
 
 #: Sequences sampled at once: the KV cache is sized for this many, not for every text.
 MAX_NUM_SEQS = 16
@@ -100,3 +106,26 @@ class EngineTextSampler(TextSampler):
         ]
         outs = llm.generate([{"prompt_token_ids": [start]}] * num_texts, params)
         return [tok.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]
+
+
+def sampling_model(
+    model: LoadedModel,
+    graph: FloatGraph,
+    texts: CalibrationTexts | None,
+    config: BuildConfig,
+):
+    """What samples text where a build has no file for it: the loaded transformers model, or
+    for a streamed build (weights on the meta device) the float graph run in llmc's runtime
+    (``EngineTextSampler``). None when nothing is sampled."""
+    if texts is None or (texts.calibration.path and texts.heldout.path):
+        return None
+    if model.streamed is None:
+        return model.hf_model
+    return EngineTextSampler(
+        graph.proto,
+        graph.weights_dir,
+        model.tokenizer,
+        config.export.block_size,
+        config.target.threads,
+        work_dir=graph.weights_dir,
+    )

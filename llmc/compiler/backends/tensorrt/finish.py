@@ -1,12 +1,11 @@
-"""``llmc build --arch sm*``: checkpoint -> portable stage -> TensorRT engine directory.
+"""Finish a portable stage into a TensorRT engine directory: ``llmc build --from STAGE``.
 
-Two halves (DESIGN §6). ``build_gpu`` runs everywhere: export, passes, calibration and Q/DQ (the
-same code as the CPU path), the TensorRT lowering and lint, then the portable stage
-(``portable_stage.prepare_stage``).
-``finish_stage`` needs TensorRT and a GPU of the target's compute capability: it re-lints the
-stage, builds the plan (``builder.build_plan``) and writes the engine directory (plan, manifest,
-tokenizer). Without them, the build stops after the stage with ``TensorRTUnavailableError``
-(exit code 2) naming what is missing and the ``--from`` command that finishes it.
+The stage is what ``llmc build --arch sm*`` writes anywhere (``backend.TensorRTBackend``: export,
+passes, calibration and Q/DQ as every backend, then the TensorRT lowering and lint). Finishing
+needs TensorRT and a GPU of the target's compute capability: it re-lints the stage, builds the
+plan (``builder.build_plan``) and writes the engine directory (plan, manifest, tokenizer).
+Without them, a build stops after the stage with ``TensorRTUnavailableError`` (exit code 2)
+naming what is missing and the ``--from`` command that finishes it.
 
 The second half has never run: no machine of ours has TensorRT or a GPU.
 """
@@ -14,16 +13,14 @@ The second half has never run: no machine of ours has TensorRT or a GPU.
 from __future__ import annotations
 
 import shlex
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from llmc.compiler.backends.tensorrt import lint
 from llmc.compiler.backends.tensorrt.builder import check_hardware_compat
 from llmc.compiler.backends.tensorrt.engine_dir import write_engine
-from llmc.compiler.backends.tensorrt.portable_stage import prepare_stage
 from llmc.compiler.config.build_config import BuildConfig, flatten_options
-from llmc.compiler.stages.progress import stage_of
+from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.compiler.stages.publish import publish_result
 from llmc.compiler.stages.result import BuildResult
 from llmc.engine import stage as st
@@ -53,22 +50,7 @@ class TensorRTUnavailableError(LlmcError):
     """The portable stage is written, but this host cannot build the TensorRT plan."""
 
 
-def build_gpu(config: BuildConfig, progress=None) -> BuildResult:
-    """Build ``config`` (a GPU target) up to the portable stage, then finish it here if this
-    host can (else raise TensorRTUnavailableError after writing the stage to ``--output`` or
-    its default directory). Returns the ``BuildResult``."""
-
-    config.validate()
-    check_hardware_compat(config.target.hardware_compat)  # before the slow part, not after it
-    missing = missing_for_build(config.target.arch)
-    stage_dir = prepare_stage(config, progress, final=not missing)
-    if missing:
-        raise _unavailable(stage_dir, config.target.arch, missing)
-    requested = {"output": config.destination.output, "registry": config.destination.registry}
-    return finish_stage(stage_dir, requested, progress, remove_stage=True)
-
-
-def _unavailable(
+def unavailable(
     stage_dir: Path, arch: str, missing: list[str], written: bool = True
 ) -> TensorRTUnavailableError:
     finish = shlex.join(["llmc", "build", "--from", str(stage_dir), "--arch", arch])
@@ -80,15 +62,12 @@ def _unavailable(
     )
 
 
-def finish_stage(
-    stage_dir: str | Path, requested: dict, progress=None, remove_stage: bool = False
-) -> BuildResult:
+def finish_stage(stage_dir: str | Path, requested: dict, stage: Stage = no_stage) -> BuildResult:
     """``llmc build --from STAGE``: check the stage against ``requested`` (the options given on
     the command line, by flat name), lint it, and build the engine. Raises StageError (damaged
     or mismatched stage), BuildConfigError (an option the stage fixes), TensorRTLintError,
     TensorRTUnavailableError (no TensorRT or GPU here), TensorRTBuildError."""
 
-    stage = stage_of(progress)
     stage_dir = Path(stage_dir)
     fixed = sorted(k for k, v in requested.items() if k not in FINISH_OPTIONS and v is not None)
     if fixed:
@@ -111,11 +90,9 @@ def finish_stage(
         lint.raise_on_errors(report, f"stage {stage_dir}")
     missing = missing_for_build(m.target)
     if missing:
-        raise _unavailable(stage_dir, m.target, missing, written=False)
+        raise unavailable(stage_dir, m.target, missing, written=False)
 
     out = write_engine(stage_dir, m, config, report, stage)
-    if remove_stage:
-        shutil.rmtree(stage_dir, ignore_errors=True)
     return publish_result(
         config.destination, out, stage, m.pass_report, report.op_counts, m.quantization
     )
