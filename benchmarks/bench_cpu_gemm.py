@@ -6,7 +6,7 @@ form and run at M = 1, 16 and 128 rows (a decode step, a 16-sequence decode step
 prefill) on each runtime:
 
 - ``ort``: ONNX Runtime's CPU EP at ``ORT_ENABLE_ALL`` with the engine's session options
-  (``llmc.runtime.ort_env``). int4/w8 (block-wise DequantizeLinear -> MatMul) become
+  (``llmc.runtime.runners.ort_env``). int4/w8 (block-wise DequantizeLinear -> MatMul) become
   ``MatMulNBits`` with int8 compute (accuracy level 4, as the engines run them); ``dq8`` is
   ``DynamicQuantizeMatMul`` (activations quantized per tensor per call, int8 weights per output
   channel: MLAS's u8s8 GEMM, VNNI where the CPU has it).
@@ -129,7 +129,7 @@ def _llmc_kernels(path: Path) -> Path:
     import onnxruntime as ort
 
     from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import rewrite_block_int8
-    from llmc.runtime.ort_env import session_options
+    from llmc.runtime.runners.ort_env import session_options
 
     optimized = path.with_suffix(".optimized.onnx")
     opts = session_options(2)
@@ -149,7 +149,7 @@ def make_runner(runtime: str, path: Path):
         import onnxruntime as ort
 
         from llmc.plugins.paged_attention import ort_op
-        from llmc.runtime.ort_env import session_options
+        from llmc.runtime.runners.ort_env import session_options
 
         opts = session_options(2)
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "4")

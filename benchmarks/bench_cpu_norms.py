@@ -21,7 +21,7 @@ from bench_build_scale import host_line  # benchmarks/ is the script's directory
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.plugins.paged_attention import ort_op
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 NODES = 36
 KINDS = {

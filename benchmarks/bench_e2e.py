@@ -210,8 +210,8 @@ def run_all(args: argparse.Namespace) -> dict:
     import torch
 
     from llmc.runtime.engine import LLMEngine
-    from llmc.runtime.ort_runner import OrtRunner
-    from llmc.runtime.structured_outputs import StructuredOutputsParams
+    from llmc.runtime.runners.ort_runner import OrtRunner
+    from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
     torch.set_num_threads(2)
     sizes = {"s1": 1, "s16": args.concurrency}

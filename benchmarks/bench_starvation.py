@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.tiny_m
 from llmc.runtime import output_processor  # noqa: E402
 from llmc.runtime.engine import LLMEngine  # noqa: E402
 from llmc.runtime.sampling_params import SamplingParams  # noqa: E402
-from llmc.runtime.scheduler import Scheduler  # noqa: E402
+from llmc.runtime.scheduling.scheduler import Scheduler  # noqa: E402
 from llmc.runtime.stop_matcher import StopMatch, StopMatcher  # noqa: E402
 
 PROBE_PROMPT = [11, 12, 13, 14]

@@ -27,8 +27,8 @@ from llmc.heap import release_freed_memory
 def engine_logits(engine_dir: Path, ids: list[int]) -> np.ndarray:
     """[len(ids), V] float32 logits of one prefill of ``ids`` through the engine."""
     from llmc.engine.manifest import read_manifest
-    from llmc.runtime.ort_runner import OrtRunner
-    from llmc.runtime.step_inputs import single_prefill
+    from llmc.runtime.runners.ort_runner import OrtRunner
+    from llmc.runtime.runners.step_inputs import single_prefill
 
     block = read_manifest(engine_dir).block_size
     blocks = -(-len(ids) // block)

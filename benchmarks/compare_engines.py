@@ -26,7 +26,7 @@ from bench_build_scale import host_line  # benchmarks/ is the script's directory
 
 from llmc.compiler.backends.onnxruntime.provider_timing import probe_steps
 from llmc.engine.manifest import read_manifest
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runners.ort_runner import OrtRunner
 
 
 def medians(runners: list[OrtRunner], step, rounds: int) -> list[float]:

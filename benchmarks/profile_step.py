@@ -24,7 +24,7 @@ from bench_build_scale import host_line  # benchmarks/ is the script's directory
 
 from llmc.compiler.backends.onnxruntime.provider_timing import probe_steps
 from llmc.engine.manifest import read_manifest
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runners.ort_runner import OrtRunner
 
 
 def op_times(trace_files: list[str]) -> Counter:

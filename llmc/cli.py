@@ -101,7 +101,7 @@ def _add_generate(sub) -> None:
 
 def _structured_outputs(args: argparse.Namespace):
     """``--json-schema`` / ``--regex`` / ``--grammar`` as a constraint, or None."""
-    from llmc.runtime.structured_outputs import StructuredOutputsParams
+    from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
     if args.json_schema:
         return StructuredOutputsParams(json=_read_text("--json-schema", args.json_schema))

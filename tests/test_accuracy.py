@@ -26,7 +26,7 @@ def models(tmp_path_factory):
     differ only in their random seed, and held-out windows of Shakespeare."""
     from llmc.compiler.frontend.model_source import load_model, resolve_model
     from llmc.compiler.stages.export import float_graph
-    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.runners.ort_runner import OrtRunner
 
     root = tmp_path_factory.mktemp("accuracy")
     ckpts, runners = {}, {}

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import OP_TYPE, rewrite_block_int8
 from llmc.plugins.paged_attention import ort_op
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 pytestmark = pytest.mark.skipif(
     ort_op.library_path() is None, reason="the custom-op library is not built (no ORT header)"

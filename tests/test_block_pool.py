@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmc.runtime.block_pool import BlockPool
+from llmc.runtime.scheduling.block_pool import BlockPool
 
 
 def test_allocate_takes_lowest_ids_first_from_a_fresh_pool():

@@ -191,8 +191,8 @@ def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
     EP exposes no device (AMD CPUs), on OpenVINO's own runtime. Its logits stay within bf16
     error of the float32 engine's and it is recorded as such in the manifest."""
     from llmc.engine.isa import detect_host_isa
-    from llmc.runtime.execution_provider import openvino_cpu_devices
-    from llmc.runtime.openvino_runner import openvino_available
+    from llmc.runtime.runners.execution_provider import openvino_cpu_devices
+    from llmc.runtime.runners.openvino_runner import openvino_available
 
     if "avx512-bf16" not in detect_host_isa().features:
         pytest.skip("this host does not run AVX-512 BF16")
@@ -221,7 +221,7 @@ def test_bfloat16_engine_runs_on_openvino_close_to_float32(tmp_path):
     assert "avx512-bf16" in manifest["isa"]
     import numpy as np
 
-    from llmc.runtime.step_inputs import StepInputs
+    from llmc.runtime.runners.step_inputs import StepInputs
 
     n = 11
     step = StepInputs(
@@ -246,7 +246,7 @@ def test_build_chose_the_provider_by_measurement(tiny, capsys):
     from llmc.cli import main
     from llmc.compiler.backends.onnxruntime.provider_choice import ProviderSelection
     from llmc.engine.manifest import read_manifest
-    from llmc.runtime.execution_provider import openvino_cpu_devices
+    from llmc.runtime.runners.execution_provider import openvino_cpu_devices
 
     _, _, result = tiny
     manifest = read_manifest(result.engine_dir)
@@ -279,8 +279,8 @@ def test_probe_steps_are_what_a_real_prefill_and_decode_compute(tiny):
 
     from llmc.compiler.backends.onnxruntime.provider_choice import select_provider
     from llmc.compiler.backends.onnxruntime.provider_timing import probe_steps, time_steps
-    from llmc.runtime.ort_runner import OrtRunner
-    from llmc.runtime.step_inputs import single_prefill
+    from llmc.runtime.runners.ort_runner import OrtRunner
+    from llmc.runtime.runners.step_inputs import single_prefill
 
     _, _, result = tiny
     probe = probe_steps(
@@ -310,8 +310,8 @@ def test_single_graph_and_segments_run_the_same_step(tiny):
     blocks."""
     import numpy as np
 
-    from llmc.runtime.ort_runner import OrtRunner
-    from llmc.runtime.step_inputs import StepInputs
+    from llmc.runtime.runners.ort_runner import OrtRunner
+    from llmc.runtime.runners.step_inputs import StepInputs
 
     _, _, result = tiny
     graph = OrtRunner(result.engine_dir, 12)

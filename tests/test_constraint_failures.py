@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from llmc.runtime.grammar import library_message
-from llmc.runtime.request_check import InvalidRequestError
+from llmc.runtime.errors import InvalidRequestError
 from llmc.runtime.server.errors import QueueFullError
 from llmc.runtime.server.limits import RequestLimits
-from llmc.runtime.structured_outputs import StructuredOutputsParams
+from llmc.runtime.structured.grammar import library_message
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from tests.conftest import LiveServer, ServerFactory
@@ -196,8 +196,8 @@ def test_a_large_choice_compiles_off_the_engine_thread(served):
 def test_the_compile_deadline_refuses_slow_constraints_and_a_busy_pool(tiny_tokenizer):
     """A 50,000-string choice takes longer than a 20 ms deadline: its request gets the 400;
     the next one finds the only worker still busy with it: a 503 (QueueFullError)."""
-    from llmc.runtime.grammar_compiler import GrammarCompiler
     from llmc.runtime.server.grammar_pool import GrammarPool
+    from llmc.runtime.structured.grammar_compiler import GrammarCompiler
 
     vocab_size = len(tiny_tokenizer)
     compiler = GrammarCompiler(tiny_tokenizer, vocab_size, [tiny_tokenizer.eos_token_id])

@@ -9,10 +9,10 @@ from transformers import AutoTokenizer
 from llmc.errors import StepFailedError
 from llmc.runtime.chat_template import ChatTemplateError
 from llmc.runtime.engine import EngineConfig, LLMEngine
+from llmc.runtime.errors import InvalidRequestError
 from llmc.runtime.llm import LLM
-from llmc.runtime.request_check import InvalidRequestError
+from llmc.runtime.runners.step_inputs import StepInputs
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.step_inputs import StepInputs
 from tests.tiny_models import make_tiny_llama
 
 VOCAB = 512

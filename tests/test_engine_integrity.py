@@ -18,7 +18,7 @@ import pytest
 
 from llmc.engine.manifest import file_digests, read_manifest, write_manifest
 from llmc.errors import EngineCorruptError
-from llmc.runtime.engine_loader import load_engine
+from llmc.runtime.runners.engine_loader import load_engine
 from tests.tiny_models import make_tiny_llama
 
 SEGMENT = "segments/segment_000.onnx"

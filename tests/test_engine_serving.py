@@ -219,7 +219,7 @@ def test_startup_refuses_a_pool_smaller_than_one_max_len_sequence(engine_dir):
 
 def test_a_smaller_max_model_len_is_served_from_a_pool_too_small_for_max_seq_len(engine_dir):
     from llmc.engine.manifest import read_manifest
-    from llmc.runtime.engine_loader import kv_bytes_per_block
+    from llmc.runtime.runners.engine_loader import kv_bytes_per_block
 
     per_block = kv_bytes_per_block(read_manifest(engine_dir))
     # 8 blocks of 4 tokens hold one 32-token sequence, not one of the build's 64.

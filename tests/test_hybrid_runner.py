@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from llmc.engine.provider import HYBRID, ProviderChoice
-from llmc.runtime import openvino_runner
-from llmc.runtime.cpu_runner import cpu_runner
-from llmc.runtime.hybrid_runner import HybridRunner
-from llmc.runtime.openvino_runner import openvino_available
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runners import openvino_runner
+from llmc.runtime.runners.cpu_runner import cpu_runner
+from llmc.runtime.runners.hybrid_runner import HybridRunner
+from llmc.runtime.runners.openvino_runner import openvino_available
+from llmc.runtime.runners.ort_runner import OrtRunner
 from tests.test_openvino_runner import steps
 
 pytestmark = pytest.mark.skipif(openvino_available() is not None, reason=str(openvino_available()))

@@ -1,7 +1,7 @@
 """KVCacheManager: chained block hashes, exact hits and block ids, the last-token rule, forks."""
 
-from llmc.runtime.kv_cache_manager import ROOT_HASH, KVCacheManager, hash_block_tokens
 from llmc.runtime.sampling_params import SamplingParams
+from llmc.runtime.scheduling.kv_cache_manager import ROOT_HASH, KVCacheManager, hash_block_tokens
 from llmc.runtime.sequence import Sequence
 
 

@@ -28,7 +28,7 @@ from llmc.plugins.paged_attention.reference import (
     paged_attention_reference,
     quantize_kv,
 )
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.step_inputs import StepInputs
 from tests.test_paged_attention import CASES, PARAMS, Batch, Case, attention_kwargs, make_batch
 
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -366,7 +366,7 @@ def step_inputs(seq_len: int, num_new: int, block_table: list[int]) -> StepInput
 def test_runner_allocates_the_cache_dtype_and_passes_the_scales(tmp_path, kv_cache_dtype: str):
     """Each layer's caches in the plan's dtype, written in place; every layer's attention and
     cache bytes equal the reference's with that layer's scales, over a prefill and a decode."""
-    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.runners.ort_runner import OrtRunner
 
     plan = write_engine(tmp_path, kv_cache_dtype)
     runner = OrtRunner(tmp_path, num_blocks=6)
@@ -401,8 +401,8 @@ def test_pool_sizing_counts_the_bytes_the_runner_allocates(tmp_path, kv_cache_dt
     1-byte (fp8, int8) cache as of a float32 one."""
     from types import SimpleNamespace
 
-    from llmc.runtime.engine_loader import kv_bytes_per_block, plan_num_blocks
-    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.runners.engine_loader import kv_bytes_per_block, plan_num_blocks
+    from llmc.runtime.runners.ort_runner import OrtRunner
 
     write_engine(tmp_path, kv_cache_dtype)
     runner = OrtRunner(tmp_path, num_blocks=6)
@@ -418,7 +418,7 @@ def test_pool_sizing_counts_the_bytes_the_runner_allocates(tmp_path, kv_cache_dt
 
 
 def test_runner_refuses_an_unknown_cache_dtype(tmp_path) -> None:
-    from llmc.runtime.ort_runner import OrtRunner
+    from llmc.runtime.runners.ort_runner import OrtRunner
 
     write_engine(tmp_path, "fp16")
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8, int8"):

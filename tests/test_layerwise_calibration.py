@@ -21,9 +21,9 @@ from llmc.compiler.quantize.qdq import (
     quantize_graph,
 )
 from llmc.compiler.stages.export import float_graph
-from llmc.runtime.layerwise_runner import LayerwiseRunner
-from llmc.runtime.ort_runner import OrtRunner
-from llmc.runtime.step_inputs import single_prefill
+from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
+from llmc.runtime.runners.ort_runner import OrtRunner
+from llmc.runtime.runners.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3
 
 BLOCK = 16

@@ -16,7 +16,7 @@ from llmc.compiler.frontend.model_source import load_model, resolve_model
 from llmc.compiler.memory.engine_size import CheckpointShapes
 from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, gptq_keys
 from llmc.compiler.stages.export import float_graph
-from llmc.runtime.layerwise_runner import LayerwiseRunner
+from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
 from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
 
 BLOCK = 16

@@ -28,7 +28,7 @@ from llmc.errors import BuildConfigError
 from llmc.quant import microscaling as ms
 from llmc.quant.grids import dequantize
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 from tests.tiny_models import calibration_text, make_tiny_gemma3, quant_config
 
 # --- references from the specs: grids enumerated, ties to the even code (even index) ---------

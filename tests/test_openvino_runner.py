@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from llmc.engine.provider import OPENVINO_RUNTIME, ProviderChoice
-from llmc.runtime.cpu_runner import cpu_runner
-from llmc.runtime.openvino_runner import OpenVinoRunner, openvino_available
-from llmc.runtime.ort_runner import OrtRunner
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.cpu_runner import cpu_runner
+from llmc.runtime.runners.openvino_runner import OpenVinoRunner, openvino_available
+from llmc.runtime.runners.ort_runner import OrtRunner
+from llmc.runtime.runners.step_inputs import StepInputs
 
 pytestmark = pytest.mark.skipif(openvino_available() is not None, reason=str(openvino_available()))
 BLOCK = 16  # the tiny_llama_engine fixture's block size

@@ -14,7 +14,7 @@ from llmc.engine.plugin import INPUTS, OP_TYPE
 from llmc.plugins import schema
 from llmc.plugins.paged_attention import ort_op
 from llmc.plugins.paged_attention.cpu import paged_attention_cpu
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 from tests.test_paged_attention import (
     CASES,
     PARAMS,

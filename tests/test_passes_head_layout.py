@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.compiler.passes.head_layout import keep_heads_token_major
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 HEADS, HEAD_SIZE = 4, 8
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.compiler.passes.no_op import remove_no_ops
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 
 def gather_model(x_shape: list, index: np.ndarray) -> onnx.ModelProto:

@@ -31,8 +31,8 @@ from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine.manifest import parse_manifest
 from llmc.engine.provider import CPU_EP, HYBRID, OPENVINO_EP, OPENVINO_RUNTIME
 from llmc.errors import BuildConfigError
-from llmc.runtime.execution_provider import openvino_cpu_devices
-from llmc.runtime.openvino_runner import openvino_available
+from llmc.runtime.runners.execution_provider import openvino_cpu_devices
+from llmc.runtime.runners.openvino_runner import openvino_available
 from tests.test_manifest import make_manifest
 
 CPU_DEVICE = bool(openvino_cpu_devices()[0])
@@ -253,7 +253,7 @@ def test_the_chosen_hybrid_records_its_boundary_and_a_host_without_openvino_refu
     from llmc.compiler.backends.onnxruntime.report import chosen_provider
     from llmc.engine.targets.cpu import check_provider_version
     from llmc.errors import EngineMismatchError
-    from llmc.runtime.hybrid_runner import MIN_OPENVINO_TOKENS
+    from llmc.runtime.runners.hybrid_runner import MIN_OPENVINO_TOKENS
 
     hybrid = chosen_provider(ProviderSelection("auto", HYBRID, "f32", []))
     assert hybrid.min_large_tokens == MIN_OPENVINO_TOKENS

@@ -20,8 +20,8 @@ from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, gptq_keys
 from llmc.compiler.stages.export import float_graph
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.plugin import OP_TYPE
-from llmc.runtime.ort_runner import OrtRunner
-from llmc.runtime.step_inputs import single_prefill
+from llmc.runtime.runners.ort_runner import OrtRunner
+from llmc.runtime.runners.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3
 
 BLOCK = 16

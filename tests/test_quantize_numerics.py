@@ -165,7 +165,7 @@ def test_int8_weights_this_host_runs_exactly_on_orts_integer_gemm():
 
     from llmc.compiler.backends.onnxruntime.host import int8_bound_pairs
     from llmc.engine.isa import detect_host_isa
-    from llmc.runtime.ort_env import session_options
+    from llmc.runtime.runners.ort_env import session_options
 
     k, n, m = 640, 256, 8
     rng = np.random.default_rng(0)
@@ -212,7 +212,7 @@ def _optimized_ops(model) -> set[str]:
     import onnx
     import onnxruntime as ort
 
-    from llmc.runtime.ort_env import session_options
+    from llmc.runtime.runners.ort_env import session_options
 
     with tempfile.TemporaryDirectory() as d:
         opts = session_options(2)

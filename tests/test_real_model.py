@@ -21,9 +21,9 @@ from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.frontend.model_source import resolve_model
 from llmc.runtime.engine import LLMEngine
+from llmc.runtime.runners.step_inputs import StepInputs
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.step_inputs import StepInputs
-from llmc.runtime.structured_outputs import StructuredOutputsParams as SO
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams as SO
 
 pytestmark = pytest.mark.real_model
 

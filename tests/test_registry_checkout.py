@@ -16,7 +16,7 @@ from llmc.cli import main
 from llmc.errors import EngineCorruptError
 from llmc.registry.local import LocalRegistry
 from llmc.registry.resolve import engine_dir_for
-from llmc.runtime.engine_loader import load_engine
+from llmc.runtime.runners.engine_loader import load_engine
 from tests.test_registry_local import fake_engine, sha
 
 

@@ -29,7 +29,7 @@ from llmc.registry.entry import check_entry_agrees
 from llmc.registry.local import LocalRegistry
 from llmc.registry.resolve import engine_dir_for, resolve_local
 from llmc.registry.signing import generate_keypair, sign_entry
-from llmc.runtime.engine_loader import load_engine
+from llmc.runtime.runners.engine_loader import load_engine
 
 SHARED = b"shared tokenizer bytes\n" * 10
 

@@ -19,7 +19,7 @@ from llmc.compiler.backends.onnxruntime.rewrites.rms_norm import (
     rewrite_rms_norms,
 )
 from llmc.plugins.paged_attention import ort_op
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 pytestmark = pytest.mark.skipif(
     ort_op.library_path() is None, reason="the custom-op library is not built (no ORT header)"

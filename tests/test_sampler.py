@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmc.runtime.sampler import Sampler
+from llmc.runtime.sampling.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.sequence import Sequence
 
@@ -147,7 +147,7 @@ def test_row_count_mismatch_is_refused():
 def test_an_extreme_repetition_penalty_keeps_sampling_finite() -> None:
     """A penalty of 5e-324 once made seen tokens' logits +inf, the softmax NaN, and every
     sampled token id 0; the penalized row must stay finite and keep the penalty's order."""
-    from llmc.runtime.penalties import apply_penalties
+    from llmc.runtime.sampling.penalties import apply_penalties
     from llmc.runtime.sampling_params import SamplingParams
     from llmc.runtime.sequence import Sequence
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from llmc.runtime.logprobs import compute_logprobs
-from llmc.runtime.penalties import apply_min_tokens, apply_penalties
-from llmc.runtime.sampler import Sampler
+from llmc.runtime.sampling.penalties import apply_min_tokens, apply_penalties
+from llmc.runtime.sampling.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.sequence import Sequence
 from tests.test_sampler import PROBS, assert_frequencies

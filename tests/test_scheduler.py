@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.scheduler import Scheduler, SchedulerConfig
+from llmc.runtime.scheduling.scheduler import Scheduler, SchedulerConfig
 from llmc.runtime.sequence import Sequence, SequenceStatus
 
 EOS = 1

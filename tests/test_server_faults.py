@@ -19,8 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
+from llmc.runtime.runners.step_inputs import StepInputs
 from llmc.runtime.server import AsyncLLMEngine
-from llmc.runtime.step_inputs import StepInputs
 from tests.test_server import MODEL, _wait_until
 from tests.test_server_hardening import _metrics, _pool_is_free
 

@@ -13,7 +13,7 @@ import pytest
 from llmc.compiler.backends.onnxruntime.single_graph import GRAPH_FILE, write_single_graph
 from llmc.engine.plan import ExecutionPlan, save_plan
 from llmc.engine.plugin import node_fpmath_mode, plugin_nodes
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runners.ort_runner import OrtRunner
 from tests.test_kv_cache_quant import as_bytes, step_inputs, write_engine
 
 STEPS = (step_inputs(7, 7, [4, 1]), step_inputs(8, 1, [4, 1]), step_inputs(9, 1, [4, 1, 5]))

@@ -17,7 +17,7 @@ from llmc.compiler.backends.onnxruntime.rewrites.skip_norm import (
     fuse_skip_rms_norm,
     use_simplified_layer_norm,
 )
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 HIDDEN = 16
 

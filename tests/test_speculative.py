@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from llmc.runtime.llm import LLM
-from llmc.runtime.ngram_proposer import NgramProposer
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.spec_decode import num_drafts_allowed, verify_greedy
-from llmc.runtime.speculative_config import SpeculativeConfig
+from llmc.runtime.spec_decode.ngram_proposer import NgramProposer
+from llmc.runtime.spec_decode.rules import num_drafts_allowed, verify_greedy
+from llmc.runtime.spec_decode.speculative_config import SpeculativeConfig
 
 PROMPTS = [
     "To be, or not to be, that is the question: to be, or not to be",
@@ -175,7 +175,7 @@ def test_rejection_sampling_keeps_the_targets_distribution():
     against the rows, 6 categories (5 degrees of freedom: 20.5 is the 0.001 quantile)."""
     import torch
 
-    from llmc.runtime.spec_decode import verify_sampled
+    from llmc.runtime.spec_decode.rules import verify_sampled
 
     probs = torch.tensor(
         [[0.05, 0.4, 0.1, 0.2, 0.15, 0.1], [0.3, 0.1, 0.1, 0.2, 0.2, 0.1], [1 / 6] * 6]

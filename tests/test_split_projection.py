@@ -13,8 +13,8 @@ from llmc.compiler.backends.onnxruntime import lower as lower_cpu
 from llmc.compiler.backends.onnxruntime.rewrites.split_projection import split_projections
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
-from llmc.runtime.ort_runner import OrtRunner
-from llmc.runtime.step_inputs import single_prefill
+from llmc.runtime.runners.ort_runner import OrtRunner
+from llmc.runtime.runners.step_inputs import single_prefill
 from tests.tiny_models import make_tiny_gemma3
 
 

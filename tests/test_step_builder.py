@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.scheduler import (
+from llmc.runtime.scheduling.scheduler import (
     ScheduledSequence,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
 )
+from llmc.runtime.scheduling.step_builder import build_step_inputs
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.step_builder import build_step_inputs
 
 
 def make_seq(rid, prompt, output=(), blocks=()):

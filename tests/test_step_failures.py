@@ -5,7 +5,7 @@ per-completion seeds of n > 1 wrap instead of overflowing."""
 import pytest
 
 from llmc.errors import StepFailedError
-from llmc.runtime.sampler import Sampler
+from llmc.runtime.sampling.sampler import Sampler
 from llmc.runtime.sampling_params import MAX_SEED, SamplingParams
 from llmc.runtime.sequence import Sequence
 from tests.test_engine import GREEDY, fake_engine, oracle, prompt_of, run

@@ -18,7 +18,7 @@ from llmc.compiler.weights.stored_weights import (
     store_weights,
     widen_segment,
 )
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 
 def _model(w: np.ndarray, bias: np.ndarray) -> ir.Model:

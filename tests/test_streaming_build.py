@@ -23,8 +23,8 @@ from llmc.compiler.stages.load import load, resolve
 from llmc.engine.plan import load_plan
 from llmc.engine.plugin import node_fpmath_mode, plugin_nodes
 from llmc.errors import BuildConfigError
-from llmc.runtime.ort_runner import OrtRunner
-from llmc.runtime.step_inputs import single_prefill
+from llmc.runtime.runners.ort_runner import OrtRunner
+from llmc.runtime.runners.step_inputs import single_prefill
 from tests.tiny_models import bfloat16_copy, make_tiny_gemma3, make_tiny_llama
 
 

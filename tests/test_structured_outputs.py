@@ -12,12 +12,12 @@ import jsonschema
 import numpy as np
 import pytest
 
-from llmc.runtime.grammar import apply_bitmask, apply_token_masks
-from llmc.runtime.grammar_compiler import GrammarCompiler
+from llmc.runtime.errors import InvalidRequestError
 from llmc.runtime.llm import LLM
-from llmc.runtime.request_check import InvalidRequestError
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.structured_outputs import StructuredOutputsParams as SO
+from llmc.runtime.structured.grammar import apply_bitmask, apply_token_masks
+from llmc.runtime.structured.grammar_compiler import GrammarCompiler
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams as SO
 
 NESTED = {
     "type": "object",

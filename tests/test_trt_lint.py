@@ -22,7 +22,7 @@ from llmc.compiler.quantize.qdq import QuantSpec, calibration_tensors, quantize_
 from llmc.compiler.stages.export import float_graph
 from llmc.engine.plugin import DOMAIN, plugin_nodes
 from llmc.plugins.paged_attention.reference import paged_attention_reference
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runners.ort_runner import OrtRunner
 from tests.tiny_models import make_tiny_gemma3, make_tiny_llama
 
 BLOCK = 16

@@ -70,7 +70,7 @@ def test_loading_a_plan_on_this_host_refuses_before_touching_tensorrt(tmp_path):
     write_manifest(_manifest(), engine)
     code = (
         "import sys\n"
-        "from llmc.runtime.engine_loader import load_engine\n"
+        "from llmc.runtime.runners.engine_loader import load_engine\n"
         "from llmc.errors import EngineMismatchError\n"
         "try:\n"
         f"    load_engine({str(engine)!r})\n"
@@ -101,7 +101,7 @@ def test_kv_pool_of_a_plan_is_sized_by_the_cache_dtype_the_runner_allocates():
 
     from llmc.engine.kv_cache import kv_cache_dtype_of
     from llmc.errors import EngineCorruptError
-    from llmc.runtime.engine_loader import kv_bytes_per_block, plan_num_blocks
+    from llmc.runtime.runners.engine_loader import kv_bytes_per_block, plan_num_blocks
 
     m = _manifest()  # a bfloat16 cache of 2 layers, blocks of 8, 1 KV head of 32
     elements = 2 * 2 * 8 * 1 * 32

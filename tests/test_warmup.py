@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmc.runtime.warmup import warmup_step
+from llmc.runtime.runners.warmup import warmup_step
 
 
 def test_the_default_gemma_limits_give_sixteen_prefills_of_128_tokens():

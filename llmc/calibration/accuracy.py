@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from llmc.runtime.step_inputs import single_prefill
+from llmc.runtime.runners.step_inputs import single_prefill
 
 # Rows of the logits converted to float64 at a time: [16, 262144] float64 is 32 MiB, so memory
 # stays bounded for Gemma's vocabulary whatever the window length.
@@ -96,7 +96,7 @@ def evaluate_accuracy(
 ) -> AccuracyReport:
     """Score ``candidate`` against ``reference`` on ``windows``.
 
-    ``reference`` and ``candidate`` are runners (``llmc.runtime.runner.Runner``, e.g.
+    ``reference`` and ``candidate`` are runners (``llmc.runtime.runners.runner.Runner``, e.g.
     ``OrtRunner``) whose ``execute(step)`` returns logits [S, V] float32; each needs
     ``ceil(max window length / block_size)`` KV blocks. Each window ([T] token ids, T >= 2) runs
     as one prefill step asking for all T positions' logits; positions 0..T-2 are scored against

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from llmc.calibration.observers import TensorStats
-from llmc.runtime.layerwise_runner import LayerwiseRunner
-from llmc.runtime.step_inputs import single_prefill
+from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
+from llmc.runtime.runners.step_inputs import single_prefill
 
 SAMPLE_ROWS = 512
 CACHE_FORMAT = 3  # 2: optional Gram matrices; 3: one reservoir stream per tensor, per segment

@@ -1,7 +1,8 @@
 """The engine graph's interface (DESIGN §3): one step's inputs, the KV caches, the logits.
 
 The exporter names the graph's tensors so, the TensorRT lowering keeps them, and the runners
-bind them by these names (the fields of ``llmc.runtime.step_inputs.StepInputs`` carry the same).
+bind them by these names (the fields of ``llmc.runtime.runners.step_inputs.StepInputs`` carry the
+same).
 """
 
 from __future__ import annotations

@@ -7,15 +7,15 @@ on Gemma 3 270M here (DESIGN §9), at up to ~0.1 relative difference in logits, 
 ``--dtype bfloat16`` engines only. ``OpenVINORuntime`` is not an ONNX Runtime provider: the
 engine's segments compiled by OpenVINO's own runtime (PyPI ``openvino``), which runs on any
 x86-64 CPU, AMD's included, where the OpenVINO EP exposes no device
-(``llmc.runtime.openvino_runner``). ``CPUExecutionProvider+OpenVINORuntime`` runs a CPU EP
+(``llmc.runtime.runners.openvino_runner``). ``CPUExecutionProvider+OpenVINORuntime`` runs a CPU EP
 engine's steps of few new tokens on the CPU EP's single graph and its larger steps through the
 same engine's segments compiled by OpenVINO's runtime (whose int4 kernels lead on bare MatMuls
-from a few rows up), over one KV cache (``llmc.runtime.hybrid_runner``). Providers are a
+from a few rows up), over one KV cache (``llmc.runtime.runners.hybrid_runner``). Providers are a
 sub-axis of the ``cpu`` target (``llmc.engine.targets.cpu``), named on the command line by
 the keys of ``PROVIDERS``. Which provider an engine runs on is chosen at build time by
 measurement (``llmc.compiler.backends.onnxruntime.provider_choice``) and recorded in its manifest;
 how a session is
-bound to it is the runtime's (``llmc.runtime.execution_provider``).
+bound to it is the runtime's (``llmc.runtime.runners.execution_provider``).
 """
 
 from __future__ import annotations

@@ -9,24 +9,24 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import StepFailedError
-from llmc.runtime.engine_loader import load_engine
-from llmc.runtime.grammar import GrammarState
-from llmc.runtime.grammar_compiler import GrammarCompiler
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
-from llmc.runtime.runner import Runner
-from llmc.runtime.sampler import Sampler
+from llmc.runtime.runners.engine_loader import load_engine
+from llmc.runtime.runners.runner import Runner
+from llmc.runtime.runners.warmup import warmup_step
+from llmc.runtime.sampling.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from llmc.runtime.scheduling.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from llmc.runtime.scheduling.step_builder import build_step_inputs
 from llmc.runtime.sequence import Sequence
 from llmc.runtime.serving_defaults import default_decode_wait, default_step_tokens
-from llmc.runtime.spec_decode import verify_greedy, verify_sampled
-from llmc.runtime.speculative_config import SpeculativeConfig
-from llmc.runtime.speculator import Speculator, load_speculator
+from llmc.runtime.spec_decode.rules import verify_greedy, verify_sampled
+from llmc.runtime.spec_decode.speculative_config import SpeculativeConfig
+from llmc.runtime.spec_decode.speculator import Speculator, load_speculator
 from llmc.runtime.stats import EngineStats
-from llmc.runtime.step_builder import build_step_inputs
-from llmc.runtime.warmup import warmup_step
+from llmc.runtime.structured.grammar import GrammarState
+from llmc.runtime.structured.grammar_compiler import GrammarCompiler
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +206,7 @@ class LLMEngine:
     def warm_up(self) -> None:
         """Run the largest step the limits allow (``max_num_batched_tokens`` tokens over up to
         ``max_num_seqs`` prefills) once, outside the scheduler, so that the runner's memory is
-        in place before the first request (see ``llmc.runtime.warmup``). Call it before any
+        in place before the first request (see ``llmc.runtime.runners.warmup``). Call it before any
         request: it writes into KV blocks that must be free. Raises what the runner raises."""
 
         c = self.config

@@ -14,21 +14,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llmc.errors import ContextLengthError
+from llmc.runtime.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from llmc.runtime.sampling_params import SamplingParams
-
-
-class InvalidRequestError(ValueError):
-    """A request the engine cannot serve.
-
-    Attributes:
-        field: the `SamplingParams` field at fault, or ``"prompt"``; None when no one field is.
-    """
-
-    def __init__(self, message: str, field: str | None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def check_request(

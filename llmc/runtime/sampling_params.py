@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from llmc.runtime.request_check import InvalidRequestError
-from llmc.runtime.structured_outputs import StructuredOutputsParams
+from llmc.runtime.errors import InvalidRequestError
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
 # Temperatures below this are treated as greedy: dividing logits by ~0 overflows float32 (vLLM's
 # `_SAMPLING_EPS` does the same).

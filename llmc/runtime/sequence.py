@@ -17,7 +17,7 @@ from llmc.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from llmc.runtime.grammar import GrammarState
+    from llmc.runtime.structured.grammar import GrammarState
 
 
 class SequenceStatus(enum.Enum):

@@ -16,11 +16,12 @@ import torch
 from llmc.compiler.frontend.attention import register_attention
 from llmc.compiler.frontend.packed_model import PackedCausalLM
 from llmc.engine.kv_cache import cache_spec
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.step_inputs import StepInputs
 
 
 class TorchRunner:
-    """Eager runner over a transformers causal LM. Implements ``llmc.runtime.runner.Runner``.
+    """Eager runner over a transformers causal LM. Implements
+    ``llmc.runtime.runners.runner.Runner``.
 
     Args:
         model: a checkpoint directory (safetensors) or an already loaded transformers model

@@ -128,7 +128,7 @@ def quantize(
     from llmc.calibration.stats_cache import StatsCache
     from llmc.compiler.frontend.streamed_export import load_float_graph
     from llmc.compiler.quantize.qdq import GraphQuantizer, calibration_tensors, gptq_keys
-    from llmc.runtime.layerwise_runner import LayerwiseRunner
+    from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
     from llmc.version import __version__
 
     spec = config.quant_spec(bound_pairs)
@@ -344,9 +344,9 @@ def accuracy_report(
 
     from llmc.calibration.accuracy import check_windows, score_logits
     from llmc.compiler.quantize.search.assignment_eval import spill_logits
-    from llmc.runtime.cpu_runner import cpu_runner
-    from llmc.runtime.layerwise_runner import LayerwiseRunner
-    from llmc.runtime.step_inputs import single_prefill
+    from llmc.runtime.runners.cpu_runner import cpu_runner
+    from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
+    from llmc.runtime.runners.step_inputs import single_prefill
 
     calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
     windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmc.runtime.execution_provider import bind_provider
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.execution_provider import bind_provider
+from llmc.runtime.runners.ort_env import session_options
 
 # How much closer another tensor must be for an engine tensor to be re-matched (match_names).
 _MATCH_MARGIN = 100.0

@@ -42,9 +42,9 @@ from llmc.engine.manifest import read_manifest, verify_files
 from llmc.engine.plan import load_plan
 from llmc.engine.split import split_at_plugins
 from llmc.errors import ModelSourceError
-from llmc.runtime.cpu_runner import cpu_runner
-from llmc.runtime.ort_runner import OrtRunner
-from llmc.runtime.step_inputs import single_prefill
+from llmc.runtime.runners.cpu_runner import cpu_runner
+from llmc.runtime.runners.ort_runner import OrtRunner
+from llmc.runtime.runners.step_inputs import single_prefill
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from llmc.errors import StepFailedError
-from llmc.runtime.grammar import GrammarError
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
 from llmc.runtime.server.errors import EngineDeadError, QueueFullError
@@ -44,6 +43,7 @@ from llmc.runtime.server.request_stream import (
     StreamItem,
     finish_outcome,
 )
+from llmc.runtime.structured.grammar import GrammarError
 
 if TYPE_CHECKING:
     from llmc.runtime.engine import LLMEngine

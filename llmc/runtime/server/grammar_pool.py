@@ -23,10 +23,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from llmc.runtime.grammar_compiler import GrammarCompiler
-from llmc.runtime.request_check import InvalidRequestError
+from llmc.runtime.errors import InvalidRequestError
 from llmc.runtime.server.errors import QueueFullError
-from llmc.runtime.structured_outputs import FIELD, StructuredOutputsParams
+from llmc.runtime.structured.grammar_compiler import GrammarCompiler
+from llmc.runtime.structured.structured_outputs import FIELD, StructuredOutputsParams
 
 #: How much lower the compile workers' CPU priority is than the engine's (``nice`` steps).
 WORKER_NICENESS = 10

@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from llmc.errors import EngineConfigError
-from llmc.runtime.constraint_size import constraint_size
 from llmc.runtime.sampling_params import MAX_LOGPROBS
 from llmc.runtime.server.errors import ApiError, bad_request
 from llmc.runtime.server.protocol import SamplingFields
-from llmc.runtime.structured_outputs import StructuredOutputsParams
+from llmc.runtime.structured.constraint_size import constraint_size
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
 
 def _limit(default: int, help: str) -> int:

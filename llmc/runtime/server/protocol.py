@@ -45,7 +45,7 @@ from llmc.runtime.server.structured_protocol import (
 )
 from llmc.runtime.server.tool_calls import ToolPlan, plan_tools
 from llmc.runtime.server.tool_protocol import ToolChoice, ToolDefinition
-from llmc.runtime.structured_outputs import StructuredOutputsParams
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
 # Field name -> the empty values OpenAI treats as "off". Anything else is refused.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {

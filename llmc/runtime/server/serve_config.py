@@ -19,7 +19,7 @@ from llmc.config_file import read_config_file, short_repr
 from llmc.errors import EngineConfigError
 from llmc.option_flags import alternatives
 from llmc.runtime.server.limits import RequestLimits
-from llmc.runtime.speculative_config import SpeculativeConfig
+from llmc.runtime.spec_decode.speculative_config import SpeculativeConfig
 
 #: uvicorn's log levels.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")

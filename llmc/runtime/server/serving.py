@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmc.errors import ContextLengthError
 from llmc.runtime.chat_template import CHAT_ADD_SPECIAL_TOKENS, ChatTemplateError, render_chat
-from llmc.runtime.grammar import GrammarError
-from llmc.runtime.request_check import InvalidRequestError, check_vocabulary
+from llmc.runtime.errors import InvalidRequestError
+from llmc.runtime.request_check import check_vocabulary
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.bounded_encode import encode_bounded
@@ -49,7 +49,8 @@ from llmc.runtime.server.tokenize_protocol import (
     TokenizeResponse,
 )
 from llmc.runtime.server.tool_format import detect_tool_format
-from llmc.runtime.structured_outputs import FIELD as STRUCTURED_FIELD
+from llmc.runtime.structured.grammar import GrammarError
+from llmc.runtime.structured.structured_outputs import FIELD as STRUCTURED_FIELD
 
 logger = logging.getLogger(__name__)
 

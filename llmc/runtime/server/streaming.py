@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from llmc.runtime.grammar import GrammarError
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.renderers import ChunkSpan, Renderer
 from llmc.runtime.server.responses import UsageInfo
+from llmc.runtime.structured.grammar import GrammarError
 
 logger = logging.getLogger(__name__)
 

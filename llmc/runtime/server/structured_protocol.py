@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmc.runtime.server.strict_types import Bool, Text
-from llmc.runtime.structured_outputs import StructuredOutputsParams
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
 
 class JsonSchemaFormat(BaseModel):

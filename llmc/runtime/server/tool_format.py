@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from llmc.runtime.server.tool_calls import ParsedAnswer, ToolPlan, parse_answer
 from llmc.runtime.server.tool_protocol import FunctionCall, ToolCall
-from llmc.runtime.structured_outputs import StructuredOutputsParams
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
 ToolFormatName = Literal["generic", "hermes", "llama3_json"]
 TOOL_FORMATS: tuple[ToolFormatName, ...] = ("generic", "hermes", "llama3_json")

@@ -27,7 +27,7 @@ from llmc.compiler.memory.plan import MemoryPlan
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.stages.progress import Stage
 from llmc.compiler.stages.quantize import EngineGraph
-from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR
+from llmc.runtime.runners.openvino_runner import OPENVINO_LOAD_FACTOR
 
 
 class OnnxRuntimeBackend:

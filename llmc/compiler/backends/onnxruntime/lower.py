@@ -39,7 +39,7 @@ from llmc.engine.plan import ExecutionPlan, save_plan
 from llmc.engine.plugin import FPMATH_ATTRIBUTE, plugin_nodes
 from llmc.engine.provider import CPU_EP, provider_for_dtype
 from llmc.engine.split import split_at_plugins
-from llmc.runtime.ort_env import session_options
+from llmc.runtime.runners.ort_env import session_options
 
 SEGMENT_DIR = "segments"
 

@@ -2,19 +2,22 @@
 
 The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32),
 the OpenVINO EP (f32) and, for quantized engines, the hybrid (the CPU EP for steps of few
-tokens, OpenVINO's runtime for large ones, ``llmc.runtime.hybrid_runner``). Under ``auto`` the
+tokens, OpenVINO's runtime for large ones, ``llmc.runtime.runners.hybrid_runner``). Under ``auto``
+the
 two OpenVINO candidates are measured only when what they load (``OPENVINO_LOAD_FACTOR`` and
 ``HYBRID_LOAD_FACTOR`` times the engine's bytes: OpenVINO decompresses 4- and 8-bit weights to
 float32) stays under the peak RSS the build already reached (on an Intel host, where the EP
 has a CPU device, loading a 2.3 GB 3B int4 engine in it holds 9.1 GB). bfloat16 engines: the
 OpenVINO EP (bf16) and OpenVINO's runtime on the segments (bf16;
-``llmc.runtime.openvino_runner``, it runs on AMD CPUs too), since the CPU EP has no bf16 GEMM.
+``llmc.runtime.runners.openvino_runner``, it runs on AMD CPUs too), since the CPU EP has no bf16
+GEMM.
 The engine graph is lowered once, by dtype (``lower_cpu``), and every candidate runs that same
 graph: what is measured is what ships.
 
 For each candidate, ``select_provider`` records why it cannot run here (package missing, no CPU
 device, the graph does not load) or measures it: the engine through its runner
-(``llmc.runtime.cpu_runner``), on the steps of ``provider_timing`` (decode at batch 1 and 16, a
+(``llmc.runtime.runners.cpu_runner``), on the steps of ``provider_timing`` (decode at batch 1 and
+16, a
 128-token prefill; one warmup, median of 3). A candidate is rejected when its logits differ
 from the CPU EP's (f32) by more than ``TOLERANCE`` of its precision (``QUANTIZED_TOLERANCE`` for
 a quantized engine), relative to the logits' scale. Score: the geometric mean of its median
@@ -44,9 +47,9 @@ from llmc.engine.provider import (
     ProviderChoice,
 )
 from llmc.errors import BuildConfigError
-from llmc.runtime.cpu_runner import cpu_runner
-from llmc.runtime.execution_provider import openvino_cpu_devices
-from llmc.runtime.openvino_runner import OPENVINO_LOAD_FACTOR, openvino_available
+from llmc.runtime.runners.cpu_runner import cpu_runner
+from llmc.runtime.runners.execution_provider import openvino_cpu_devices
+from llmc.runtime.runners.openvino_runner import OPENVINO_LOAD_FACTOR, openvino_available
 
 #: Largest accepted max|logits - cpu_ep| / max|cpu_ep|, by compute precision. f32: the OpenVINO
 #: EP measured 2e-5 on Gemma 3 270M, 1e-3 leaves room for summation order; bf16: measured up to

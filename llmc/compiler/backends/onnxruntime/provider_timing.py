@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmc.runtime.step_inputs import StepInputs, single_prefill
+from llmc.runtime.runners.step_inputs import StepInputs, single_prefill
 
 PREFILL_TOKENS = 128
 DECODE_BATCH = 16

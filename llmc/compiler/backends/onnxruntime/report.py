@@ -13,7 +13,7 @@ from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.engine.provider import HYBRID, ProviderChoice
-from llmc.runtime.hybrid_runner import MIN_OPENVINO_TOKENS
+from llmc.runtime.runners.hybrid_runner import MIN_OPENVINO_TOKENS
 
 
 def chosen_provider(selection: ProviderSelection) -> ProviderChoice:

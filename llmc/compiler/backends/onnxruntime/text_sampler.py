@@ -70,7 +70,7 @@ class EngineTextSampler(TextSampler):
         """``num_texts`` texts of ``max_new_tokens`` tokens each, decoded."""
         from llmc.runtime.engine import EngineConfig, LLMEngine
         from llmc.runtime.llm import LLM
-        from llmc.runtime.ort_runner import OrtRunner
+        from llmc.runtime.runners.ort_runner import OrtRunner
         from llmc.runtime.sampling_params import SamplingParams
 
         tok = self.tokenizer

@@ -129,7 +129,7 @@ class AssignmentScorer:
         """The float graph split into segments once (``LayerwiseRunner``), run with the
         engine's kernels; each run prepares its segments (``prepare``) its own way."""
         if self._layerwise is None:
-            from llmc.runtime.layerwise_runner import LayerwiseRunner
+            from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
 
             self._layerwise = LayerwiseRunner(
                 self.float_model,

@@ -24,8 +24,8 @@ from llmc.engine.manifest import (
 )
 from llmc.engine.targets import target
 from llmc.errors import EngineConfigError, EngineCorruptError, EngineError, EngineNotFoundError
-from llmc.runtime.cpu_runner import cpu_runner
-from llmc.runtime.runner import Runner
+from llmc.runtime.runners.cpu_runner import cpu_runner
+from llmc.runtime.runners.runner import Runner
 
 #: Default KV-cache memory budget when neither ``num_blocks`` nor ``kv_cache_memory`` is given.
 DEFAULT_KV_CACHE_BYTES = 2 << 30
@@ -138,7 +138,7 @@ def load_engine(
     from transformers import AutoTokenizer
 
     if target(manifest.target).backend == "tensorrt":
-        from llmc.runtime.trt_runner import TrtRunner  # imports torch
+        from llmc.runtime.runners.trt_runner import TrtRunner  # imports torch
 
         runner = TrtRunner(engine_dir, manifest, num_blocks=blocks)
     else:

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from llmc.runtime.grammar import apply_token_masks
-from llmc.runtime.penalties import apply_min_tokens, apply_penalties
+from llmc.runtime.sampling.penalties import apply_min_tokens, apply_penalties
+from llmc.runtime.sampling.stop_checker import below_min_tokens
 from llmc.runtime.sampling_params import SamplingParams, check_seed
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.stop_checker import below_min_tokens
+from llmc.runtime.structured.grammar import apply_token_masks
 
 if TYPE_CHECKING:
     import torch

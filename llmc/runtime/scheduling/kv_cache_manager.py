@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 
-from llmc.runtime.block_pool import BlockPool
+from llmc.runtime.scheduling.block_pool import BlockPool
 from llmc.runtime.sequence import Sequence
 
 #: Parent hash of a sequence's first block.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.step_inputs import StepInputs
 
 
 def warmup_step(

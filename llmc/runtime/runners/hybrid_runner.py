@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from llmc.engine.provider import CPU_EP, ProviderChoice
-from llmc.runtime.openvino_runner import PRECISIONS, compile_segments, openvino_available
-from llmc.runtime.ort_runner import OrtRunner, step_feed
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.openvino_runner import PRECISIONS, compile_segments, openvino_available
+from llmc.runtime.runners.ort_runner import OrtRunner, step_feed
+from llmc.runtime.runners.step_inputs import StepInputs
 
 #: New tokens from which a step runs on OpenVINO's runtime (``HybridRunner``).
 MIN_OPENVINO_TOKENS = 8
@@ -31,7 +31,7 @@ MIN_OPENVINO_TOKENS = 8
 
 class HybridRunner(OrtRunner):
     """Runs a CPU engine's small steps on ONNX Runtime and its large ones on OpenVINO's runtime,
-    over one KV cache. Implements ``llmc.runtime.runner.Runner``.
+    over one KV cache. Implements ``llmc.runtime.runners.runner.Runner``.
 
     Args:
         engine_dir: the engine directory (``plan.json``, ``segments/``, ``engine.onnx``).

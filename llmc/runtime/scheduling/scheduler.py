@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmc.runtime.block_pool import BlockPool
-from llmc.runtime.kv_cache_manager import KVCacheManager
-from llmc.runtime.scheduler_config import SchedulerConfig
-from llmc.runtime.scheduler_output import ScheduledSequence, SchedulerOutput
+from llmc.runtime.sampling.stop_checker import StopChecker
+from llmc.runtime.scheduling.block_pool import BlockPool
+from llmc.runtime.scheduling.kv_cache_manager import KVCacheManager
+from llmc.runtime.scheduling.scheduler_config import SchedulerConfig
+from llmc.runtime.scheduling.scheduler_output import ScheduledSequence, SchedulerOutput
+from llmc.runtime.scheduling.waiting_queue import WaitingQueue
 from llmc.runtime.sequence import Sequence, SequenceStatus
 from llmc.runtime.stats import EngineStats
-from llmc.runtime.stop_checker import StopChecker
-from llmc.runtime.waiting_queue import WaitingQueue
 
 __all__ = ["ScheduledSequence", "Scheduler", "SchedulerConfig", "SchedulerOutput"]
 

@@ -29,7 +29,7 @@ def bind_provider(opts, choice: ProviderChoice) -> list[str] | None:
     if choice.name == OPENVINO_RUNTIME:
         raise EngineError(
             f"{OPENVINO_RUNTIME} is OpenVINO's own runtime, not an ONNX Runtime execution "
-            "provider: run the engine with llmc.runtime.cpu_runner"
+            "provider: run the engine with llmc.runtime.runners.cpu_runner"
         )
     devices, reason = openvino_cpu_devices()
     if reason is not None:

@@ -11,8 +11,8 @@ from itertools import chain
 
 import numpy as np
 
-from llmc.runtime.scheduler_output import SchedulerOutput
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.step_inputs import StepInputs
+from llmc.runtime.scheduling.scheduler_output import SchedulerOutput
 
 
 def build_step_inputs(scheduler_output: SchedulerOutput, block_size: int) -> StepInputs:

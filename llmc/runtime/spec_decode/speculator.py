@@ -16,14 +16,14 @@ from pathlib import Path
 
 from llmc.engine.files import DRAFT_DIR
 from llmc.errors import EngineConfigError
-from llmc.runtime.draft_proposer import DraftProposer
-from llmc.runtime.engine_loader import LoadedEngine, load_engine
-from llmc.runtime.ngram_proposer import NgramProposer
-from llmc.runtime.runner import Runner
-from llmc.runtime.scheduler_output import SchedulerOutput
+from llmc.runtime.runners.engine_loader import LoadedEngine, load_engine
+from llmc.runtime.runners.runner import Runner
+from llmc.runtime.scheduling.scheduler_output import SchedulerOutput
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.spec_decode import num_drafts_allowed
-from llmc.runtime.speculative_config import SpeculativeConfig
+from llmc.runtime.spec_decode.draft_proposer import DraftProposer
+from llmc.runtime.spec_decode.ngram_proposer import NgramProposer
+from llmc.runtime.spec_decode.rules import num_drafts_allowed
+from llmc.runtime.spec_decode.speculative_config import SpeculativeConfig
 
 
 class Speculator:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmc.runtime.runner import Runner
+from llmc.runtime.runners.runner import Runner
+from llmc.runtime.scheduling.step_builder import pack_step
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.step_builder import pack_step
 
 
 class DraftProposer:

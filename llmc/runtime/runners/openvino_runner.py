@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from llmc.engine.plan import load_plan
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runners.ort_runner import OrtRunner
 
 #: Resident bytes per engine weight byte once OpenVINO has compiled the segments and run a
 #: 128-token prefill: it holds its repacked weights beside the originals it read. Measured on
@@ -68,7 +68,7 @@ class _Output:
 
 class OpenVinoRunner(OrtRunner):
     """Runs a CPU engine's segments on OpenVINO's CPU plugin. Implements
-    ``llmc.runtime.runner.Runner``; the KV cache and plugin calls are ``OrtRunner``'s
+    ``llmc.runtime.runners.runner.Runner``; the KV cache and plugin calls are ``OrtRunner``'s
     segment form.
 
     Args:

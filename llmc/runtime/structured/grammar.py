@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from llmc.runtime.structured_outputs import FIELD
+from llmc.runtime.structured.structured_outputs import FIELD
 
 
 class GrammarError(RuntimeError):

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from llmc.runtime.grammar import GrammarState, library_message
-from llmc.runtime.request_check import InvalidRequestError
-from llmc.runtime.structured_outputs import FIELD, StructuredOutputsParams
+from llmc.runtime.errors import InvalidRequestError
+from llmc.runtime.structured.grammar import GrammarState, library_message
+from llmc.runtime.structured.structured_outputs import FIELD, StructuredOutputsParams
 
 #: Compiled grammars kept per engine (a matcher in its start state each).
 CACHE_SIZE = 256

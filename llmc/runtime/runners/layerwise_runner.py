@@ -23,8 +23,8 @@ import numpy as np
 
 from llmc.engine.kv_cache import kv_cache_numpy_dtype
 from llmc.engine.split import split_at_plugins
-from llmc.runtime.ort_runner import graph_session_options, run_plugin, step_feed
-from llmc.runtime.step_inputs import StepInputs, single_prefill
+from llmc.runtime.runners.ort_runner import graph_session_options, run_plugin, step_feed
+from llmc.runtime.runners.step_inputs import StepInputs, single_prefill
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ documented Python API (``trt.Runtime.deserialize_cuda_engine``, ``ICudaEngine.nu
 ``IExecutionContext.set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3(stream)``)
 and has never executed.
 
-It implements ``llmc.runtime.runner.Runner`` like ``OrtRunner``: one packed ``StepInputs`` in,
+It implements ``llmc.runtime.runners.runner.Runner`` like ``OrtRunner``: one packed ``StepInputs``
+in,
 logits [S, vocab] float32 (numpy, on the host) out, so the scheduler, sampler and server are
 unchanged. Buffers are torch CUDA tensors; the KV caches are allocated once per layer
 ([num_blocks, block_size, KVH, D] in the engine's cache dtype) and bound at construction; the
@@ -41,7 +42,7 @@ from llmc.engine.manifest import EngineManifest
 from llmc.errors import EngineCorruptError, EngineError
 from llmc.plugins.paged_attention.trt_plugin import aliased_output_name
 from llmc.plugins.paged_attention.trt_register import register
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ _AOT_LEAK_VERSIONS = ((11, 1, 0), (11, 2, 1))
 
 
 class TrtRunner:
-    """Runs a TensorRT engine directory on one GPU. Implements ``llmc.runtime.runner.Runner``.
+    """Runs a TensorRT engine directory on one GPU. Implements
+    ``llmc.runtime.runners.runner.Runner``.
 
     Args:
         engine_dir: the engine directory (``manifest.json``, ``engine.plan``).

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmc.runtime.sampling.stop_checker import below_min_tokens
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.stop_checker import below_min_tokens
 
 if TYPE_CHECKING:
     import torch

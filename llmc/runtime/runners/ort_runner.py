@@ -26,13 +26,13 @@ from llmc.engine.provider import ProviderChoice, provider_for_dtype
 from llmc.engine.split import split_at_plugins
 from llmc.plugins.paged_attention import ort_op
 from llmc.plugins.paged_attention.cpu import paged_attention_cpu
-from llmc.runtime.execution_provider import bind_provider
-from llmc.runtime.ort_env import session_options
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.execution_provider import bind_provider
+from llmc.runtime.runners.ort_env import session_options
+from llmc.runtime.runners.step_inputs import StepInputs
 
 
 class OrtRunner:
-    """Runs a CPU engine directory. Implements ``llmc.runtime.runner.Runner``.
+    """Runs a CPU engine directory. Implements ``llmc.runtime.runners.runner.Runner``.
 
     Args:
         engine_dir: the engine directory (``plan.json``, ``segments/``).

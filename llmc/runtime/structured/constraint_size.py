@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from llmc.runtime.structured_outputs import StructuredOutputsParams
+from llmc.runtime.structured.structured_outputs import StructuredOutputsParams
 
 _BRACES = re.compile(r"(?<!\\)\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _LARK_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")

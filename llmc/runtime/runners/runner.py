@@ -6,7 +6,7 @@ from typing import Protocol
 
 import numpy as np
 
-from llmc.runtime.step_inputs import StepInputs
+from llmc.runtime.runners.step_inputs import StepInputs
 
 
 class Runner(Protocol):

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from llmc.runtime.sampling.stop_checker import below_min_tokens, stop_token_ids
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.stop_checker import below_min_tokens, stop_token_ids
 
 # Penalized logits stay within +-1e30: divided by the smallest sampled temperature (1e-5) they
 # are still finite in float32 (max 3.4e38), so no row's softmax turns NaN.

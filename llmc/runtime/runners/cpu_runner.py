@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmc.engine.provider import HYBRID, OPENVINO_RUNTIME, ProviderChoice, provider_for_dtype
-from llmc.runtime.ort_runner import OrtRunner
+from llmc.runtime.runners.ort_runner import OrtRunner
 
 
 def cpu_runner(
@@ -23,7 +23,7 @@ def cpu_runner(
     ``llmc verify`` compares tensor by tensor). Raises RuntimeError or EngineError when the
     provider cannot run here (the message says why)."""
     if provider is not None and provider.name == OPENVINO_RUNTIME:
-        from llmc.runtime.openvino_runner import OpenVinoRunner
+        from llmc.runtime.runners.openvino_runner import OpenVinoRunner
 
         if single_graph:
             raise RuntimeError(f"cannot run {engine_dir} as one graph on {OPENVINO_RUNTIME}")
@@ -31,7 +31,7 @@ def cpu_runner(
     if provider is not None and provider.name == HYBRID:
         if single_graph is False:  # the CPU EP's segments, as the hybrid's small steps run
             return OrtRunner(engine_dir, num_blocks, threads, provider_for_dtype("float32"), False)
-        from llmc.runtime.hybrid_runner import MIN_OPENVINO_TOKENS, HybridRunner
+        from llmc.runtime.runners.hybrid_runner import MIN_OPENVINO_TOKENS, HybridRunner
 
         min_tokens = provider.min_large_tokens or MIN_OPENVINO_TOKENS
         return HybridRunner(engine_dir, num_blocks, threads or 2, provider.precision, min_tokens)

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from llmc.runtime.request_check import InvalidRequestError
+from llmc.runtime.errors import InvalidRequestError
 
 #: The SamplingParams field these parameters live in (named by the errors they raise).
 FIELD = "structured_outputs"
