@@ -16,9 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
+from llmc.calibration.stats_cache import StatsCache
+from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS
-from llmc.compiler.quantize.qdq import QuantReport
+from llmc.compiler.quantize.qdq import GraphQuantizer, QuantReport, calibration_tensors, gptq_keys
 from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.engine.provider import ProviderChoice
 from llmc.errors import LlmcError
@@ -122,50 +125,20 @@ def quantize(
     auto`` the anchor (``anchors``: llama.cpp's Q8_0 for a GGUF checkpoint, whose stored types
     are ``gguf_types``, else round-to-nearest) is scored on the same held-out windows and
     recorded in ``spec["anchor"]``."""
-    import onnx_ir as ir
-
-    from llmc.calibration.collect import calibration_key
-    from llmc.calibration.stats_cache import StatsCache
-    from llmc.compiler.frontend.streamed_export import load_float_graph
-    from llmc.compiler.quantize.qdq import GraphQuantizer, calibration_tensors, gptq_keys
-    from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
-    from llmc.version import __version__
-
+    if weights_dir is not None and work_dir is None:
+        raise ValueError("a streamed graph is quantized into a work directory")
     spec = config.quant_spec(bound_pairs)
     calib = config.calibration
     graph = load_float_graph(weights_dir) if weights_dir else ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
     gram_keys = gptq_keys(graph, spec)
-    key = calibration_key(
-        model=checkpoint_digest,
-        data=calib_source.digest(),
-        # Sampled text depends on what samples it (transformers or llmc's runtime).
-        sampler=None if calib_source.path else type(hf_model).__name__,
-        samples=calib.calib_samples,
-        seq_len=calib.calib_seq_len,
-        method=config.calib_method,
-        tensors=sorted(tensors),
-        gram=sorted(gram_keys),
-        llmc=__version__,
-    )
+    sampler = None if calib_source.path else type(hf_model).__name__
+    key = _calibration_key(config, checkpoint_digest, calib_source, sampler, tensors, gram_keys)
     cache = StatsCache(calib.stats_path(key))
-    if weights_dir is not None and work_dir is None:
-        raise ValueError("a streamed graph is quantized into a work directory")
     # A streamed build's quantized weights go to disk as they are made (``TensorSpill``).
     spill = TensorSpill(work_dir / QUANTIZED_SPILL) if weights_dir is not None else None
-    target = config.quantization.target
-    targeted = anchors = anchor_dir = None
-    if target is not None:
-        from llmc.compiler.quantize.search.targeted import TargetedQuantization
-
-        targeted = TargetedQuantization(graph, spec, config.target.arch, str(config.source.dtype))
-    if calib.anchor == "auto":
-        from llmc.compiler.quantize.anchors import AnchorQuantization
-
-        if work_dir is not None and weights_dir is not None:  # streamed: anchors go to disk
-            anchor_dir = work_dir / ANCHOR_SPILL_DIR
-            anchor_dir.mkdir(exist_ok=True)
-        anchors = AnchorQuantization(graph, spec, gguf_types, anchor_dir)
+    streamed_work = work_dir if weights_dir is not None else None
+    targeted, anchors, anchor_dir = _searches(config, graph, spec, streamed_work, gguf_types)
     if (targeted or anchors) and heldout_source is None:
         raise ValueError("--accuracy-target and the accuracy anchor need held-out text")
     quantizer = GraphQuantizer(graph, spec, spill)
@@ -173,77 +146,161 @@ def quantize(
     windows: list = []
     if tensors and not cached:
         with stage("calibration data"):
-            windows = windows_of(
-                calib_source, hf_model, tokenizer, calib.calib_samples, calib.calib_seq_len
-            )
-    if cached or not tensors:
-        title = f"quantize ({spec.quant}, {'cached statistics' if cached else 'no calibration'})"
-    else:
-        title = (
-            f"calibrate and quantize ({spec.quant}, {len(windows)} x {calib.calib_seq_len} tokens)"
-        )
-    with stage(title) as tick:
-        parts = ()
-        if cached:
-            parts = cache.segments()
-        elif tensors:
-            runner = LayerwiseRunner(
-                float_model,
-                threads=config.target.threads,
-                extra_outputs=tuple(dict.fromkeys(tensors.values())),
-                external_data_dir=weights_dir,
-                logits=False,
-                prepare=_widener(weights_dir),
-            )
+            num, seq_len = calib.calib_samples, calib.calib_seq_len
+            windows = windows_of(calib_source, hf_model, tokenizer, num, seq_len)
+    with stage(_calibration_title(spec.quant, cached, tensors, windows, calib)) as tick:
+        if cached or not tensors:
+            parts = cache.segments() if cached else ()
+        else:
+            runner = _layerwise_runner(config, float_model, tensors, weights_dir)
             parts = _calibrate(runner, tensors, windows, gram_keys, cache, tick)
-        for _, stats in parts:
-            if anchors is not None:
-                anchors.add(stats)
-            if targeted is None:
-                quantizer.quantize(stats)
-            else:
-                targeted.add(stats)
-            del stats
-            release_freed_memory()  # the segment's statistics and quantization temporaries
-        if targeted is None:
-            report = quantizer.finish()
+        report = _quantize_segments(parts, quantizer, targeted, anchors)
     if targeted is not None or anchors is not None:
-        from llmc.compiler.quantize.search.heldout_scoring import score_heldout
-
-        def load(source: TextSource, num: int) -> list[np.ndarray]:
-            return windows_of(source, hf_model, tokenizer, num, calib.calib_seq_len)
-
-        texts = (calib_source, heldout_source, load, windows)
+        texts = (calib_source, heldout_source, hf_model, tokenizer, windows)
         graph_run = (float_model, weights_dir, _widener(weights_dir), session_config(spec.quant))
-        with stage(_scoring_title(target, anchors)) as tick:
-            result, anchor = score_heldout(config, targeted, anchors, texts, graph_run, tick)
-            if result is not None:
-                quantizer = GraphQuantizer(
-                    graph, targeted.spec_for(result), spill, targeted.precomputed
-                )
-                quantizer.quantize(targeted.kv_stats)
-                report = quantizer.finish()
-                report.spec["accuracy_target"] = result.to_dict()
-            if anchor is not None:
-                report.spec["anchor"] = anchor
+        report = _score_heldout(
+            config, graph, spill, (targeted, anchors, report), texts, graph_run, stage
+        )
         del targeted, anchors, quantizer  # the weights of the formats and anchors not chosen
         if anchor_dir is not None:
             shutil.rmtree(anchor_dir)
         release_freed_memory()
-    report.spec["calibration"] = {
+    used = _cache_use(bool(tensors), cached, cache)
+    report.spec["calibration"] = _calibration_record(calib_source, calib, key, used)
+    return _written(graph, report, work_dir if weights_dir is not None else None, spill, stage)
+
+
+def _calibration_record(calib_source: TextSource, calib, key: str, cache_use) -> dict:
+    """The report's ``spec["calibration"]``: the text, its size, the cache key and use."""
+    return {
         "data": calib_source.describe(),
         "samples": calib.calib_samples,
         "seq_len": calib.calib_seq_len,
         "cache_key": key,
-        "cache": _cache_use(bool(tensors), cached, cache),
+        "cache": cache_use,
     }
-    if weights_dir is None:
+
+
+def _written(graph, report: QuantReport, streamed_work: Path | None, spill, stage):
+    """(proto, report) of the quantized ``graph``: in memory, or for a streamed build saved
+    into ``streamed_work`` with its weights as external data (the spilled tensors copied in)
+    and returned as references to them."""
+    if streamed_work is None:
         return ir.to_proto(graph), report
     with stage("write the quantized graph"), spill:
-        path = work_dir / QUANTIZED_GRAPH
+        path = streamed_work / QUANTIZED_GRAPH
         ir.save(graph, path, external_data=QUANTIZED_GRAPH + ".data", max_in_flight_bytes=256 << 20)
         spill.path.unlink()  # copied into the graph's external data
         return onnx.load(str(path), load_external_data=False), report
+
+
+def _calibration_key(config, checkpoint_digest, calib_source, sampler, tensors, gram_keys) -> str:
+    """The statistics cache's key: what the statistics depend on (``calibration_key``).
+    ``sampler``: the class that samples calibration text (None: a file gives it)."""
+    from llmc.calibration.collect import calibration_key
+    from llmc.version import __version__
+
+    calib = config.calibration
+    return calibration_key(
+        model=checkpoint_digest,
+        data=calib_source.digest(),
+        # Sampled text depends on what samples it (transformers or llmc's runtime).
+        sampler=sampler,
+        samples=calib.calib_samples,
+        seq_len=calib.calib_seq_len,
+        method=config.calib_method,
+        tensors=sorted(tensors),
+        gram=sorted(gram_keys),
+        llmc=__version__,
+    )
+
+
+def _searches(config, graph, spec, streamed_work: Path | None, gguf_types):
+    """(targeted, anchors, anchor_dir): the ``--accuracy-target`` search's per-format
+    quantization and the accuracy anchor's (None when not asked for); a streamed build's
+    anchors go to disk under ``streamed_work`` (``anchor_dir``, else None)."""
+    targeted = anchors = anchor_dir = None
+    if config.quantization.target is not None:
+        from llmc.compiler.quantize.search.targeted import TargetedQuantization
+
+        targeted = TargetedQuantization(graph, spec, config.target.arch, str(config.source.dtype))
+    if config.calibration.anchor == "auto":
+        from llmc.compiler.quantize.anchors import AnchorQuantization
+
+        if streamed_work is not None:
+            anchor_dir = streamed_work / ANCHOR_SPILL_DIR
+            anchor_dir.mkdir(exist_ok=True)
+        anchors = AnchorQuantization(graph, spec, gguf_types, anchor_dir)
+    return targeted, anchors, anchor_dir
+
+
+def _calibration_title(quant: str, cached: bool, tensors, windows: list, calib) -> str:
+    """The progress title of the calibrate-and-quantize stage."""
+    if cached or not tensors:
+        return f"quantize ({quant}, {'cached statistics' if cached else 'no calibration'})"
+    return f"calibrate and quantize ({quant}, {len(windows)} x {calib.calib_seq_len} tokens)"
+
+
+def _layerwise_runner(config, float_model, tensors, weights_dir):
+    """The ``LayerwiseRunner`` that calibrates ``float_model`` one segment at a time, with
+    the calibrated ``tensors`` as extra outputs."""
+    from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
+
+    return LayerwiseRunner(
+        float_model,
+        threads=config.target.threads,
+        extra_outputs=tuple(dict.fromkeys(tensors.values())),
+        external_data_dir=weights_dir,
+        logits=False,
+        prepare=_widener(weights_dir),
+    )
+
+
+def _quantize_segments(parts, quantizer, targeted, anchors) -> QuantReport | None:
+    """Feed each segment's statistics to the anchors and to the quantizer (or to the targeted
+    search, which quantizes after scoring); returns the quantizer's report, None when the
+    search decides."""
+    for _, stats in parts:
+        if anchors is not None:
+            anchors.add(stats)
+        if targeted is None:
+            quantizer.quantize(stats)
+        else:
+            targeted.add(stats)
+        del stats
+        release_freed_memory()  # the segment's statistics and quantization temporaries
+    return quantizer.finish() if targeted is None else None
+
+
+def _score_heldout(config, graph, spill, searches, texts, graph_run, stage) -> QuantReport:
+    """Score the search's candidates and the anchor on the held-out windows, then quantize
+    with the assignment found; returns the report (the search's, else the flat one) with the
+    search and the anchor recorded in its spec. ``searches``: (targeted, anchors, the flat
+    quantization's report or None); ``texts``: (calibration source, held-out source, sampler
+    model, tokenizer, calibration windows)."""
+    from llmc.compiler.quantize.search.heldout_scoring import score_heldout
+
+    calib_source, heldout_source, hf_model, tokenizer, windows = texts
+    seq_len = config.calibration.calib_seq_len
+
+    def load(source: TextSource, num: int) -> list[np.ndarray]:
+        return windows_of(source, hf_model, tokenizer, num, seq_len)
+
+    targeted, anchors, report = searches
+    target = config.quantization.target
+    scoring = (calib_source, heldout_source, load, windows)
+    with stage(_scoring_title(target, anchors)) as tick:
+        result, anchor = score_heldout(config, targeted, anchors, scoring, graph_run, tick)
+        if result is not None:
+            quantizer = GraphQuantizer(
+                graph, targeted.spec_for(result), spill, targeted.precomputed
+            )
+            quantizer.quantize(targeted.kv_stats)
+            report = quantizer.finish()
+            report.spec["accuracy_target"] = result.to_dict()
+        if anchor is not None:
+            report.spec["anchor"] = anchor
+    return report
 
 
 def _scoring_title(target, anchors) -> str:
