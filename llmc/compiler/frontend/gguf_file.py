@@ -198,8 +198,6 @@ def _unique_string(r: _Reader, seen: set[str], what: str, kind: str) -> tuple[st
 
 
 def _check(r: _Reader) -> GgufSummary:
-    from gguf.constants import GGML_QUANT_SIZES
-
     if bytes(r.buf[:4]) != b"GGUF":
         raise r.fail(f"the magic is {bytes(r.buf[:4])!r}, not b'GGUF'", 0)
     r.pos = 4
@@ -241,32 +239,7 @@ def _check(r: _Reader) -> GgufSummary:
         offset = r.scalar("Q", f"the data offset of {name!r}")
         tensors.append((start, name, dims, ggml_type, offset))
     data_offset = -(-r.pos // alignment) * alignment
-    infos = []
-    for start, name, dims, ggml_type, offset in tensors:
-        sizes = GGML_QUANT_SIZES.get(ggml_type)  # keyed by an IntEnum: an int finds it
-        if sizes is None:
-            raise r.fail(f"tensor {name!r} has unknown ggml type {ggml_type}", start)
-        block_size, type_size = sizes
-        if (dims[0] if dims else 1) % block_size:  # rows are whole blocks
-            raise r.fail(
-                f"tensor {name!r} has shape {dims}, whose first dimension is not a multiple "
-                f"of its type's block size {block_size}",
-                start,
-            )
-        if offset % alignment:
-            raise r.fail(f"tensor {name!r}'s data offset {offset} is not aligned", start)
-        num_elements = 1
-        for d in dims:
-            num_elements *= d
-        num_bytes = num_elements * type_size // block_size
-        end = data_offset + offset + num_bytes
-        if end > r.size:
-            raise r.fail(
-                f"tensor {name!r}'s data (bytes {data_offset + offset} to {end}) runs past the "
-                "end of the file",
-                start,
-            )
-        infos.append(GgufTensorInfo(name, tuple(dims), ggml_type, data_offset + offset, num_bytes))
+    infos = [_tensor_info(r, t, alignment, data_offset) for t in tensors]
     return GgufSummary(
         version,
         num_tensors,
@@ -278,3 +251,36 @@ def _check(r: _Reader) -> GgufSummary:
         tuple(infos),
         metadata,
     )
+
+
+def _tensor_info(r: _Reader, tensor: tuple, alignment: int, data_offset: int) -> GgufTensorInfo:
+    """The checked ``GgufTensorInfo`` of one tensor-info record ``tensor`` = (start, name,
+    dims, ggml type, offset): a known type, whole blocks per row, aligned data within the
+    file. Raises what ``r.fail`` raises."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    start, name, dims, ggml_type, offset = tensor
+    sizes = GGML_QUANT_SIZES.get(ggml_type)  # keyed by an IntEnum: an int finds it
+    if sizes is None:
+        raise r.fail(f"tensor {name!r} has unknown ggml type {ggml_type}", start)
+    block_size, type_size = sizes
+    if (dims[0] if dims else 1) % block_size:  # rows are whole blocks
+        raise r.fail(
+            f"tensor {name!r} has shape {dims}, whose first dimension is not a multiple "
+            f"of its type's block size {block_size}",
+            start,
+        )
+    if offset % alignment:
+        raise r.fail(f"tensor {name!r}'s data offset {offset} is not aligned", start)
+    num_elements = 1
+    for d in dims:
+        num_elements *= d
+    num_bytes = num_elements * type_size // block_size
+    end = data_offset + offset + num_bytes
+    if end > r.size:
+        raise r.fail(
+            f"tensor {name!r}'s data (bytes {data_offset + offset} to {end}) runs past the "
+            "end of the file",
+            start,
+        )
+    return GgufTensorInfo(name, tuple(dims), ggml_type, data_offset + offset, num_bytes)

@@ -74,6 +74,26 @@ def relative_error(a, b) -> float:
     return float(np.abs(a - b).mean() / max(np.abs(b).mean(), 1e-30)) if a.size else 0.0
 
 
+def _sessions(engine_file: Path, ref_model, provider, threads: int):
+    """(engine segment's session on ``provider``, as ``OrtRunner`` loads it; the unquantized
+    segment's on the CPU EP)."""
+    import onnxruntime as ort
+
+    opts = session_options(threads)
+    if provider.optimize_at_build:  # as OrtRunner loads it: optimized at build time
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    engine_sess = ort.InferenceSession(
+        str(engine_file), opts, providers=bind_provider(opts, provider)
+    )
+    ref_opts = session_options(threads)
+    ref_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    ref_opts.log_severity_level = 3
+    ref_sess = ort.InferenceSession(
+        ref_model.SerializeToString(), ref_opts, providers=["CPUExecutionProvider"]
+    )
+    return engine_sess, ref_sess
+
+
 def compare_segment(
     index: int,
     engine_dir: Path,
@@ -93,7 +113,6 @@ def compare_segment(
     Polygraphy, and compare the engine segment's outputs with their reference tensors (names
     mapped through ``renamed``; see ``match_names``) at ``rtol`` / ``atol``. Never raises for a
     mismatch: a segment that cannot be compared is returned failed, with a note."""
-    import onnxruntime as ort
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
     from polygraphy.exception import PolygraphyException
@@ -112,18 +131,7 @@ def compare_segment(
     if note is not None:
         return SegmentComparison(index, spec.file, outputs, False, math.nan, math.nan, note)
 
-    opts = session_options(threads)
-    if provider.optimize_at_build:  # as OrtRunner loads it: optimized at build time
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    engine_sess = ort.InferenceSession(
-        str(engine_dir / spec.file), opts, providers=bind_provider(opts, provider)
-    )
-    ref_opts = session_options(threads)
-    ref_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    ref_opts.log_severity_level = 3
-    ref_sess = ort.InferenceSession(
-        ref_model.SerializeToString(), ref_opts, providers=["CPUExecutionProvider"]
-    )
+    engine_sess, ref_sess = _sessions(engine_dir / spec.file, ref_model, provider, threads)
     engine_name, ref_name = f"engine-segment-{index}", f"unquantized-segment-{index}"
     compare = SimpleCompareFunc(
         rtol=rtol,

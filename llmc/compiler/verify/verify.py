@@ -124,37 +124,50 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
         # Split again rather than keep the runner's segments: one copy of the weights at a time.
         ref_segments, ref_plan = split_at_plugins(proto, extra_outputs=boundaries)
         del proto
-        if len(ref_plan.segments) != len(plan.segments):
-            raise VerifyError(
-                f"the engine has {len(plan.segments)} segments, the unquantized graph of its "
-                f"checkpoint {len(ref_plan.segments)}: it was not built from this graph"
-            )
-        segments = []
-        for i, (spec, ref_spec) in enumerate(zip(plan.segments, ref_plan.segments, strict=True)):
-            ref_model, ref_segments[i] = ref_segments[i], None  # free each segment once compared
-            segments.append(
-                compare_segment(
-                    i,
-                    engine_dir,
-                    spec,
-                    ref_model,
-                    ref_spec,
-                    env,
-                    renamed,
-                    provider,
-                    threads=config.threads,
-                    rtol=config.rtol,
-                    atol=config.atol,
-                )
-            )
-            del ref_model
-            tick(i + 1, len(plan.segments))
+        captured = (env, renamed, provider)
+        segments = _compare_segments(
+            engine_dir, plan, ref_segments, ref_plan, captured, config, tick
+        )
     logits = next(i for i, s in enumerate(plan.segments) if plan.logits in s.outputs)
     anchor = (manifest.quantization or {}).get("spec", {}).get("anchor")
     return VerifyResult(
         engine_dir, report, stored, tuple(segments), logits, config.rtol, config.atol, renamed,
         anchor,
     )  # fmt: skip
+
+
+def _compare_segments(engine_dir, plan, ref_segments, ref_plan, captured, config, tick) -> list:
+    """``compare_segment`` of each engine segment against the unquantized graph's
+    (``ref_segments``, freed as they are compared) on the boundary tensors ``captured`` =
+    (reference env, engine names by reference name, provider). Raises VerifyError when the two
+    graphs do not have the same segments."""
+    env, renamed, provider = captured
+    if len(ref_plan.segments) != len(plan.segments):
+        raise VerifyError(
+            f"the engine has {len(plan.segments)} segments, the unquantized graph of its "
+            f"checkpoint {len(ref_plan.segments)}: it was not built from this graph"
+        )
+    segments = []
+    for i, (spec, ref_spec) in enumerate(zip(plan.segments, ref_plan.segments, strict=True)):
+        ref_model, ref_segments[i] = ref_segments[i], None  # free each segment once compared
+        segments.append(
+            compare_segment(
+                i,
+                engine_dir,
+                spec,
+                ref_model,
+                ref_spec,
+                env,
+                renamed,
+                provider,
+                threads=config.threads,
+                rtol=config.rtol,
+                atol=config.atol,
+            )  # fmt: skip
+        )
+        del ref_model
+        tick(i + 1, len(plan.segments))
+    return segments
 
 
 def _checkpoint(manifest, model: str | None):

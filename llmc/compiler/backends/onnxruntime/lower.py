@@ -114,6 +114,27 @@ def set_fpmath_mode(model: onnx.ModelProto, mode: str) -> int:
     return len(nodes)
 
 
+def _llmc_kernels(graph_path: Path, block_int8: bool, llmc_norms: bool) -> Counter:
+    """Put llmc's custom ops in the single graph at ``graph_path`` (rewritten in place): the
+    block-int8 MatMul, then the RMS norms, the fused q/k norm and rotary, and the norm before a
+    residual add. Returns the count of each op the graph got."""
+    if not (block_int8 or llmc_norms):
+        return Counter()
+    graph = onnx.load(str(graph_path), load_external_data=False)
+    single: Counter = Counter()
+    if block_int8:
+        single[BLOCK_INT8] = rewrite_block_int8(graph)
+    if llmc_norms and rewrite_rms_norms(graph):
+        single[QKV_ROPE] = fuse_qkv_rope(graph)  # needs the llmc norms
+        fuse_norm_into_skip(graph)
+        kinds = Counter(n.op_type for n in graph.graph.node)
+        single.update({op: kinds[op] for op in (NORM_OP, SKIP_NORM_OP, NORM_SKIP_OP)})
+    single = +single  # the ops the single graph got
+    if single:
+        onnx.save(graph, str(graph_path))
+    return single
+
+
 def lower_to_cpu(
     model: onnx.ModelProto,
     engine_dir: Path,
@@ -186,19 +207,6 @@ def lower_to_cpu(
     if choice.optimize_at_build:
         split_projections(models)  # ONNX Runtime packs a large projection a block at a time
         plan = replace(plan, graph=write_single_graph(engine_dir, plan))
-        if block_int8 or llmc_norms:
-            graph = onnx.load(str(engine_dir / plan.graph), load_external_data=False)
-            single: Counter = Counter()
-            if block_int8:
-                single[BLOCK_INT8] = rewrite_block_int8(graph)
-            if llmc_norms and rewrite_rms_norms(graph):
-                single[QKV_ROPE] = fuse_qkv_rope(graph)  # needs the llmc norms
-                fuse_norm_into_skip(graph)
-                kinds = Counter(n.op_type for n in graph.graph.node)
-                single.update({op: kinds[op] for op in (NORM_OP, SKIP_NORM_OP, NORM_SKIP_OP)})
-            single = +single  # the ops the single graph got
-            if single:
-                ops.update(single)
-                onnx.save(graph, str(engine_dir / plan.graph))
+        ops.update(_llmc_kernels(engine_dir / plan.graph, block_int8, llmc_norms))
     save_plan(plan, engine_dir)
     return plan, dict(sorted(ops.items()))
