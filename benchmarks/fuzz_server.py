@@ -1,4 +1,4 @@
-"""Fuzz two running ``llmc serve`` for a while: the generators of ``tests/test_server_fuzz.py``
+"""Fuzz two running ``llmc serve`` for a while: the generators of ``tests/runtime/test_server_fuzz.py``
 (schemathesis from the server's own ``/openapi.json``; hypothesis strategies that reach the
 engine; constrained requests: structured outputs and tools, generated and hostile), longer,
 counting outcomes instead of stopping at the first failure.
@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llmc.bench.runner import first_model  # noqa: E402
 from llmc.bench.server_process import ServeProcess  # noqa: E402
-from tests.test_server_fuzz import (  # noqa: E402
+from tests.runtime.test_server_fuzz import (  # noqa: E402
     CONSTRAINED_MAX_BODY,
     CONSTRAINED_MAX_SEQ_LEN,
     DROPPED_AFTER,

@@ -7,7 +7,7 @@ through the architecture's ``TensorProcessor`` (Llama: llama.cpp's Q/K row permu
 Gemma 2/3: norms stored as ``w + 1`` get ``- 1``), named by ``get_gguf_hf_weights_map`` and cast
 to the model's dtype. Here the same functions run on one tensor when ``onnx_ir`` writes it, so
 a build holds one dequantized tensor at a time instead of the model, with transformers' float32
-weights bit for bit (``tests/test_gguf_streaming.py``).
+weights bit for bit (``tests/compiler/test_gguf_streaming.py``).
 
 Streamed: architectures whose processor turns one stored tensor into one weight of its shape
 (``_ONE_TO_ONE``). Not streamed (loaded whole, as before): processors that split or merge

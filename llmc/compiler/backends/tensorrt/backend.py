@@ -6,7 +6,7 @@ calibration statistics. A streamed build's graph is lowered without reading its 
 (``lower_streamed``) and the stage's weights are computed and written one tensor at a time by
 ``onnx_ir.save``; the lint then reads the written stage, as ``llmc build --from`` does. A graph
 held in memory (GGUF architectures converted whole) is lowered and linted in memory. Both write
-the same stage, bit for bit (``tests/test_trt_stage_streamed.py``).
+the same stage, bit for bit (``tests/compiler/test_trt_stage_streamed.py``).
 
 ``finish`` builds the plan where this host has TensorRT and a GPU of the target (``finish``);
 elsewhere the build stops after the stage with ``TensorRTUnavailableError``. Nothing is

@@ -149,7 +149,7 @@ class AssignmentScorer:
             positions = self._positions(which)
             # The float graph has no MatMulNBits, so it runs without packed copies of its
             # weights (a float vocabulary projection's copy is 0.54 GB at Qwen2.5-0.5B's):
-            # the same kernels, the same numbers (tests/test_layerwise_calibration.py).
+            # the same kernels, the same numbers (tests/compiler/test_layerwise_calibration.py).
             runner = self._runner()
             shapes = spill_logits(runner, self.windows[which], spill, None, positions, False)
             self._spills[which] = (spill, shapes)
