@@ -1,4 +1,5 @@
-"""Fuzz two running ``llmc serve`` for a while: the generators of ``tests/runtime/test_server_fuzz.py``
+"""Fuzz two running ``llmc serve`` for a while: the generators of
+``tests/runtime/test_server_fuzz.py``
 (schemathesis from the server's own ``/openapi.json``; hypothesis strategies that reach the
 engine; constrained requests: structured outputs and tools, generated and hostile), longer,
 counting outcomes instead of stopping at the first failure.

@@ -274,8 +274,8 @@ class ServeConfig:
 
 #: (field of ServeConfig, its group's dataclass), in flag order.
 OPTION_GROUPS = [(f, typing.get_type_hints(ServeConfig)[f.name]) for f in fields(ServeConfig)]
-#: Every option name over every group, in flag order (tests/runtime/test_serve_config.py checks that no
-#: two groups share one).
+#: Every option name over every group, in flag order (tests/runtime/test_serve_config.py checks
+#: that no two groups share one).
 OPTION_NAMES = [f.name for _, kind in OPTION_GROUPS for f in fields(kind)]
 
 
