@@ -27,46 +27,69 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 ROOT = Path(__file__).parent
-KERNEL_DIR = "llmc/plugins/paged_attention"
-MATMUL_DIR = "llmc/plugins/int8_matmul"
-NORM_DIR = "llmc/plugins/rms_norm"
-ROPE_DIR = "llmc/plugins/qkv_rope"
-SOURCE = f"{KERNEL_DIR}/paged_attention.c"
-OP_SOURCES = [
-    f"{KERNEL_DIR}/ort_op.c",
-    SOURCE,
-    f"{MATMUL_DIR}/ort_matmul.c",
-    f"{MATMUL_DIR}/int8_matmul.c",
-    f"{NORM_DIR}/ort_rms_norm.c",
-    f"{ROPE_DIR}/ort_qkv_rope.c",
-]
-# Every file the custom-op library is built from, in the order ort_op.py's OP_SOURCES hashes them.
-OP_HASHED = (
-    "llmc/plugins/ort_custom_op.h",
-    "llmc/plugins/amx_tiles.h",
-    f"{KERNEL_DIR}/ort_op.c",
-    f"{KERNEL_DIR}/paged_attention.c",
-    f"{KERNEL_DIR}/paged_attention.h",
-    f"{MATMUL_DIR}/ort_matmul.c",
-    f"{MATMUL_DIR}/ort_matmul.h",
-    f"{MATMUL_DIR}/int8_matmul.c",
-    f"{MATMUL_DIR}/int8_matmul.h",
-    f"{NORM_DIR}/ort_rms_norm.c",
-    f"{NORM_DIR}/ort_rms_norm.h",
-    f"{NORM_DIR}/rms_norm_row.h",
-    f"{ROPE_DIR}/ort_qkv_rope.c",
-    f"{ROPE_DIR}/ort_qkv_rope.h",
+PLUGINS = "llmc/plugins"
+# The attention kernel's C sources, relative to PLUGINS, compiled together into each library;
+# keep equal to cpu.py's _SOURCES.
+KERNEL_SOURCES = (
+    "paged_attention/paged_attention.c",
+    "paged_attention/check_metadata.c",
+    "paged_attention/kv_codes.c",
+    "paged_attention/decode.c",
+    "paged_attention/prefill_tiles.c",
+    "paged_attention/prefill_amx.c",
+    "paged_attention/thread_pool.c",
 )
+# The headers they include.
+KERNEL_HEADERS = (
+    "paged_attention/paged_attention.h",
+    "paged_attention/attention_parts.h",
+    "paged_attention/kv_codes.h",
+    "paged_attention/thread_pool.h",
+    "paged_attention/accumulate_avx2.h",
+    "paged_attention/prefill_softmax.h",
+    "simd_math.h",
+    "amx_tiles.h",
+)
+# Everything the ctypes kernel is built from, in the order cpu.py's _HASHED hashes it.
+KERNEL_HASHED = KERNEL_SOURCES + KERNEL_HEADERS
+# The custom-op library's C sources beyond the kernel's, and the headers they include.
+OP_OWN_SOURCES = (
+    "ort_custom_op.c",
+    "paged_attention/ort_op.c",
+    "int8_matmul/ort_matmul.c",
+    "int8_matmul/int8_matmul.c",
+    "int8_matmul/vnni.c",
+    "int8_matmul/amx.c",
+    "rms_norm/ort_rms_norm.c",
+    "qkv_rope/ort_qkv_rope.c",
+)
+OP_OWN_HEADERS = (
+    "ort_custom_op.h",
+    "int8_matmul/ort_matmul.h",
+    "int8_matmul/int8_matmul.h",
+    "int8_matmul/int8_matmul_internal.h",
+    "rms_norm/ort_rms_norm.h",
+    "rms_norm/rms_norm_row.h",
+    "qkv_rope/ort_qkv_rope.h",
+)
+OP_SOURCES = OP_OWN_SOURCES + KERNEL_SOURCES
+# Everything the custom-op library is built from, in the order ort_op.py's OP_SOURCES hashes it.
+OP_HASHED = OP_OWN_SOURCES + OP_OWN_HEADERS + KERNEL_HASHED
 # Keep equal to COMPILE_FLAGS in cpu.py.
 COMPILE_FLAGS = ["-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno"]
-# Embedded so cpu.py can tell an extension built from an older source and rebuild instead.
-# (paged_attention.c, then the header it includes: cpu.py's _HASHED.)
-SOURCE_SHA256 = hashlib.sha256(
-    b"".join((ROOT / p).read_bytes() for p in (SOURCE, "llmc/plugins/amx_tiles.h"))
-).hexdigest()
-# Embedded so ort_op.py can tell a custom-op library built from older sources (the same digest
-# as ort_op.py's OP_SOURCES).
-OP_SOURCE_SHA256 = hashlib.sha256(b"".join((ROOT / p).read_bytes() for p in OP_HASHED)).hexdigest()
+
+
+def sha256_of(names: tuple[str, ...]) -> str:
+    """The sha256 of the files (relative to PLUGINS) concatenated in order."""
+    return hashlib.sha256(
+        b"".join((ROOT / PLUGINS / name).read_bytes() for name in names)
+    ).hexdigest()
+
+
+# Embedded so cpu.py can tell an extension built from older sources and rebuild instead.
+SOURCE_SHA256 = sha256_of(KERNEL_HASHED)
+# Embedded so ort_op.py can tell a custom-op library built from older sources.
+OP_SOURCE_SHA256 = sha256_of(OP_HASHED)
 
 # Debian trixie's ORT development headers: ORT_API_VERSION 21 (1.21). ORT keeps its C API
 # append-only, so an op built against them loads in the onnxruntime 1.31 we run.
@@ -124,12 +147,12 @@ def ort_include_dir() -> Path | None:
 
 
 def extensions() -> list[Extension]:
-    """The C libraries to build: the ctypes kernel always; the ORT custom op (kernel + ort_op.c)
-    only when ``ort_include_dir`` finds ORT's C header (no error otherwise: a warning, and CPU
-    engines then run in segments)."""
+    """The C libraries to build: the ctypes kernel always; the ORT custom ops (the kernel and
+    the ops' sources) only when ``ort_include_dir`` finds ORT's C header (no error otherwise: a
+    warning, and CPU engines then run in segments)."""
     kernel = Extension(
         "llmc.plugins.paged_attention._paged_attention_cpu",
-        sources=[SOURCE],
+        sources=[f"{PLUGINS}/{name}" for name in KERNEL_SOURCES],
         define_macros=[("LLMC_PA_SOURCE_SHA256", f'"{SOURCE_SHA256}"')],
         extra_compile_args=COMPILE_FLAGS,
         extra_link_args=["-pthread"],
@@ -139,8 +162,15 @@ def extensions() -> list[Extension]:
         return [kernel]
     op = Extension(
         "llmc.plugins.paged_attention._paged_attention_ort",
-        sources=OP_SOURCES,
-        include_dirs=[str(include), "llmc/plugins", KERNEL_DIR, MATMUL_DIR, NORM_DIR, ROPE_DIR],
+        sources=[f"{PLUGINS}/{name}" for name in OP_SOURCES],
+        include_dirs=[
+            str(include),
+            PLUGINS,
+            f"{PLUGINS}/paged_attention",
+            f"{PLUGINS}/int8_matmul",
+            f"{PLUGINS}/rms_norm",
+            f"{PLUGINS}/qkv_rope",
+        ],
         define_macros=[
             ("LLMC_PA_SOURCE_SHA256", f'"{SOURCE_SHA256}"'),
             ("LLMC_ORT_OP_SOURCE_SHA256", f'"{OP_SOURCE_SHA256}"'),

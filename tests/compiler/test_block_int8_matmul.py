@@ -234,11 +234,13 @@ class _Weights(ctypes.Structure):
 
 
 def kernel_library(tmp_path: Path, march: str) -> ctypes.CDLL:
-    """int8_matmul.c alone, built with gcc for ``-march=march``, loaded with ctypes."""
-    source = Path(ort_op.__file__).parent.parent / "int8_matmul" / "int8_matmul.c"
+    """The int8 kernel alone (packing, VNNI and AMX parts), built with gcc for
+    ``-march=march``, loaded with ctypes."""
+    kernel = Path(ort_op.__file__).parent.parent / "int8_matmul"
+    sources = [str(kernel / f) for f in ("int8_matmul.c", "vnni.c", "amx.c")]
     lib_path = tmp_path / f"i8mm_{march}.so"
     subprocess.run(
-        ["gcc", "-O2", f"-march={march}", "-shared", "-fPIC", str(source), "-o", str(lib_path)],
+        ["gcc", "-O2", f"-march={march}", "-shared", "-fPIC", *sources, "-o", str(lib_path)],
         check=True,
     )
     return ctypes.CDLL(str(lib_path))

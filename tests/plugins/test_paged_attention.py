@@ -340,7 +340,7 @@ def portable_library(tmp_path_factory) -> cpu._KernelLibrary:
         pytest.skip("needs gcc on x86-64")
     path = tmp_path_factory.mktemp("portable") / "paged_attention_portable.so"
     flags = [f for f in cpu.COMPILE_FLAGS if not f.startswith("-march")] + ["-march=x86-64"]
-    command = ["gcc", *flags, "-shared", "-fPIC", "-o", str(path), str(cpu._SOURCE)]
+    command = ["gcc", *flags, "-shared", "-fPIC", "-o", str(path), *map(str, cpu._SOURCES)]
     subprocess.run(command, check=True, capture_output=True)
     return cpu._KernelLibrary(path)
 

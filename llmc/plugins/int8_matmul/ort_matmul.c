@@ -1,6 +1,6 @@
 /* llmc::BlockInt8MatMul: com.microsoft MatMulNBits with 8-bit weights at accuracy level 4
- * (int8 compute) -- same inputs, attributes and arithmetic -- run by int8_matmul.c's VNNI
- * kernel at every M (its AMX tiles at 16 rows or more where the host grants them). ONNX
+ * (int8 compute) -- same inputs, attributes and arithmetic -- run by the VNNI tiles of vnni.c
+ * at every M (the AMX tiles of amx.c at 16 rows or more where the host grants them). ONNX
  * Runtime's own kernel for it is fast at M = 1 and 3-4x slower than its W8A8 GEMM per FLOP at
  * prefill sizes (benchmarks/RESULTS.md); this one packs the weight once, when the session
  * creates the kernel, and runs tiles of 6 (VNNI) or 16-32 (AMX) rows x 64 columns on ORT's
@@ -230,34 +230,21 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
 
 /* ---- The op --------------------------------------------------------------------------------- */
 
-static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
-  (void)op;
-  return "BlockInt8MatMul";
-}
+static const ONNXTensorElementDataType INPUT_TYPES[N_IN] = {
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
 
-static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  return index == IN_B ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-
-static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
-  (void)op;
-  return N_IN;
-}
-
-static OrtCustomOp block_int8_matmul_op;
+static struct llmc_op block_int8_matmul_op = {
+    .name = "BlockInt8MatMul",
+    .num_inputs = N_IN,
+    .num_outputs = 1,
+    .input_types = INPUT_TYPES,
+    .create = create_kernel,
+    .compute = compute,
+    .destroy = destroy_kernel,
+};
 
 const OrtCustomOp *llmc_block_int8_matmul_op(const OrtApi *api) {
   ort = api;
-  if (block_int8_matmul_op.version != 0) return &block_int8_matmul_op;
-  OrtCustomOp op = {0};
-  llmc_op_defaults(&op);
-  op.GetName = op_name;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
-  op.KernelDestroy = destroy_kernel;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = compute;
-  block_int8_matmul_op = op;
-  return &block_int8_matmul_op;
+  return llmc_op_define(&block_int8_matmul_op);
 }

@@ -1,12 +1,12 @@
-"""The CPU kernel of ``llmc::PagedAttention``: ctypes binding of ``paged_attention.c``.
+"""The CPU kernel of ``llmc::PagedAttention``: ctypes binding of ``paged_attention.c`` (and parts).
 
 Activations are float32; the KV cache is float32, FP8 E4M3FN or int8 (``--kv-cache-dtype``
 ``auto``, ``fp8``, ``int8``; see :func:`paged_attention_cpu`).
 
 The library is the extension ``setup.py`` builds next to this file (``pip install -e .``). A
-checkout without it, or with one built from an older ``paged_attention.c``, compiles the source
-with gcc once into ``$XDG_CACHE_HOME/llmc`` (default ``~/.cache/llmc``) instead, keyed by the
-source's sha256 and the flags.
+checkout without it, or with one built from older sources, compiles the sources with gcc once
+into ``$XDG_CACHE_HOME/llmc`` (default ``~/.cache/llmc``) instead, keyed by the sources' sha256
+and the flags.
 """
 
 from __future__ import annotations
@@ -25,10 +25,36 @@ import numpy as np
 from llmc.engine.kv_cache import NUMPY_DTYPES
 from llmc.engine.plugin import FPMATH_MODES, KernelArguments, PluginInputs, plugin_kernel
 
-_SOURCE = Path(__file__).with_name("paged_attention.c")
-#: What the kernel is built from, in the order setup.py hashes it: the source, then the llmc
-#: header it includes.
-_HASHED = (_SOURCE, _SOURCE.parent.parent / "amx_tiles.h")
+_DIR = Path(__file__).parent
+#: The kernel's C sources (relative to ``llmc/plugins``), compiled together into one library:
+#: setup.py's KERNEL_SOURCES.
+_SOURCES = tuple(
+    _DIR.parent / name
+    for name in (
+        "paged_attention/paged_attention.c",
+        "paged_attention/check_metadata.c",
+        "paged_attention/kv_codes.c",
+        "paged_attention/decode.c",
+        "paged_attention/prefill_tiles.c",
+        "paged_attention/prefill_amx.c",
+        "paged_attention/thread_pool.c",
+    )
+)
+#: What the kernel is built from, in the order setup.py hashes it (its KERNEL_HASHED): the
+#: sources, then the headers they include.
+_HASHED = _SOURCES + tuple(
+    _DIR.parent / name
+    for name in (
+        "paged_attention/paged_attention.h",
+        "paged_attention/attention_parts.h",
+        "paged_attention/kv_codes.h",
+        "paged_attention/thread_pool.h",
+        "paged_attention/accumulate_avx2.h",
+        "paged_attention/prefill_softmax.h",
+        "simd_math.h",
+        "amx_tiles.h",
+    )
+)
 # Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
 COMPILE_FLAGS = ("-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno")
 
@@ -85,17 +111,19 @@ def load_library() -> _KernelLibrary:
     source_sha256 = (
         hashlib.sha256(b"".join(p.read_bytes() for p in _HASHED)).hexdigest() if exists else None
     )
-    for path in sorted(_SOURCE.parent.glob("_paged_attention_cpu*.so")):
+    for path in sorted(_DIR.glob("_paged_attention_cpu*.so")):
         library = _KernelLibrary(path)
         if source_sha256 is None or library.source_sha256 == source_sha256:
             return library
         warnings.warn(
-            f"{path.name} was built from an older paged_attention.c; compiling the current one "
-            "into ~/.cache/llmc (run `pip install -e .` to rebuild the extension)",
+            f"{path.name} was built from older sources; compiling the current ones into "
+            "~/.cache/llmc (run `pip install -e .` to rebuild the extension)",
             stacklevel=2,
         )
     if source_sha256 is None:
-        raise RuntimeError(f"neither the built CPU attention kernel nor {_SOURCE} was found")
+        raise RuntimeError(
+            f"neither the built CPU attention kernel nor all of its sources in {_DIR} were found"
+        )
     return _KernelLibrary(_compile(source_sha256))
 
 
@@ -107,7 +135,8 @@ def bf16_prefill_available() -> bool:
 
 
 def _compile(source_sha256: str) -> Path:
-    """Compile ``paged_attention.c`` into the cache dir, keyed by source and flags; return it."""
+    """Compile the kernel's sources into one library in the cache dir, keyed by their digest and
+    the flags; return its path."""
     key = hashlib.sha256(" ".join((source_sha256, *COMPILE_FLAGS)).encode()).hexdigest()[:16]
     cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmc"
     target = cache_dir / f"paged_attention_cpu-{key}.so"
@@ -123,11 +152,12 @@ def _compile(source_sha256: str) -> Path:
     # Why a temporary name and a rename: two processes compiling at once never load a half file.
     partial = target.with_suffix(f".{os.getpid()}.partial")
     command = [compiler, *COMPILE_FLAGS, "-shared", "-fPIC"]
-    command += [f'-DLLMC_PA_SOURCE_SHA256="{source_sha256}"', "-o", str(partial), str(_SOURCE)]
+    command += [f'-DLLMC_PA_SOURCE_SHA256="{source_sha256}"', "-o", str(partial)]
+    command += [str(p) for p in _SOURCES]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         shown = " ".join(command)
-        raise RuntimeError(f"compiling {_SOURCE.name} failed:\n{shown}\n{result.stderr}")
+        raise RuntimeError(f"compiling the CPU attention kernel failed:\n{shown}\n{result.stderr}")
     os.replace(partial, target)
     return target
 

@@ -33,7 +33,7 @@
 
 static const OrtApi *ort;
 
-/* sha256 of ort_op.c, paged_attention.c and paged_attention.h as built (ort_op.py checks it). */
+/* sha256 of the sources the library is built from (ort_op.py's OP_SOURCES checks it). */
 const char *llmc_ort_op_source_sha256(void) { return LLMC_ORT_OP_SOURCE_SHA256; }
 
 enum { IN_Q, IN_K, IN_V, IN_KEY_CACHE, IN_VALUE_CACHE, IN_SEQ_LENS, IN_QSL, IN_BT, IN_SLOTS, N_IN };
@@ -160,6 +160,14 @@ static const char *const INPUT_NAMES[N_IN] = {
     "q", "k", "v", "key_cache", "value_cache", "seq_lens", "query_start_loc", "block_tables",
     "slot_mapping"};
 
+/* UNDEFINED: the caches are float32, fp8 or int8, the kernel's cache_type (checked per run). */
+static const ONNXTensorElementDataType INPUT_TYPES[N_IN] = {
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,    ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
+
 static OrtStatus *read_input(OrtKernelContext *context, int index, size_t rank,
                              struct tensor *t) {
   const OrtValue *value;
@@ -215,16 +223,10 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   const struct kernel *k = kernel_state;
   struct tensor in[N_IN];
   static const size_t ranks[N_IN] = {2, 2, 2, 4, 4, 1, 1, 2, 1};
-  static const ONNXTensorElementDataType types[N_IN] = {
-      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
-      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,    ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
-      ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
-      ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,    ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
-      ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
   for (int i = 0; i < N_IN; ++i) {
     LLMC_TRY(read_input(context, i, ranks[i], &in[i]));
-    ONNXTensorElementDataType want = types[i] != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
-                                         ? types[i]
+    ONNXTensorElementDataType want = INPUT_TYPES[i] != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
+                                         ? INPUT_TYPES[i]
                                          : k->cache_type;
     if (in[i].type != want) {
       return fail("PagedAttention: %s has ONNX element type %d, expected %d", INPUT_NAMES[i],
@@ -275,56 +277,23 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
 
 /* ---- The op and its registration ----------------------------------------------------------- */
 
-static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
-  (void)op;
-  return "PagedAttention";
-}
-
-static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  switch (index) {
-    case IN_KEY_CACHE:
-    case IN_VALUE_CACHE:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; /* float32, fp8 or int8: checked per run */
-    case IN_SEQ_LENS:
-    case IN_QSL:
-    case IN_BT:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    case IN_SLOTS:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-    default:
-      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  }
-}
-
-static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
-  (void)op;
-  return N_IN;
-}
-
-static OrtCustomOp paged_attention_op;
-
-/* Fills paged_attention_op; called once, before the first registration. */
-static void define_op(void) {
-  OrtCustomOp op = {0};
-  llmc_op_defaults(&op);
-  op.GetName = op_name;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
-  op.KernelDestroy = destroy_kernel;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = compute;
-  paged_attention_op = op;
-}
+static struct llmc_op paged_attention_op = {
+    .name = "PagedAttention",
+    .num_inputs = N_IN,
+    .num_outputs = 1,
+    .input_types = INPUT_TYPES,
+    .create = create_kernel,
+    .compute = compute,
+    .destroy = destroy_kernel,
+};
 
 OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
   ort = base->GetApi(ORT_API_VERSION);
   if (ort == NULL) return NULL; /* cannot even report: an ORT older than the header */
-  if (paged_attention_op.version == 0) define_op();
   /* Never released: ORT requires a domain to outlive every session created with it. */
   OrtCustomOpDomain *domain;
   LLMC_TRY(ort->CreateCustomOpDomain("llmc", &domain));
-  LLMC_TRY(ort->CustomOpDomain_Add(domain, &paged_attention_op));
+  LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_op_define(&paged_attention_op)));
   LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_block_int8_matmul_op(ort)));
   LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_rms_norm_op(ort)));
   LLMC_TRY(ort->CustomOpDomain_Add(domain, llmc_skip_rms_norm_op(ort)));

@@ -195,41 +195,16 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
 
 /* ---- The op -------------------------------------------------------------------------------- */
 
-static const char *ORT_API_CALL op_name(const OrtCustomOp *op) {
-  (void)op;
-  return "QKVRoPE";
-}
-
-static ONNXTensorElementDataType ORT_API_CALL float_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-
-static size_t ORT_API_CALL input_count(const OrtCustomOp *op) {
-  (void)op;
-  return N_IN;
-}
-
-static size_t ORT_API_CALL output_count(const OrtCustomOp *op) {
-  (void)op;
-  return N_OUT;
-}
-
-static OrtCustomOp qkv_rope_op;
+static struct llmc_op qkv_rope_op = {
+    .name = "QKVRoPE",
+    .num_inputs = N_IN,
+    .num_outputs = N_OUT,
+    .create = create_kernel,
+    .compute = compute,
+    .destroy = destroy_kernel,
+};
 
 const OrtCustomOp *llmc_qkv_rope_op(const OrtApi *api) {
   ort = api;
-  if (qkv_rope_op.version != 0) return &qkv_rope_op;
-  OrtCustomOp op = {0};
-  llmc_op_defaults(&op);
-  op.GetName = op_name;
-  op.GetInputType = float_type;
-  op.GetInputTypeCount = input_count;
-  op.GetOutputTypeCount = output_count;
-  op.KernelDestroy = destroy_kernel;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = compute;
-  qkv_rope_op = op;
-  return &qkv_rope_op;
+  return llmc_op_define(&qkv_rope_op);
 }

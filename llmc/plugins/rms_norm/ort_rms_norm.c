@@ -194,74 +194,45 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
 
 /* ---- The ops ------------------------------------------------------------------------------- */
 
-static const char *ORT_API_CALL rms_norm_name(const OrtCustomOp *op) {
-  (void)op;
-  return "RMSNorm";
-}
+/* One kernel for the three: create_kernel tells them apart by their input count. */
+static struct llmc_op rms_norm_op = {
+    .name = "RMSNorm",
+    .num_inputs = 2,
+    .num_outputs = 1,
+    .create = create_kernel,
+    .compute = compute,
+    .destroy = destroy_kernel,
+};
 
-static const char *ORT_API_CALL skip_rms_norm_name(const OrtCustomOp *op) {
-  (void)op;
-  return "SkipRMSNorm";
-}
+static struct llmc_op skip_rms_norm_op = {
+    .name = "SkipRMSNorm",
+    .num_inputs = 3,
+    .num_outputs = 2,
+    .create = create_kernel,
+    .compute = compute,
+    .destroy = destroy_kernel,
+};
 
-static const char *ORT_API_CALL norm_skip_rms_norm_name(const OrtCustomOp *op) {
-  (void)op;
-  return "NormSkipRMSNorm";
-}
-
-static ONNXTensorElementDataType ORT_API_CALL float_type(const OrtCustomOp *op, size_t index) {
-  (void)op;
-  (void)index;
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-
-static size_t ORT_API_CALL two(const OrtCustomOp *op) {
-  (void)op;
-  return 2;
-}
-
-static size_t ORT_API_CALL three(const OrtCustomOp *op) {
-  (void)op;
-  return 3;
-}
-
-static size_t ORT_API_CALL four(const OrtCustomOp *op) {
-  (void)op;
-  return 4;
-}
-
-static OrtCustomOp rms_norm_op, skip_rms_norm_op, norm_skip_rms_norm_op;
-
-/* inputs: 2 RMSNorm, 3 SkipRMSNorm, 4 NormSkipRMSNorm */
-static void define(OrtCustomOp *op, int inputs) {
-  OrtCustomOp def = {0};
-  llmc_op_defaults(&def);
-  def.GetName = inputs == 4   ? norm_skip_rms_norm_name
-                : inputs == 3 ? skip_rms_norm_name
-                              : rms_norm_name;
-  def.GetInputType = float_type;
-  def.GetInputTypeCount = inputs == 4 ? four : inputs == 3 ? three : two;
-  if (inputs > 2) def.GetOutputTypeCount = two;
-  def.KernelDestroy = destroy_kernel;
-  def.CreateKernelV2 = create_kernel;
-  def.KernelComputeV2 = compute;
-  *op = def;
-}
+static struct llmc_op norm_skip_rms_norm_op = {
+    .name = "NormSkipRMSNorm",
+    .num_inputs = 4,
+    .num_outputs = 2,
+    .create = create_kernel,
+    .compute = compute,
+    .destroy = destroy_kernel,
+};
 
 const OrtCustomOp *llmc_rms_norm_op(const OrtApi *api) {
   ort = api;
-  if (rms_norm_op.version == 0) define(&rms_norm_op, 2);
-  return &rms_norm_op;
+  return llmc_op_define(&rms_norm_op);
 }
 
 const OrtCustomOp *llmc_skip_rms_norm_op(const OrtApi *api) {
   ort = api;
-  if (skip_rms_norm_op.version == 0) define(&skip_rms_norm_op, 3);
-  return &skip_rms_norm_op;
+  return llmc_op_define(&skip_rms_norm_op);
 }
 
 const OrtCustomOp *llmc_norm_skip_rms_norm_op(const OrtApi *api) {
   ort = api;
-  if (norm_skip_rms_norm_op.version == 0) define(&norm_skip_rms_norm_op, 4);
-  return &norm_skip_rms_norm_op;
+  return llmc_op_define(&norm_skip_rms_norm_op);
 }
