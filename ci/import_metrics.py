@@ -2,7 +2,7 @@
 function-local imports of llmc's own modules, files over 300 lines, functions over 80 lines.
 
     python ci/import_metrics.py            # summary
-    python ci/import_metrics.py --cycles   # exit 1 if any file-level import cycle exists
+    python ci/import_metrics.py --cycles   # exit 1 if any file-level or package cycle exists
 
 The import graph is import-linter's (grimp's `build_graph`, every import in a file, function-local
 ones included, `if TYPE_CHECKING:` ones excluded); cycles are its strongly connected components.
@@ -55,9 +55,58 @@ def cross_package_imports(graph: grimp.ImportGraph) -> Counter:
 
 
 def file_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    """Strongly connected components of more than one module."""
     modules = sorted(graph.modules)
-    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
+    return _components(
+        modules, {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
+    )
+
+
+def package_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Cycles between the children of one package (modules or subpackages, as import-linter's
+    ``acyclic_siblings`` sees them): for every package of llmc, the strongly connected
+    components of more than one child, a child importing another when any module in it does."""
+    packages = {m.rsplit(".", 1)[0] for m in graph.modules if "." in m}
+    found = []
+    for package in sorted(packages):
+        prefix = package + "."
+        child_edges: dict[str, set[str]] = {}
+        for m in graph.modules:
+            if not m.startswith(prefix):
+                continue
+            a = prefix + m[len(prefix) :].split(".")[0]
+            child_edges.setdefault(a, set())
+            for imported in graph.find_modules_directly_imported_by(m):
+                if imported.startswith(prefix):
+                    b = prefix + imported[len(prefix) :].split(".")[0]
+                    if b != a:
+                        child_edges[a].add(b)
+        for b in {b for bs in child_edges.values() for b in bs}:
+            child_edges.setdefault(b, set())
+        children = sorted(child_edges)
+        found += _components(children, {c: sorted(child_edges[c]) for c in children})
+    return sorted(found)
+
+
+def compiler_cross_package_imports(graph: grimp.ImportGraph) -> int:
+    """Import statements from one package (or root module) of ``llmc.compiler`` into another."""
+
+    def room(module: str) -> str:
+        return module.split(".")[2] if module.count(".") >= 2 else module
+
+    total = 0
+    for importer in graph.modules:
+        if not importer.startswith("llmc.compiler."):
+            continue
+        for imported in graph.find_modules_directly_imported_by(importer):
+            if imported.startswith("llmc.compiler.") and room(importer) != room(imported):
+                details = graph.get_import_details(importer=importer, imported=imported)
+                total += max(1, len(details))
+    return total
+
+
+def _components(modules: list[str], edges: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
@@ -153,16 +202,18 @@ def long_functions(limit: int = 80) -> list[tuple[str, int]]:
 def main() -> int:
     """Print the counts (exit 0); with ``--cycles`` only the cycle check, exit 1 on a cycle."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", action="store_true", help="only check for file-level cycles")
+    parser.add_argument(
+        "--cycles", action="store_true", help="only check for file-level and package cycles"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="list every finding")
     args = parser.parse_args()
     graph = build_graph()
-    cycles = file_cycles(graph)
+    cycles, package = file_cycles(graph), package_cycles(graph)
     if args.cycles:
-        for component in cycles:
+        for component in cycles + package:
             print("cycle:", " <-> ".join(component))
-        print(f"{len(cycles)} file-level import cycle(s)")
-        return 1 if cycles else 0
+        print(f"{len(cycles)} file-level import cycle(s), {len(package)} package cycle(s)")
+        return 1 if cycles or package else 0
     counts = cross_package_imports(graph)
     print("cross-package import statements:")
     for pair in WATCHED:
@@ -170,6 +221,11 @@ def main() -> int:
     print(f"file-level import cycles: {len(cycles)}")
     for component in cycles:
         print("  " + " <-> ".join(component))
+    print(f"package cycles: {len(package)}")
+    for component in package:
+        print("  " + " <-> ".join(component))
+    between = compiler_cross_package_imports(graph)
+    print(f"import statements between the compiler's packages: {between}")
     local = function_local_imports()
     print(f"function-local imports of llmc modules: {len(local)}")
     if args.verbose:

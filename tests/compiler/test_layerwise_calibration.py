@@ -177,9 +177,10 @@ def test_accuracy_report_equals_whole_graph_scoring(tmp_path):
     disk, the engine loaded after) equals scoring the whole float graph and the engine side by
     side (``evaluate_accuracy``) on the same windows."""
     from llmc.calibration.accuracy import evaluate_accuracy
+    from llmc.compiler.backends.onnxruntime import accuracy
     from llmc.compiler.build import build
     from llmc.compiler.config.build_config import BuildConfig
-    from llmc.compiler.quantize import pipeline
+    from llmc.compiler.quantize import texts
     from tests.tiny_models import SHAKESPEARE
 
     ckpt = make_tiny_gemma3(tmp_path / "ckpt", seed=2, sharp=True)
@@ -200,11 +201,11 @@ def test_accuracy_report_equals_whole_graph_scoring(tmp_path):
     src = resolve_model(str(ckpt))
     model, tokenizer = load_model(src, "float32"), load_tokenizer(src)
     proto, _ = float_graph(model, BLOCK)
-    _, heldout = pipeline.text_sources(config.calibration)
-    got = pipeline.accuracy_report(
+    _, heldout = texts.text_sources(config.calibration)
+    got = accuracy.accuracy_report(
         config, proto, engine_dir, model, tokenizer, heldout, None, tmp_path
     )
-    windows = pipeline.windows_of(heldout, model, tokenizer, 3, SEQ)
+    windows = texts.windows_of(heldout, model, tokenizer, 3, SEQ)
     blocks = -(-SEQ // BLOCK)
     want = evaluate_accuracy(
         OrtRunner.from_model(proto, blocks),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmc.compiler.config.build_config import BuildConfig
-from llmc.compiler.quantize.pipeline import TextSource
+from llmc.compiler.quantize.texts import TextSource
 from llmc.errors import BuildConfigError
 
 

@@ -11,6 +11,7 @@ from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_stats
 from llmc.calibration.stats_cache import load_stats, save_stats
+from llmc.compiler.backends.onnxruntime import fast_path
 from llmc.compiler.backends.onnxruntime.host import int8_bound_pairs
 from llmc.compiler.backends.onnxruntime.lower import lower_to_cpu
 from llmc.compiler.frontend.model_source import load_model, resolve_model
@@ -91,7 +92,7 @@ def test_qdq_graph_is_valid_symmetric_and_fused(tiny_float, tmp_path, quant):
     if quant == "fp8":
         assert rewrites["fp8"] == targets - 1
     _, ops = lower_to_cpu(qproto, engine, session_config=pipeline.session_config(quant))
-    record = pipeline.check_fast_path(quant, report.counts, ops)
+    record = fast_path.check_fast_path(quant, report.counts, ops)
     assert sum(r["expected"] for r in record.values()) == targets
     assert all(r["found"] >= r["expected"] for r in record.values())
     if quant != "fp8":
@@ -131,8 +132,8 @@ def test_gptq_rounding_brings_the_engine_closer_to_the_float_graph(tiny_float, t
 
 
 def test_fast_path_check_fails_loudly_when_ort_did_not_fuse():
-    with pytest.raises(pipeline.FastPathError, match="MatMulIntegerToFloat"):
-        pipeline.check_fast_path("int8", {"int8_w8a8": 9}, {"MatMul": 9, "DequantizeLinear": 18})
+    with pytest.raises(fast_path.FastPathError, match="MatMulIntegerToFloat"):
+        fast_path.check_fast_path("int8", {"int8_w8a8": 9}, {"MatMul": 9, "DequantizeLinear": 18})
 
 
 def test_smoothing_is_folded_into_the_norm_and_exact_without_quantization(tiny_float):

@@ -1,16 +1,9 @@
-"""The quantization stages of ``llmc build``: data, calibration (cached), Q/DQ rewrite, and the
-checks after lowering (fast path taken, accuracy against the unquantized graph).
-
-Data: ``--calib-data`` gives calibration text (its first 80%); the accuracy report reads
-held-out text (the last 20% of ``--eval-data``, else of ``--calib-data``), so the two never
-overlap. With no file, both are sampled from the model itself, with different seeds.
-"""
+"""The quantization pipeline of ``llmc build``: calibration (cached), the ``--accuracy-target``
+search and the anchor, Q/DQ rewrite, one segment at a time; the text it reads is ``texts``'."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,13 +16,12 @@ from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.qdq import GraphQuantizer, QuantReport, calibration_tensors, gptq_keys
 from llmc.compiler.quantize.tensor_spill import TensorSpill
-from llmc.engine.provider import ProviderChoice
-from llmc.errors import LlmcError
+from llmc.compiler.quantize.texts import TextSource, windows_of
+from llmc.compiler.weights.stored_weights import segment_widener
 from llmc.heap import release_freed_memory
 
 if TYPE_CHECKING:
     from llmc.compiler.config.build_config import BuildConfig
-    from llmc.compiler.config.calibration import CalibrationOptions
 
 #: The quantized graph of a streamed build, written in its work directory.
 QUANTIZED_GRAPH = "quantized.onnx"
@@ -37,57 +29,6 @@ QUANTIZED_GRAPH = "quantized.onnx"
 QUANTIZED_SPILL = "quantized.spill"
 #: Where a streamed build's anchor weights are written as they are made (``anchors``).
 ANCHOR_SPILL_DIR = "anchor.spill"
-
-CALIBRATION_SEED = 0
-HELDOUT_SEED = 1
-
-
-class FastPathError(LlmcError):
-    """The optimized engine graph does not run quantized layers on the kernels they were meant
-    for (ORT did not fuse the Q/DQ pattern)."""
-
-
-@dataclass(frozen=True)
-class TextSource:
-    """Where text comes from: a file and its split, or samples from the model with a seed."""
-
-    path: str | None
-    part: str  # "calibration" | "heldout"
-    seed: int
-
-    def describe(self) -> str:
-        if self.path is None:
-            from llmc.calibration.data import sampled_label
-
-            return sampled_label(self.seed)
-        where = "first 80%" if self.part == "calibration" else "last 20%"
-        return f"{Path(self.path).resolve()} ({where})"
-
-    def digest(self) -> str:
-        if self.path is None:
-            return f"sampled:{self.seed}"
-        return hashlib.sha256(Path(self.path).read_bytes()).hexdigest() + ":" + self.part
-
-
-def text_sources(options: CalibrationOptions) -> tuple[TextSource, TextSource]:
-    """(calibration, held-out) sources; reads the files now so that an empty or unreadable one
-    fails before any work (raises ``CalibrationDataError``)."""
-    from llmc.calibration.data import read_texts
-
-    for path in (options.calib_data, options.eval_data):
-        if path:
-            read_texts(path)
-    calib = TextSource(options.calib_data, "calibration", CALIBRATION_SEED)
-    held = options.eval_data or options.calib_data
-    return calib, TextSource(held, "heldout", HELDOUT_SEED)
-
-
-def windows_of(source: TextSource, model, tokenizer, num: int, seq_len: int) -> list[np.ndarray]:
-    """Token windows [seq_len] int64 of ``source`` (see ``llmc.calibration.data.load_windows``)."""
-    from llmc.calibration.data import load_windows
-
-    windows, _ = load_windows(source.part, source.path, model, tokenizer, num, seq_len)
-    return windows
 
 
 def quantize(
@@ -109,22 +50,19 @@ def quantize(
     VNNI, see ``formats``).
 
     Calibration runs the float graph one segment at a time over every window
-    (``LayerwiseRunner``); when a segment is done, its modules are quantized and their
-    statistics (GPTQ's Gram matrices included) written to the cache and dropped, so memory
-    holds one segment's float weights and statistics and the activations of the windows; a
-    streamed graph's quantized weights go to disk as they are made. A streamed float graph
-    (``float_model`` holding external-data references to ``weights_dir / FLOAT_GRAPH.data``)
-    is read from disk and the quantized graph written to ``work_dir`` with its weights as
-    external data; the returned proto then references them. ``hf_model`` is only read to
-    sample calibration text (no ``--calib-data``).
+    (``LayerwiseRunner``); a finished segment's modules are quantized and their statistics
+    (GPTQ's Gram matrices included) cached and dropped, so memory holds one segment's weights
+    and statistics and the windows' activations. A streamed float graph (``float_model``
+    referencing ``weights_dir / FLOAT_GRAPH.data``) is read from disk, its quantized weights
+    go to disk as they are made and the graph is written to ``work_dir``; the returned proto
+    then references them. ``hf_model`` only samples calibration text (no ``--calib-data``).
 
     With ``--accuracy-target``, every module is quantized in each format of its ladder while
-    its statistics are in memory, the assignment is searched (``targeted``; its held-out
-    windows come from ``heldout_source``), and the graph is written with the one chosen; the
-    search is recorded in the report's ``spec["accuracy_target"]``. With ``--anchor
-    auto`` the anchor (``anchors``: llama.cpp's Q8_0 for a GGUF checkpoint, whose stored types
-    are ``gguf_types``, else round-to-nearest) is scored on the same held-out windows and
-    recorded in ``spec["anchor"]``."""
+    its statistics are in memory, the assignment is searched on held-out windows of
+    ``heldout_source`` (``targeted``) and the graph written with the one chosen, recorded in
+    ``spec["accuracy_target"]``. With ``--anchor auto`` the anchor (``anchors``: llama.cpp's
+    Q8_0 for a GGUF checkpoint, whose stored types are ``gguf_types``, else round-to-nearest)
+    is scored on the same windows and recorded in ``spec["anchor"]``."""
     if weights_dir is not None and work_dir is None:
         raise ValueError("a streamed graph is quantized into a work directory")
     spec = config.quant_spec(bound_pairs)
@@ -157,7 +95,12 @@ def quantize(
         report = _quantize_segments(parts, quantizer, targeted, anchors)
     if targeted is not None or anchors is not None:
         texts = (calib_source, heldout_source, hf_model, tokenizer, windows)
-        graph_run = (float_model, weights_dir, _widener(weights_dir), session_config(spec.quant))
+        graph_run = (
+            float_model,
+            weights_dir,
+            segment_widener(weights_dir),
+            session_config(spec.quant),
+        )
         report = _score_heldout(
             config, graph, spill, (targeted, anchors, report), texts, graph_run, stage
         )
@@ -252,7 +195,7 @@ def _layerwise_runner(config, float_model, tensors, weights_dir):
         extra_outputs=tuple(dict.fromkeys(tensors.values())),
         external_data_dir=weights_dir,
         logits=False,
-        prepare=_widener(weights_dir),
+        prepare=segment_widener(weights_dir),
     )
 
 
@@ -331,16 +274,6 @@ def _cache_use(calibrated: bool, cached: bool, cache) -> str:
     return "read" if cached else cache.skipped or "saved"
 
 
-def _widener(weights_dir: Path | None):
-    """``LayerwiseRunner``'s ``prepare`` for a float graph whose 16-bit stored weights are in
-    ``weights_dir`` (``stored_weights.widen_segment``), None without one."""
-    from llmc.compiler.weights.stored_weights import widen_segment
-
-    if weights_dir is None:
-        return None
-    return lambda segment, name: widen_segment(segment, weights_dir, name)
-
-
 def session_config(quant: str) -> dict[str, str]:
     """ORT session config entries the lowering of a ``quant`` engine needs (its format's)."""
     return dict(FORMATS[quant].ort_session_config)
@@ -350,80 +283,3 @@ def rewrite_for_cpu(model: onnx.ModelProto, counts: dict[str, int]) -> dict[str,
     """The CPU rewrite of every format that quantized modules (``counts``, by report label,
     ``QuantReport.counts``), in place; returns the rewrites by format."""
     return {f.name: f.rewrite_for_cpu(model) for f in FORMATS.values() if counts.get(f.label)}
-
-
-def check_fast_path(quant: str, counts: dict[str, int], optimized_ops: dict[str, int]) -> dict:
-    """Compare the fused kernels in the optimized graph with what was quantized (``counts``, by
-    report label): each format's modules as its ``cpu_kernel`` (W8A8 int8 as
-    MatMulIntegerToFloat, weight-only int4/int8 as MatMulNBits, FP8 as Q/DQ emulation: its
-    activation QuantizeLinear nodes remain). Returns {op: {"expected", "found"}}, stored in the
-    manifest. Raises FastPathError when ORT did not fuse them all."""
-    expected: dict[str, int] = {}
-    for f in FORMATS.values():
-        if f.cpu_kernel and counts.get(f.label):
-            expected[f.cpu_kernel] = expected.get(f.cpu_kernel, 0) + counts[f.label]
-    record = {
-        op: {"expected": n, "found": int(optimized_ops.get(op, 0))}
-        for op, n in sorted(expected.items())
-    }
-    short = {op: r for op, r in record.items() if r["found"] < r["expected"]}
-    if short:
-        detail = ", ".join(
-            f"{r['found']} {op} (expected {r['expected']})" for op, r in short.items()
-        )
-        raise FastPathError(
-            f"--quant {quant}: the optimized engine has {detail}; ONNX Runtime did not fuse "
-            "every Q/DQ MatMul, so the engine would run dequantized float32 weights. Optimized "
-            f"op counts: {optimized_ops}"
-        )
-    return record
-
-
-def accuracy_report(
-    config: BuildConfig,
-    reference: onnx.ModelProto,
-    engine_dir: Path,
-    hf_model,
-    tokenizer,
-    source: TextSource,
-    progress,
-    external_data_dir: Path | None = None,
-    provider: ProviderChoice | None = None,
-):
-    """The engine in ``engine_dir``, run on ``provider`` (default: the CPU EP), against the
-    unquantized graph on held-out windows
-    (``llmc.calibration.accuracy.AccuracyReport``). The reference runs one segment at a time
-    over every window (``LayerwiseRunner``, its weights read from ``external_data_dir`` for a
-    streamed graph) and its logits go to a temporary file there; the engine is loaded after
-    the reference is released and scored window by window against them, so the build holds
-    one model at a time."""
-    import tempfile
-
-    from llmc.calibration.accuracy import check_windows, score_logits
-    from llmc.compiler.quantize.search.assignment_eval import spill_logits
-    from llmc.runtime.runners.cpu_runner import cpu_runner
-    from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
-    from llmc.runtime.runners.step_inputs import single_prefill
-
-    calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
-    windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
-    check_windows(windows)
-    ref = LayerwiseRunner(
-        reference,
-        threads=threads,
-        external_data_dir=external_data_dir,
-        prepare=_widener(external_data_dir),
-    )
-    with tempfile.TemporaryFile(dir=external_data_dir) as spill:
-        shapes = spill_logits(ref, windows, spill, progress)
-        del ref
-        release_freed_memory()  # the reference's last segment (vocabulary projection, logits)
-        engine = cpu_runner(engine_dir, -(-calib.calib_seq_len // block_size), threads, provider)
-
-        def pairs():
-            spill.seek(0)
-            for window, shape in zip(windows, shapes, strict=True):
-                want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
-                yield want, engine.execute(single_prefill(window, block_size, all_logits=True))
-
-        return score_logits(pairs(), windows, source.describe())

@@ -12,6 +12,7 @@ import onnx
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.quantize.qdq import QuantReport
+from llmc.compiler.quantize.texts import TextSource, text_sources
 from llmc.compiler.stages.export import FloatGraph
 from llmc.compiler.stages.load import LoadedModel
 from llmc.compiler.stages.progress import Stage, no_stage
@@ -20,10 +21,10 @@ from llmc.compiler.stages.progress import Stage, no_stage
 @dataclass(frozen=True)
 class CalibrationTexts:
     """Where a quantized build's text comes from: calibration, and the held-out text of the
-    accuracy report (never overlapping, ``pipeline.text_sources``)."""
+    accuracy report (never overlapping, ``texts.text_sources``)."""
 
-    calibration: qp.TextSource
-    heldout: qp.TextSource
+    calibration: TextSource
+    heldout: TextSource
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def read_texts(config: BuildConfig) -> CalibrationTexts | None:
     bf16_cpu = config.target.is_cpu and config.source.dtype == "bfloat16"
     if not (config.quantization.quantizes or bf16_cpu):
         return None
-    return CalibrationTexts(*qp.text_sources(config.calibration))
+    return CalibrationTexts(*text_sources(config.calibration))
 
 
 def quantize(

@@ -237,3 +237,11 @@ def widen_segment(segment: onnx.ModelProto, data_dir: Path, file_name: str) -> o
             )
             del array
     return ir.to_proto(model)
+
+
+def segment_widener(weights_dir: Path | None):
+    """``LayerwiseRunner``'s ``prepare`` for a float graph whose 16-bit stored weights are in
+    ``weights_dir`` (``stored_weights.widen_segment``), None without one."""
+    if weights_dir is None:
+        return None
+    return lambda segment, name: widen_segment(segment, weights_dir, name)

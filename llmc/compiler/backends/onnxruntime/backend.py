@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmc.compiler.backends.onnxruntime.fast_path import check_fast_path
 from llmc.compiler.backends.onnxruntime.host import plan_cpu
 from llmc.compiler.backends.onnxruntime.lower import lower_to_cpu
 from llmc.compiler.backends.onnxruntime.manifest import write_cpu_manifest
@@ -89,7 +90,7 @@ class OnnxRuntimeBackend:
         if report is None:
             return LoweredEngine(engine_dir, optimized_ops)
         quantization = report.to_dict()
-        quantization["fast_path"] = qp.check_fast_path(quant, report.counts, optimized_ops)
+        quantization["fast_path"] = check_fast_path(quant, report.counts, optimized_ops)
         return LoweredEngine(engine_dir, optimized_ops, quantization)
 
     def report(

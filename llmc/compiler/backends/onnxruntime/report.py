@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmc.compiler.backends.onnxruntime.accuracy import accuracy_report
 from llmc.compiler.backends.onnxruntime.provider_choice import ProviderSelection, select_provider
 from llmc.compiler.backends.onnxruntime.provider_timing import probe_steps
 from llmc.compiler.backends.protocol import EngineReport, LoweredEngine, Reference
 from llmc.compiler.config.build_config import BuildConfig
-from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.engine.provider import HYBRID, ProviderChoice
 from llmc.runtime.runners.hybrid_runner import MIN_OPENVINO_TOKENS
@@ -42,7 +42,7 @@ def report_cpu(
     accuracy = None
     if texts is not None:
         with stage("accuracy report") as tick:
-            accuracy = qp.accuracy_report(
+            accuracy = accuracy_report(
                 config,
                 reference.graph.proto,
                 engine.engine_dir,

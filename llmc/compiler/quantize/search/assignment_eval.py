@@ -51,7 +51,7 @@ class AssignmentScorer:
         threads: ORT intra-op threads.
         weights_dir: where the float graph's external data is.
         prepare: the float graph's own segment preparation (widening 16-bit stored weights,
-            ``pipeline._widener``), run first.
+            ``stored_weights.segment_widener``), run first.
         session_config: the engine's ONNX Runtime session entries (``pipeline.session_config``):
             assignments run with the engine's fused kernels (``LayerwiseRunner``'s
             ``engine_kernels``), e.g. MatMulNBits at the engine's accuracy level.
