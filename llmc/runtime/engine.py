@@ -12,7 +12,7 @@ from llmc.errors import StepFailedError
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
-from llmc.runtime.runners.engine_loader import load_engine
+from llmc.runtime.runners.engine_loader import LoadedEngine, load_engine
 from llmc.runtime.runners.runner import Runner
 from llmc.runtime.runners.warmup import warmup_step
 from llmc.runtime.sampling.sampler import Sampler
@@ -176,28 +176,17 @@ class LLMEngine:
             max_model_len=max_model_len,
             expected_manifest_sha256=expected_manifest_sha256,
         )
-        manifest = loaded.manifest
-        config = EngineConfig(
-            block_size=loaded.block_size,
-            num_blocks=loaded.runner.num_blocks,
-            max_model_len=_or(max_model_len, manifest.max_seq_len),
-            max_num_seqs=_or(max_num_seqs, manifest.max_batch),
-            max_num_batched_tokens=_or(max_num_batched_tokens, default_step_tokens(manifest)),
+        config = _engine_config(
+            loaded,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
             max_num_forked_seqs=max_num_forked_seqs,
-            max_decode_wait_steps=_or(max_decode_wait_steps, default_decode_wait(manifest)),
-            seed=seed,
+            max_decode_wait_steps=max_decode_wait_steps,
             enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
         )
-        speculator = None
-        if speculative_config is not None:
-            speculator = load_speculator(
-                speculative_config,
-                path,
-                loaded,
-                config.max_model_len,
-                config.max_num_batched_tokens,
-                threads,
-            )
+        speculator = _load_speculator(speculative_config, path, loaded, config, threads)
         engine = cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids, speculator)
         if warmup:
             engine.warm_up()
@@ -399,6 +388,53 @@ class LLMEngine:
 class _RunnerFailed(Exception):
     """The runner raised (its error is the ``__cause__``): the failure of the engine, not of
     a request, which is what a dead-man count may count."""
+
+
+def _engine_config(
+    loaded: LoadedEngine,
+    *,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    max_num_forked_seqs: int | None,
+    max_decode_wait_steps: int | None,
+    enable_prefix_caching: bool,
+    seed: int | None,
+) -> EngineConfig:
+    """The `EngineConfig` of a loaded engine: its block size and pool, None limits from its
+    manifest (see `LLMEngine.from_engine_dir`)."""
+    manifest = loaded.manifest
+    return EngineConfig(
+        block_size=loaded.block_size,
+        num_blocks=loaded.runner.num_blocks,
+        max_model_len=_or(max_model_len, manifest.max_seq_len),
+        max_num_seqs=_or(max_num_seqs, manifest.max_batch),
+        max_num_batched_tokens=_or(max_num_batched_tokens, default_step_tokens(manifest)),
+        max_num_forked_seqs=max_num_forked_seqs,
+        max_decode_wait_steps=_or(max_decode_wait_steps, default_decode_wait(manifest)),
+        seed=seed,
+        enable_prefix_caching=enable_prefix_caching,
+    )
+
+
+def _load_speculator(
+    speculative_config: SpeculativeConfig | None,
+    path: str | Path,
+    loaded: LoadedEngine,
+    config: EngineConfig,
+    threads: int | None,
+) -> Speculator | None:
+    """The speculator of ``speculative_config`` for ``config``'s limits; None without one."""
+    if speculative_config is None:
+        return None
+    return load_speculator(
+        speculative_config,
+        path,
+        loaded,
+        config.max_model_len,
+        config.max_num_batched_tokens,
+        threads,
+    )
 
 
 def _or(value: int | None, default: int) -> int:

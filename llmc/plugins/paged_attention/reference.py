@@ -113,16 +113,29 @@ def paged_attention_reference(inputs: PluginInputs, a: KernelArguments) -> torch
         keys = dequantize_kv(keys, a.k_scale).repeat_interleave(group, dim=1)
         values = dequantize_kv(values, a.v_scale).repeat_interleave(group, dim=1)
         queries = q[start:end].float().view(num_new, num_heads, head_dim)
-
-        scores = torch.einsum("nhd,lhd->hnl", queries, keys) * a.scale  # [H, n, L]
-        if a.logit_softcap is not None:
-            scores = a.logit_softcap * torch.tanh(scores / a.logit_softcap)
-        positions = torch.arange(context_len - num_new, context_len)[:, None]  # [n, 1]
-        key_positions = torch.arange(context_len)[None, :]  # [1, L]
-        visible = key_positions <= positions
-        if a.sliding_window is not None:
-            visible &= key_positions > positions - a.sliding_window
-        scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[start:end] = torch.einsum("hnl,lhd->nhd", probs, values).to(q.dtype)
+        out[start:end] = _attend(queries, keys, values, context_len, a).to(q.dtype)
     return out.view(num_tokens, num_heads * head_dim)
+
+
+def _attend(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    context_len: int,
+    a: KernelArguments,
+) -> torch.Tensor:
+    """Scaled, soft-capped, causal, windowed softmax attention of one sequence's n new tokens
+    (the last n of its ``context_len`` positions): queries [n, H, D], keys and values [L, H, D],
+    all float32; returns [n, H, D] float32."""
+    num_new = queries.shape[0]
+    scores = torch.einsum("nhd,lhd->hnl", queries, keys) * a.scale  # [H, n, L]
+    if a.logit_softcap is not None:
+        scores = a.logit_softcap * torch.tanh(scores / a.logit_softcap)
+    positions = torch.arange(context_len - num_new, context_len)[:, None]  # [n, 1]
+    key_positions = torch.arange(context_len)[None, :]  # [1, L]
+    visible = key_positions <= positions
+    if a.sliding_window is not None:
+        visible &= key_positions > positions - a.sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hnl,lhd->nhd", probs, values)

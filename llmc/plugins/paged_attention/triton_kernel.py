@@ -191,6 +191,39 @@ def attend(
 
 
 @triton.jit
+def _find_sequence(query_start_loc_ptr, num_seqs, pid, C: tl.constexpr):
+    """The sequence of query tile ``pid``: the last b with
+    ``query_start_loc[b] // BLOCK_M + b <= pid`` (binary search)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // C.BLOCK_M + mid <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _write_cache(k_ptr, v_ptr, slot_mapping_ptr, key_cache_out_ptr, value_cache_out_ptr,
+                 q_start, tok0, num_new, kv_col, d_ok, C: tl.constexpr):  # fmt: skip
+    """Write one KV head of new tokens ``tok0 .. tok0 + BLOCK_M`` (those below ``num_new``) of
+    the sequence starting at ``q_start`` into the cache at their slots (quantized)."""
+    kv_row = C.NUM_KV_HEADS * C.HEAD_DIM
+    wt = tok0 + tl.arange(0, C.BLOCK_M)
+    w_mask = (wt < num_new)[:, None] & d_ok[None, :]
+    w_tok = (q_start + wt).to(tl.int64)
+    slots = tl.load(slot_mapping_ptr + w_tok, mask=wt < num_new, other=0).to(tl.int64)
+    src = w_tok[:, None] * kv_row + kv_col[None, :]
+    dst = slots[:, None] * kv_row + kv_col[None, :]
+    new_k = quantize(tl.load(k_ptr + src, mask=w_mask).to(tl.float32), C.K_SCALE, C.CACHE_QUANT)
+    new_v = quantize(tl.load(v_ptr + src, mask=w_mask).to(tl.float32), C.V_SCALE, C.CACHE_QUANT)
+    store_codes(key_cache_out_ptr, dst, new_k, w_mask, C.CACHE_QUANT)
+    store_codes(value_cache_out_ptr, dst, new_v, w_mask, C.CACHE_QUANT)
+
+
+@triton.jit
 def paged_attention_kernel(
     q_ptr,  # [T, H*D]
     k_ptr,  # [T, KVH*D]
@@ -219,16 +252,7 @@ def paged_attention_kernel(
     in the argument comments; the module docstring gives the tiling."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
-    # The sequence of this query tile: the last b with query_start_loc[b] // BLOCK_M + b <= pid.
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(query_start_loc_ptr + mid) // C.BLOCK_M + mid <= pid:
-            lo = mid + 1
-        else:
-            hi = mid
-    seq = lo - 1
+    seq = _find_sequence(query_start_loc_ptr, num_seqs, pid, C)
     q_start = tl.load(query_start_loc_ptr + seq)
     num_new = tl.load(query_start_loc_ptr + seq + 1) - q_start
     context_len = tl.load(seq_lens_ptr + seq)
@@ -237,20 +261,9 @@ def paged_attention_kernel(
 
     d = tl.arange(0, C.BLOCK_D)
     d_ok = d < C.HEAD_DIM
-    kv_row = C.NUM_KV_HEADS * C.HEAD_DIM
     kv_col = kvh * C.HEAD_DIM + d
-
-    # Cache write: this tile's tokens, this KV head.
-    wt = tok0 + tl.arange(0, C.BLOCK_M)
-    w_mask = (wt < num_new)[:, None] & d_ok[None, :]
-    w_tok = (q_start + wt).to(tl.int64)
-    slots = tl.load(slot_mapping_ptr + w_tok, mask=wt < num_new, other=0).to(tl.int64)
-    src = w_tok[:, None] * kv_row + kv_col[None, :]
-    dst = slots[:, None] * kv_row + kv_col[None, :]
-    new_k = quantize(tl.load(k_ptr + src, mask=w_mask).to(tl.float32), C.K_SCALE, C.CACHE_QUANT)
-    new_v = quantize(tl.load(v_ptr + src, mask=w_mask).to(tl.float32), C.V_SCALE, C.CACHE_QUANT)
-    store_codes(key_cache_out_ptr, dst, new_k, w_mask, C.CACHE_QUANT)
-    store_codes(value_cache_out_ptr, dst, new_v, w_mask, C.CACHE_QUANT)
+    _write_cache(k_ptr, v_ptr, slot_mapping_ptr, key_cache_out_ptr, value_cache_out_ptr,
+                 q_start, tok0, num_new, kv_col, d_ok, C)  # fmt: skip
 
     num_attend = num_new  # new tokens whose attention this kernel computes
     if SPLIT_DECODE:

@@ -16,6 +16,7 @@ import torch
 
 from llmc.engine.plugin import KernelArguments, PluginInputs, plugin_kernel
 from llmc.plugins.paged_attention.triton_tiles import (
+    KernelConfig,
     KernelConstants,
     choose_block_m,
     choose_num_splits,
@@ -96,52 +97,13 @@ def paged_attention_triton(
             ids, slots, lengths) are not checked on the device: the runner's step builder
             guarantees them.
     """
-    num_heads, num_kv_heads, head_dim = a.num_heads, a.num_kv_heads, a.head_dim
-    q, k, v = inputs.q, inputs.k, inputs.v
-    key_cache, value_cache = inputs.key_cache, inputs.value_cache
-    seq_lens, query_start_loc = inputs.seq_lens, inputs.query_start_loc
-    block_tables, slot_mapping = inputs.block_tables, inputs.slot_mapping
-    _check("q", q, _ACTIVATION_DTYPES, 2)
-    _check("k", k, (q.dtype,), 2)
-    _check("v", v, (q.dtype,), 2)
-    cache_quant = cache_quant_of(key_cache.dtype, q.dtype)
-    _check("key_cache", key_cache, (key_cache.dtype,), 4)
-    _check("value_cache", value_cache, (key_cache.dtype,), 4)
-    for name, tensor, ndim in (
-        ("seq_lens", seq_lens, 1),
-        ("query_start_loc", query_start_loc, 1),
-        ("block_tables", block_tables, 2),
-    ):
-        _check(name, tensor, (torch.int32,), ndim)
-    _check("slot_mapping", slot_mapping, (torch.int64,), 1)
-    num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
-    if block_m is None:
-        group_pad = kernel_config(num_heads, num_kv_heads, head_dim).group_pad
-        block_m = choose_block_m(num_tokens, num_seqs, group_pad)
-    if num_stages is None:
-        num_stages = PIPELINED_STAGES if q.dtype in (torch.float16, torch.bfloat16) else 1
-    config = kernel_config(
-        num_heads, num_kv_heads, head_dim, block_m=block_m, block_n=block_n,
-        num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
-    cache_shape = (key_cache.shape[0], key_cache.shape[1], num_kv_heads, head_dim)
-    expected = {
-        "q": (q, (num_tokens, num_heads * head_dim)),
-        "k": (k, (num_tokens, num_kv_heads * head_dim)),
-        "v": (v, (num_tokens, num_kv_heads * head_dim)),
-        "key_cache": (key_cache, cache_shape),
-        "value_cache": (value_cache, cache_shape),
-        "query_start_loc": (query_start_loc, (num_seqs + 1,)),
-        "block_tables": (block_tables, (num_seqs, block_tables.shape[1])),
-        "slot_mapping": (slot_mapping, (num_tokens,)),
-    }
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
-    for name, value in (("scale", a.scale), ("k_scale", a.k_scale), ("v_scale", a.v_scale)):
-        if not 0.0 < float(value) < float("inf"):
-            raise ValueError(f"{name} must be a finite positive number, got {value}")
-
+    q = inputs.q
+    cache_quant = _check_dtypes(inputs)
+    num_tokens, num_seqs = q.shape[0], inputs.seq_lens.shape[0]
+    config = _kernel_config(
+        a, q.dtype, num_tokens, num_seqs, block_m, block_n, num_warps, num_stages
+    )
+    _check_shapes(inputs, a)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be at least 1, got {num_splits}")
 
@@ -152,16 +114,100 @@ def paged_attention_triton(
         raise ValueError(f"out must have shape {tuple(q.shape)}, got {tuple(out.shape)}")
     if num_tokens == 0 or num_seqs == 0:
         return out
+    _launch(inputs, a, config, cache_quant, num_splits, out)
+    return out
+
+
+def _check_dtypes(inputs: PluginInputs) -> str:
+    """Check the inputs' dtypes, ranks and contiguity; return the cache's ``CACHE_QUANT`` kind."""
+    q = inputs.q
+    _check("q", q, _ACTIVATION_DTYPES, 2)
+    _check("k", inputs.k, (q.dtype,), 2)
+    _check("v", inputs.v, (q.dtype,), 2)
+    key_cache = inputs.key_cache
+    cache_quant = cache_quant_of(key_cache.dtype, q.dtype)
+    _check("key_cache", key_cache, (key_cache.dtype,), 4)
+    _check("value_cache", inputs.value_cache, (key_cache.dtype,), 4)
+    for name, tensor, ndim in (
+        ("seq_lens", inputs.seq_lens, 1),
+        ("query_start_loc", inputs.query_start_loc, 1),
+        ("block_tables", inputs.block_tables, 2),
+    ):
+        _check(name, tensor, (torch.int32,), ndim)
+    _check("slot_mapping", inputs.slot_mapping, (torch.int64,), 1)
+    return cache_quant
+
+
+def _kernel_config(
+    a: KernelArguments,
+    dtype: torch.dtype,
+    num_tokens: int,
+    num_seqs: int,
+    block_m: int | None,
+    block_n: int,
+    num_warps: int,
+    num_stages: int | None,
+) -> KernelConfig:
+    """The launcher's options as a :class:`KernelConfig`, ``None`` ones chosen for the step."""
+    num_heads, num_kv_heads, head_dim = a.num_heads, a.num_kv_heads, a.head_dim
+    if block_m is None:
+        group_pad = kernel_config(num_heads, num_kv_heads, head_dim).group_pad
+        block_m = choose_block_m(num_tokens, num_seqs, group_pad)
+    if num_stages is None:
+        num_stages = PIPELINED_STAGES if dtype in (torch.float16, torch.bfloat16) else 1
+    return kernel_config(
+        num_heads, num_kv_heads, head_dim, block_m=block_m, block_n=block_n,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+
+
+def _check_shapes(inputs: PluginInputs, a: KernelArguments) -> None:
+    """Check the inputs' shapes against each other and the head counts, and the scales."""
+    num_kv_heads, head_dim = a.num_kv_heads, a.head_dim
+    q, key_cache, block_tables = inputs.q, inputs.key_cache, inputs.block_tables
+    num_tokens, num_seqs = q.shape[0], inputs.seq_lens.shape[0]
+    cache_shape = (key_cache.shape[0], key_cache.shape[1], num_kv_heads, head_dim)
+    expected = {
+        "q": (q, (num_tokens, a.num_heads * head_dim)),
+        "k": (inputs.k, (num_tokens, num_kv_heads * head_dim)),
+        "v": (inputs.v, (num_tokens, num_kv_heads * head_dim)),
+        "key_cache": (key_cache, cache_shape),
+        "value_cache": (inputs.value_cache, cache_shape),
+        "query_start_loc": (inputs.query_start_loc, (num_seqs + 1,)),
+        "block_tables": (block_tables, (num_seqs, block_tables.shape[1])),
+        "slot_mapping": (inputs.slot_mapping, (num_tokens,)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
+    for name, value in (("scale", a.scale), ("k_scale", a.k_scale), ("v_scale", a.v_scale)):
+        if not 0.0 < float(value) < float("inf"):
+            raise ValueError(f"{name} must be a finite positive number, got {value}")
+
+
+def _launch(
+    inputs: PluginInputs,
+    a: KernelArguments,
+    config: KernelConfig,
+    cache_quant: str,
+    num_splits: int | None,
+    out: torch.Tensor,
+) -> None:
+    """Launch the main kernel (cache write, attention) and, for ``num_splits`` > 1, the
+    flash-decoding kernels, on checked non-empty inputs; writes ``out`` and the caches."""
     import triton
 
     from llmc.plugins.paged_attention.triton_kernel import paged_attention_kernel
 
+    q, key_cache, value_cache = inputs.q, inputs.key_cache, inputs.value_cache
+    num_tokens, num_seqs = q.shape[0], inputs.seq_lens.shape[0]
+    max_blocks = inputs.block_tables.shape[1]
     if num_splits is None:
         num_splits = 1  # the interpreter: one program at a time, a split only adds work
         if q.is_cuda:
             num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            max_context_len = block_tables.shape[1] * key_cache.shape[1]
-            num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, num_sms)
+            max_context_len = max_blocks * key_cache.shape[1]
+            num_splits = choose_num_splits(num_seqs, a.num_kv_heads, max_context_len, num_sms)
     constants = kernel_constants(
         config,
         **a._asdict(),
@@ -172,17 +218,16 @@ def paged_attention_triton(
         and not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
     )
     launch = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-    grid = config.grid(num_tokens, num_seqs, num_kv_heads)
+    grid = config.grid(num_tokens, num_seqs, a.num_kv_heads)
     if cache_quant == "fp8":  # the kernel reads and writes FP8 codes as bytes (same storage)
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
         inputs = inputs._replace(key_cache=key_cache, value_cache=value_cache)
     paged_attention_kernel[grid](
-        *inputs, num_seqs, block_tables.shape[1], out, key_cache, value_cache,
+        *inputs, num_seqs, max_blocks, out, key_cache, value_cache,
         C=constants, SPLIT_DECODE=num_splits > 1, **launch,
     )  # fmt: skip
     if num_splits > 1:
         _flash_decoding(inputs, num_splits, out, constants, launch)
-    return out
 
 
 def _flash_decoding(

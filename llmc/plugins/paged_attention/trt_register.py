@@ -65,10 +65,17 @@ def cuda_array_interface(
 
 def _register(trt, trtp) -> None:
     """Define and register the three plugin functions (their signatures are the QDP schema)."""
+    dtypes = _dtypes(trt)
+    _register_descriptor(trtp, dtypes)
+    _register_jit(trtp, dtypes)
+    _register_aot(trtp, dtypes)
+
+
+def _dtypes(trt) -> dict:
+    """TensorRT dtype -> (descriptor dtype name, torch dtype)."""
     import torch
 
-    # TensorRT dtype -> (descriptor dtype name, torch dtype)
-    dtypes = {
+    return {
         trt.float32: ("float32", torch.float32),
         trt.float16: ("float16", torch.float16),
         trt.bfloat16: ("bfloat16", torch.bfloat16),
@@ -77,17 +84,26 @@ def _register(trt, trtp) -> None:
         trt.int32: ("int32", torch.int32),
         trt.int64: ("int64", torch.int64),
     }
+
+
+class _Buffer:  # holds a __cuda_array_interface__ for torch.as_tensor
+    def __init__(self, interface: dict):
+        self.__cuda_array_interface__ = interface
+
+
+def _cuda(tensor, dtypes: dict):
+    """A zero-copy torch view of TensorRT's buffer ``tensor`` (a ``tensorrt.plugin.Tensor``)."""
+    import torch
+
+    dtype = dtypes[tensor.dtype][1]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    interface = cuda_array_interface(tensor.data_ptr, tensor.shape, tensor.strides, itemsize)
+    return torch.as_tensor(_Buffer(interface), device="cuda").view(dtype)
+
+
+def _register_descriptor(trtp, dtypes: dict) -> None:
+    """Register the descriptor: the outputs' dtypes and ranks, the caches aliased."""
     desc = trtp.TensorDesc
-
-    class _Buffer:  # holds a __cuda_array_interface__ for torch.as_tensor
-        def __init__(self, interface: dict):
-            self.__cuda_array_interface__ = interface
-
-    def cuda(tensor) -> torch.Tensor:  # a zero-copy torch view of TensorRT's buffer
-        dtype = dtypes[tensor.dtype][1]
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        interface = cuda_array_interface(tensor.data_ptr, tensor.shape, tensor.strides, itemsize)
-        return torch.as_tensor(_Buffer(interface), device="cuda").view(dtype)
 
     @trtp.register(PLUGIN_ID)
     def paged_attention_desc(
@@ -108,6 +124,14 @@ def _register(trt, trtp) -> None:
                          attributes)  # fmt: skip
         return q.like(), key_cache.aliased(), value_cache.aliased()
 
+
+def _register_jit(trtp, dtypes: dict) -> None:
+    """Register the JIT implementation: the Triton launcher on TensorRT's stream."""
+    import torch
+
+    def cuda(tensor) -> torch.Tensor:
+        return _cuda(tensor, dtypes)
+
     @trtp.impl(PLUGIN_ID)
     def paged_attention_impl(
         q, k, v, key_cache, value_cache, seq_lens, query_start_loc, block_tables, slot_mapping,
@@ -127,6 +151,10 @@ def _register(trt, trtp) -> None:
                 cuda(seq_lens), cuda(query_start_loc), cuda(block_tables), cuda(slot_mapping),
                 **a.kernel_arguments(), out=cuda(outputs[0]),
             )  # fmt: skip
+
+
+def _register_aot(trtp, dtypes: dict) -> None:
+    """Register the AOT implementation: PTX from ``trt_aot.py`` for the builder's GPU."""
 
     @trtp.aot_impl(PLUGIN_ID)
     def paged_attention_aot_impl(

@@ -87,6 +87,21 @@ def build_app(
     app.state.drain = drain
     install_error_handlers(app)
 
+    _add_routes(app, engine, model_name, serving, metrics, drain)
+    _add_middleware(app, drain, api_key, limits, retry_after_s, allowed_origins)
+    return app
+
+
+def _add_routes(
+    app: FastAPI,
+    engine: AsyncLLMEngine,
+    model_name: str,
+    serving: OpenAIServing,
+    metrics: ServerMetrics,
+    drain: Drain,
+) -> None:
+    """Add the OpenAI, tokenizer, health, readiness and metrics routes to ``app``."""
+
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _until_disconnect(request, serving.completion(body))
@@ -119,6 +134,16 @@ def build_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+
+def _add_middleware(
+    app: FastAPI,
+    drain: Drain,
+    api_key: str | None,
+    limits: RequestLimits,
+    retry_after_s: int,
+    allowed_origins: list[str] | None,
+) -> None:
+    """Add the middleware to ``app``, innermost first: the request gate, CORS, framing guard."""
     app.add_middleware(
         RequestGate,
         drain=drain,
@@ -134,7 +159,6 @@ def build_app(
             allow_headers=["*"],
         )
     app.add_middleware(FramingGuard)  # added last: outermost, before anything reads the request
-    return app
 
 
 async def _until_disconnect(request: Request, handler: Awaitable[Response]) -> Response:
