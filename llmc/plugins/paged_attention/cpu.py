@@ -290,6 +290,37 @@ def paged_attention_cpu(
             points outside the cache (checked by the kernel before it writes anything).
         RuntimeError: the kernel cannot be loaded or compiled (see :func:`load_library`).
     """
+    cache_dtype, out = _checked(inputs, a, out, fpmath_mode)
+    q, k, v = inputs.q, inputs.k, inputs.v
+    key_cache, value_cache = inputs.key_cache, inputs.value_cache
+    seq_lens, block_tables = inputs.seq_lens, inputs.block_tables
+    num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
+    num_blocks, block_size = key_cache.shape[:2]
+    if num_tokens == 0:
+        return out
+
+    status = load_library().paged_attention(
+        None,  # the kernel's own thread pool
+        q.ctypes.data, q.strides[0] // 4, k.ctypes.data, k.strides[0] // 4,
+        v.ctypes.data, v.strides[0] // 4, key_cache.ctypes.data, value_cache.ctypes.data,
+        num_blocks, block_size, seq_lens.ctypes.data, inputs.query_start_loc.ctypes.data,
+        block_tables.ctypes.data, block_tables.strides[0] // 4, block_tables.shape[1],
+        inputs.slot_mapping.ctypes.data, out.ctypes.data,
+        num_tokens, num_seqs, a.num_heads, a.num_kv_heads, a.head_dim,
+        # Why min(): a window longer than any context is no window, and must fit a C int.
+        a.scale, min(a.sliding_window or 0, 2**31 - 1), a.logit_softcap or 0.0,
+        cache_dtype, a.k_scale, a.v_scale, FPMATH_MODES.index(fpmath_mode),
+    )  # fmt: skip
+    if status != 0:
+        message = load_library().status_message(status).decode()
+        raise ValueError(f"bad attention metadata: {message}")
+    return out
+
+
+def _checked(inputs: PluginInputs, a: KernelArguments, out, fpmath_mode: str):
+    """Check ``paged_attention_cpu``'s arguments (dtypes, layouts, shapes, parameters) as its
+    Raises section says; returns (the caches' dtype code, ``out`` or a new [T, H*D] float32
+    array)."""
     num_heads, num_kv_heads, head_dim = a.num_heads, a.num_kv_heads, a.head_dim
     q, k, v = inputs.q, inputs.k, inputs.v
     key_cache, value_cache = inputs.key_cache, inputs.value_cache
@@ -340,22 +371,4 @@ def paged_attention_cpu(
     else:
         _check("out", out, np.float32, 2)
         _check_shape("out", out, (num_tokens, num_heads * head_dim))
-    if num_tokens == 0:
-        return out
-
-    status = load_library().paged_attention(
-        None,  # the kernel's own thread pool
-        q.ctypes.data, q.strides[0] // 4, k.ctypes.data, k.strides[0] // 4,
-        v.ctypes.data, v.strides[0] // 4, key_cache.ctypes.data, value_cache.ctypes.data,
-        num_blocks, block_size, seq_lens.ctypes.data, query_start_loc.ctypes.data,
-        block_tables.ctypes.data, block_tables.strides[0] // 4, block_tables.shape[1],
-        slot_mapping.ctypes.data, out.ctypes.data,
-        num_tokens, num_seqs, num_heads, num_kv_heads, head_dim,
-        # Why min(): a window longer than any context is no window, and must fit a C int.
-        a.scale, min(a.sliding_window or 0, 2**31 - 1), a.logit_softcap or 0.0,
-        cache_dtype, a.k_scale, a.v_scale, FPMATH_MODES.index(fpmath_mode),
-    )  # fmt: skip
-    if status != 0:
-        message = load_library().status_message(status).decode()
-        raise ValueError(f"bad attention metadata: {message}")
-    return out
+    return cache_dtype, out
