@@ -19,6 +19,7 @@ import hashlib
 import io
 import lzma
 import os
+import runpy
 import tarfile
 import urllib.request
 import warnings
@@ -28,55 +29,11 @@ from setuptools import Extension, setup
 
 ROOT = Path(__file__).parent
 PLUGINS = "llmc/plugins"
-# The attention kernel's C sources, relative to PLUGINS, compiled together into each library;
-# keep equal to cpu.py's _SOURCES.
-KERNEL_SOURCES = (
-    "paged_attention/paged_attention.c",
-    "paged_attention/check_metadata.c",
-    "paged_attention/kv_codes.c",
-    "paged_attention/decode.c",
-    "paged_attention/prefill_tiles.c",
-    "paged_attention/prefill_amx.c",
-    "paged_attention/thread_pool.c",
-)
-# The headers they include.
-KERNEL_HEADERS = (
-    "paged_attention/paged_attention.h",
-    "paged_attention/attention_parts.h",
-    "paged_attention/kv_codes.h",
-    "paged_attention/thread_pool.h",
-    "paged_attention/accumulate_avx2.h",
-    "paged_attention/prefill_softmax.h",
-    "simd_math.h",
-    "amx_tiles.h",
-)
-# Everything the ctypes kernel is built from, in the order cpu.py's _HASHED hashes it.
-KERNEL_HASHED = KERNEL_SOURCES + KERNEL_HEADERS
-# The custom-op library's C sources beyond the kernel's, and the headers they include.
-OP_OWN_SOURCES = (
-    "ort_custom_op.c",
-    "paged_attention/ort_op.c",
-    "int8_matmul/ort_matmul.c",
-    "int8_matmul/int8_matmul.c",
-    "int8_matmul/vnni.c",
-    "int8_matmul/amx.c",
-    "rms_norm/ort_rms_norm.c",
-    "qkv_rope/ort_qkv_rope.c",
-)
-OP_OWN_HEADERS = (
-    "ort_custom_op.h",
-    "int8_matmul/ort_matmul.h",
-    "int8_matmul/int8_matmul.h",
-    "int8_matmul/int8_matmul_internal.h",
-    "rms_norm/ort_rms_norm.h",
-    "rms_norm/rms_norm_row.h",
-    "qkv_rope/ort_qkv_rope.h",
-)
-OP_SOURCES = OP_OWN_SOURCES + KERNEL_SOURCES
-# Everything the custom-op library is built from, in the order ort_op.py's OP_SOURCES hashes it.
-OP_HASHED = OP_OWN_SOURCES + OP_OWN_HEADERS + KERNEL_HASHED
-# Keep equal to COMPILE_FLAGS in cpu.py.
-COMPILE_FLAGS = ["-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno"]
+# The lists of sources and headers: one definition, also read by the loaders (cpu.py, ort_op.py).
+_SOURCES = runpy.run_path(str(ROOT / PLUGINS / "sources.py"))
+KERNEL_SOURCES, KERNEL_HASHED = _SOURCES["KERNEL_SOURCES"], _SOURCES["KERNEL_HASHED"]
+OP_SOURCES, OP_HASHED = _SOURCES["OP_SOURCES"], _SOURCES["OP_HASHED"]
+COMPILE_FLAGS = list(_SOURCES["COMPILE_FLAGS"])
 
 
 def sha256_of(names: tuple[str, ...]) -> str:

@@ -24,39 +24,13 @@ import numpy as np
 
 from llmc.engine.kv_cache import NUMPY_DTYPES
 from llmc.engine.plugin import FPMATH_MODES, KernelArguments, PluginInputs, plugin_kernel
+from llmc.plugins.sources import COMPILE_FLAGS, KERNEL_HASHED, KERNEL_SOURCES
 
 _DIR = Path(__file__).parent
-#: The kernel's C sources (relative to ``llmc/plugins``), compiled together into one library:
-#: setup.py's KERNEL_SOURCES.
-_SOURCES = tuple(
-    _DIR.parent / name
-    for name in (
-        "paged_attention/paged_attention.c",
-        "paged_attention/check_metadata.c",
-        "paged_attention/kv_codes.c",
-        "paged_attention/decode.c",
-        "paged_attention/prefill_tiles.c",
-        "paged_attention/prefill_amx.c",
-        "paged_attention/thread_pool.c",
-    )
-)
-#: What the kernel is built from, in the order setup.py hashes it (its KERNEL_HASHED): the
-#: sources, then the headers they include.
-_HASHED = _SOURCES + tuple(
-    _DIR.parent / name
-    for name in (
-        "paged_attention/paged_attention.h",
-        "paged_attention/attention_parts.h",
-        "paged_attention/kv_codes.h",
-        "paged_attention/thread_pool.h",
-        "paged_attention/accumulate_avx2.h",
-        "paged_attention/prefill_softmax.h",
-        "simd_math.h",
-        "amx_tiles.h",
-    )
-)
-# Keep equal to the flags in setup.py (which cannot import this module: no numpy at build time).
-COMPILE_FLAGS = ("-O3", "-fopenmp-simd", "-pthread", "-march=native", "-fno-math-errno")
+#: The kernel's C sources, compiled together into one library (``llmc.plugins.sources``).
+_SOURCES = tuple(_DIR.parent / name for name in KERNEL_SOURCES)
+#: What the kernel is built from, in the order its digest hashes it: sources, then headers.
+_HASHED = tuple(_DIR.parent / name for name in KERNEL_HASHED)
 
 # The C kernel's PA_CACHE_* codes.
 _CACHE_DTYPE_CODES = {dtype: code for code, dtype in enumerate(NUMPY_DTYPES.values())}

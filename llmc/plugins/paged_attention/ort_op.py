@@ -14,46 +14,13 @@ import hashlib
 import warnings
 from pathlib import Path
 
+from llmc.plugins.sources import OP_HASHED
+
 _DIR = Path(__file__).parent
-#: The sources the library is built from (relative to ``llmc/plugins``), in the order
-#: ``setup.py`` hashes them (its ``OP_HASHED``): the ops' own sources and headers, then the
-#: attention kernel's (cpu.py's ``_HASHED``).
-OP_SOURCES = (
-    "ort_custom_op.c",
-    "paged_attention/ort_op.c",
-    "int8_matmul/ort_matmul.c",
-    "int8_matmul/int8_matmul.c",
-    "int8_matmul/vnni.c",
-    "int8_matmul/amx.c",
-    "rms_norm/ort_rms_norm.c",
-    "qkv_rope/ort_qkv_rope.c",
-    "ort_custom_op.h",
-    "int8_matmul/ort_matmul.h",
-    "int8_matmul/int8_matmul.h",
-    "int8_matmul/int8_matmul_internal.h",
-    "rms_norm/ort_rms_norm.h",
-    "rms_norm/rms_norm_row.h",
-    "qkv_rope/ort_qkv_rope.h",
-    "paged_attention/paged_attention.c",
-    "paged_attention/check_metadata.c",
-    "paged_attention/kv_codes.c",
-    "paged_attention/decode.c",
-    "paged_attention/prefill_tiles.c",
-    "paged_attention/prefill_amx.c",
-    "paged_attention/thread_pool.c",
-    "paged_attention/paged_attention.h",
-    "paged_attention/attention_parts.h",
-    "paged_attention/kv_codes.h",
-    "paged_attention/thread_pool.h",
-    "paged_attention/accumulate_avx2.h",
-    "paged_attention/prefill_softmax.h",
-    "simd_math.h",
-    "amx_tiles.h",
-)
 
 
 def _sources_sha256() -> str | None:
-    paths = [_DIR.parent / name for name in OP_SOURCES]
+    paths = [_DIR.parent / name for name in OP_HASHED]
     if not all(p.exists() for p in paths):
         return None
     return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()
