@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from llmc.errors import StepFailedError
+from llmc.runtime.engine_config import EngineConfig, engine_config_for
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
@@ -17,60 +17,15 @@ from llmc.runtime.runners.runner import Runner
 from llmc.runtime.runners.warmup import warmup_step
 from llmc.runtime.sampling.sampler import Sampler
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.scheduling.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from llmc.runtime.scheduling.scheduler import Scheduler, SchedulerOutput
 from llmc.runtime.scheduling.step_builder import build_step_inputs
 from llmc.runtime.sequence import Sequence
-from llmc.runtime.serving_defaults import default_decode_wait, default_step_tokens
 from llmc.runtime.spec_decode.rules import verify_greedy, verify_sampled
 from llmc.runtime.spec_decode.speculative_config import SpeculativeConfig
 from llmc.runtime.spec_decode.speculator import Speculator, load_speculator
 from llmc.runtime.stats import EngineStats
 from llmc.runtime.structured.grammar import GrammarState
 from llmc.runtime.structured.grammar_compiler import GrammarCompiler
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """How the engine serves one engine directory.
-
-    Attributes:
-        block_size: tokens per KV block; must equal the runner's.
-        num_blocks: KV blocks the scheduler may use; at most the runner's cache size.
-        max_model_len: longest sequence (prompt + output) in tokens; at most the engine's
-            ``max_seq_len``.
-        max_num_seqs: most requests in one step.
-        max_num_batched_tokens: most tokens in one step (prompt chunks + decodes).
-        max_num_forked_seqs: most running completions 1..n-1 of n > 1 requests, so a large-n
-            request cannot crowd out new ones; None: half of ``max_num_seqs`` (at least 1).
-        seed: seed of the sampler's generator for requests without a seed of their own; None
-            seeds it from the operating system.
-        enable_prefix_caching: reuse the KV blocks of earlier requests with the same prefix
-            (vLLM's automatic prefix caching); False computes every prompt from scratch.
-        max_decode_wait_steps: prefill-first scheduling, as `SchedulerConfig`; 0: decodes
-            first.
-    """
-
-    block_size: int
-    num_blocks: int
-    max_model_len: int
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
-    max_num_forked_seqs: int | None = None
-    seed: int | None = None
-    enable_prefix_caching: bool = True
-    max_decode_wait_steps: int = 0
-
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            max_model_len=self.max_model_len,
-            block_size=self.block_size,
-            num_blocks=self.num_blocks,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_forked_seqs=self.max_num_forked_seqs,
-            enable_prefix_caching=self.enable_prefix_caching,
-            max_decode_wait_steps=self.max_decode_wait_steps,
-        )
 
 
 class LLMEngine:
@@ -176,7 +131,7 @@ class LLMEngine:
             max_model_len=max_model_len,
             expected_manifest_sha256=expected_manifest_sha256,
         )
-        config = _engine_config(
+        config = engine_config_for(
             loaded,
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
@@ -390,33 +345,6 @@ class _RunnerFailed(Exception):
     a request, which is what a dead-man count may count."""
 
 
-def _engine_config(
-    loaded: LoadedEngine,
-    *,
-    max_model_len: int | None,
-    max_num_seqs: int | None,
-    max_num_batched_tokens: int | None,
-    max_num_forked_seqs: int | None,
-    max_decode_wait_steps: int | None,
-    enable_prefix_caching: bool,
-    seed: int | None,
-) -> EngineConfig:
-    """The `EngineConfig` of a loaded engine: its block size and pool, None limits from its
-    manifest (see `LLMEngine.from_engine_dir`)."""
-    manifest = loaded.manifest
-    return EngineConfig(
-        block_size=loaded.block_size,
-        num_blocks=loaded.runner.num_blocks,
-        max_model_len=_or(max_model_len, manifest.max_seq_len),
-        max_num_seqs=_or(max_num_seqs, manifest.max_batch),
-        max_num_batched_tokens=_or(max_num_batched_tokens, default_step_tokens(manifest)),
-        max_num_forked_seqs=max_num_forked_seqs,
-        max_decode_wait_steps=_or(max_decode_wait_steps, default_decode_wait(manifest)),
-        seed=seed,
-        enable_prefix_caching=enable_prefix_caching,
-    )
-
-
 def _load_speculator(
     speculative_config: SpeculativeConfig | None,
     path: str | Path,
@@ -435,7 +363,3 @@ def _load_speculator(
         config.max_num_batched_tokens,
         threads,
     )
-
-
-def _or(value: int | None, default: int) -> int:
-    return default if value is None else value

@@ -8,7 +8,8 @@ from transformers import AutoTokenizer
 
 from llmc.errors import StepFailedError
 from llmc.runtime.chat_template import ChatTemplateError
-from llmc.runtime.engine import EngineConfig, LLMEngine
+from llmc.runtime.engine import LLMEngine
+from llmc.runtime.engine_config import EngineConfig
 from llmc.runtime.errors import InvalidRequestError
 from llmc.runtime.llm import LLM
 from llmc.runtime.runners.step_inputs import StepInputs

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from llmc.errors import EngineConfigError, EngineError, StepFailedError
-from llmc.runtime.engine import EngineConfig, LLMEngine
+from llmc.runtime.engine import LLMEngine
+from llmc.runtime.engine_config import EngineConfig
 from llmc.runtime.sampling_params import SamplingParams
 from tests.runtime.test_engine import prompt_of, run
 

@@ -68,7 +68,8 @@ class EngineTextSampler(TextSampler):
 
     def sample(self, num_texts: int, max_new_tokens: int, seed: int) -> list[str]:
         """``num_texts`` texts of ``max_new_tokens`` tokens each, decoded."""
-        from llmc.runtime.engine import EngineConfig, LLMEngine
+        from llmc.runtime.engine import LLMEngine
+        from llmc.runtime.engine_config import EngineConfig
         from llmc.runtime.llm import LLM
         from llmc.runtime.runners.ort_runner import OrtRunner
         from llmc.runtime.sampling_params import SamplingParams
