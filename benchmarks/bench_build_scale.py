@@ -26,6 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
+#: ``llmc build``'s exit code for a portable stage written on a host that cannot finish it,
+#: and the stage's manifest (``llmc.engine.stage.STAGE_NAME``).
+STAGE_EXIT, STAGE_MANIFEST = 2, "stage.json"
+#: The size bar: a build's peak RSS at most its engine's bytes and this.
+BAR_EXTRA_BYTES = 2 << 30
+
+
 @dataclass
 class BuildRun:
     """One measured build."""
@@ -113,12 +120,16 @@ def measure(rung_dir: Path, quant: str, arch: str, out: Path, extra: list[str]) 
     cmd += ["--arch", arch, "-o", str(out), *extra]
     code, wall, peak, tail = run_build(cmd)
     run = BuildRun(rung_dir.name, quant, arch, params, ckpt_bytes, code, wall, peak)
-    if code != 0:
+    # A GPU target on a host without TensorRT and its GPU: the build writes the portable stage
+    # and exits 2 (TensorRTUnavailableError); the stage is what is measured.
+    staged = code == STAGE_EXIT and (out / STAGE_MANIFEST).is_file()
+    if code != 0 and not staged:
         run.error = tail
         return run
     run.engine_bytes = dir_bytes(out)
-    manifest = json.loads((out / "manifest.json").read_text())
-    run.stages = manifest.get("build_stats", {}).get("stages", {})
+    if not staged:
+        manifest = json.loads((out / "manifest.json").read_text())
+        run.stages = manifest.get("build_stats", {}).get("stages", {})
     return run
 
 
@@ -157,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = [a for a in args.build_args if a != "--"]
     runs = []
     print(f"host: {host_line()}")
-    print("| rung | params | quant | exit | wall s | peak RSS GB | engine GB | stages (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| rung | params | quant | exit | wall s | peak RSS GB | engine GB | bar GB | stages (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         for quant in args.quants.split(","):
             out = Path(args.work) / f"{name}-{args.arch}-{quant}"
@@ -166,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
             stages = ", ".join(f"{k} {v.get('wall_s', 0):.0f}" for k, v in run.stages.items())
             engine = f"{run.engine_bytes / 1e9:.2f}" if run.engine_bytes else "-"
+            bar = f"{(run.engine_bytes + BAR_EXTRA_BYTES) / 1e9:.2f}" if run.engine_bytes else "-"
             print(
                 f"| {name} | {run.parameters / 1e9:.2f}B | {quant} | {run.exit_code} | "
-                f"{run.wall_s:.0f} | {run.peak_rss_bytes / 1e9:.1f} | {engine} | "
+                f"{run.wall_s:.0f} | {run.peak_rss_bytes / 1e9:.2f} | {engine} | {bar} | "
                 f"{stages or run.error or ''} |",
                 flush=True,
             )
@@ -176,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(
             json.dumps({"host": host_line(), "runs": [asdict(r) for r in runs]}, indent=1)
         )
-    return 0 if all(r.exit_code == 0 for r in runs) else 1
+    return 0 if all(r.error is None for r in runs) else 1
 
 
 if __name__ == "__main__":
