@@ -25,7 +25,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
 #: ``llmc build``'s exit code for a portable stage written on a host that cannot finish it,
 #: and the stage's manifest (``llmc.engine.stage.STAGE_NAME``).
 STAGE_EXIT, STAGE_MANIFEST = 2, "stage.json"
@@ -168,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = [a for a in args.build_args if a != "--"]
     runs = []
     print(f"host: {host_line()}")
-    print("| rung | params | quant | exit | wall s | peak RSS GB | engine GB | bar GB | stages (s) |")
+    columns = "rung params quant exit wall_s peak_RSS_GB engine_GB bar_GB stages_(s)".split()
+    print("| " + " | ".join(c.replace("_", " ") for c in columns) + " |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         for quant in args.quants.split(","):
