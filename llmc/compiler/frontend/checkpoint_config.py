@@ -1,6 +1,6 @@
 """A checkpoint's config against its tensors, before the model is built from the config.
 
-The build makes the model from the config (``streaming_export.meta_model``, transformers'
+The build makes the model from the config (``streamed_export.meta_model``, transformers'
 ``from_pretrained``) and only then meets the weights: a config that says ``hidden_size:
 1000000000`` over 64-wide tensors would have torch allocate terabytes first. So the config's
 dimensions (``model_dims``) are checked here against the shapes in the checkpoint's headers,
@@ -10,7 +10,7 @@ Names are those transformers' Llama-family checkpoints have (Llama, Mistral, Qwe
 ``model.embed_tokens.weight``, ``model.layers.N.self_attn.q_proj.weight``, ...; shapes [out, in]),
 and llama.cpp's in a GGUF file (``token_embd.weight``, ``blk.N.*``; shapes [in, out], ggml's
 order). A tensor of another name (a fused ``qkv_proj``, experts) is left alone; a
-checkpoint of another family (none of these names) is sized by ``memory_plan`` alone.
+checkpoint of another family (none of these names) is sized by ``memory.plan`` alone.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 before any weight is.
 
 An HF checkpoint directory's config is ``config.json`` as transformers' ``AutoConfig`` reads it
-(the config ``from_pretrained`` and ``streaming_export.meta_model`` build the model from, its
+(the config ``from_pretrained`` and ``streamed_export.meta_model`` build the model from, its
 defaults filled in; a multimodal config's text model); a GGUF file's is its metadata, by
 llama.cpp's keys (``{arch}.embedding_length`` ..., ``gguf_file.check_gguf`` reads them), the
 vocabulary from the embedding's shape. ``checkpoint_config`` checks them against the tensors,
-``memory_plan`` sizes the model they describe, ``BuildConfig.for_model`` bounds
+``memory.plan`` sizes the model they describe, ``BuildConfig.for_model`` bounds
 ``--max-seq-len`` by ``max_position_embeddings``.
 """
 

@@ -1,5 +1,5 @@
 """What a build will hold, from the checkpoint's headers alone: the engine's weight bytes under a
-quantization spec, and the working set of one decoder layer (``memory_plan``).
+quantization spec, and the working set of one decoder layer (``memory.plan``).
 
 Per checkpoint tensor (safetensors names, or GGUF names): a 2-D weight of a decoder layer or the
 vocabulary projection is stored in the format its module gets (``--exclude``: float32;

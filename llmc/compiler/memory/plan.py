@@ -1,12 +1,12 @@
 """How a build uses host memory: stream the weights or load them, and what that will need.
 
-Two paths (``streaming_export``):
+Two paths (``streamed_export``):
 
 - **streamed** (safetensors or streamable GGUF; any target): the float graph is written without
   loading the model, its weights read from the checkpoint one tensor at a time; a quantized
   build then calibrates and quantizes one segment at a time, writing each quantized weight to
   disk as it is made, and holds the engine's weights only where it loads the engine (``cpu``:
-  to measure it); ``plan_memory`` gives the formula, ``engine_size`` the engine's bytes.
+  to measure it); ``plan_memory`` gives the formula, ``memory.engine_size`` the engine's bytes.
 - **in memory** (other GGUF architectures, FP8 emulation on cpu): the float32 model, its exported
   graph and the quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
@@ -51,7 +51,7 @@ class MemoryPlan:
         need_bytes: the expected peak RSS.
         in_flight_bytes: weights read and not yet written while the float graph is written.
         float32_weight_bytes: the checkpoint's weights in float32.
-        engine_weight_bytes: the engine's weights, estimated (``engine_size``).
+        engine_weight_bytes: the engine's weights, estimated (``memory.engine_size``).
         peak_stage: what sets ``need_bytes``.
     """
 

@@ -44,7 +44,7 @@ class LoadedModel:
     cache: CacheSpec  # num_layers, num_kv_heads, head_dim
     vocab_size: int
     generation: dict[str, Any]  # generation_config.json, every end-of-sequence id
-    streamed: MetaModel | None = None  # set: weights stay in the checkpoint (streaming_export)
+    streamed: MetaModel | None = None  # set: weights stay in the checkpoint (streamed_export)
 
     @property
     def tokenizer(self) -> Any:
@@ -66,7 +66,7 @@ def load(
     """Read the weights in float32: cpu engines keep float32 weights (bfloat16 is the
     provider's compute precision) and calibration runs the float32 graph on the CPU. When
     ``memory`` says the build streams, build the model on the meta device instead and leave
-    the weights in the checkpoint (``streaming_export``)."""
+    the weights in the checkpoint (``streamed_export``)."""
     meta = None
     with stage("load weights"):
         if memory is not None and memory.streamed:

@@ -2,7 +2,7 @@
 
 Every read of a safetensors checkpoint goes through here: ``model_source.resolve_model`` checks
 a checkpoint's files when it is resolved, and ``checkpoint_weights.index_safetensors`` (the
-streamed build's byte ranges, ``engine_size``'s shapes) reads its index from these headers. A
+streamed build's byte ranges, ``memory.engine_size``'s shapes) reads its index from these headers. A
 header is only metadata the file's writer chose: a hostile or damaged one can give two tensors
 the same bytes, ranges past the end of the file, a shape its bytes cannot hold, or a header
 length of terabytes. Each rule below is checked on the header alone (no tensor data is read) and

@@ -1,7 +1,7 @@
 """A float32 graph whose weights are stored in the checkpoint's 16-bit float type.
 
 A bfloat16 checkpoint's weights carry 16 bits of information each; the float graph of a streamed
-build (``streaming_export``) computes in float32, and written at float32 it would take twice the
+build (``streamed_export``) computes in float32, and written at float32 it would take twice the
 checkpoint's disk (14.4 GB for a 3B model, 282 GB for a 70B one) for nothing. So each such
 weight ``W`` is written as ``W::stored`` in the checkpoint's type, with a ``Cast`` to float32 in
 front of each node that reads it. The graph computes what the float32 graph computes (widening

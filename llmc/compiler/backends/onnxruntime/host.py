@@ -23,8 +23,8 @@ class CpuPlan:
     in the manifest), ``arch`` the machine ("x86_64", "aarch64"), ``layout`` the graph form and
     precision lowering writes for the dtype (the provider that runs it is measured later),
     ``bound_pairs`` whether int8 weight pairs stay within 128 (no VNNI here), ``block_int8``
-    whether 8-bit weight-only layers run on llmc's VNNI kernel (``int8_matmul_rewrite``), and
-    ``llmc_norms`` whether the single graph's RMS norms run on llmc's kernel (``norm_rewrite``;
+    whether 8-bit weight-only layers run on llmc's VNNI kernel (``rewrites.int8_matmul``), and
+    ``llmc_norms`` whether the single graph's RMS norms run on llmc's kernel (``rewrites.rms_norm``;
     the custom-op library is built), and ``attention_fpmath`` the PagedAttention nodes'
     ``fpmath_mode`` (``llmc.engine.plugin.FPMATH_ATTRIBUTE``): "bf16" for quantized and bf16
     builds, whose accuracy report measures what the kernel then computes (prefill on AMX-BF16

@@ -156,9 +156,9 @@ def lower_to_cpu(
     (e.g. MatMulNBits' accuracy level); ``external_data_dir`` is where the weights of a
     ``model`` holding external-data references are (a streamed build); ``block_int8`` puts
     ``llmc::BlockInt8MatMul`` in the single graph in place of 8-bit MatMulNBits
-    (``int8_matmul_rewrite``; the host must run it), and ``llmc_norms`` ``llmc::RMSNorm`` and
-    ``llmc::SkipRMSNorm`` in place of ORT's norm kernels (``norm_rewrite``), then
-    ``llmc::QKVRoPE`` in place of the q/k norm and rotary nodes (``qkv_rope_rewrite``) and
+    (``rewrites.int8_matmul``; the host must run it), and ``llmc_norms`` ``llmc::RMSNorm`` and
+    ``llmc::SkipRMSNorm`` in place of ORT's norm kernels (``rewrites.rms_norm``), then
+    ``llmc::QKVRoPE`` in place of the q/k norm and rotary nodes (``rewrites.qkv_rope``) and
     ``llmc::NormSkipRMSNorm`` for a sublayer's norm followed by the residual add and norm;
     ``attention_fpmath`` is written on every PagedAttention node as its ``fpmath_mode``
     (``llmc.engine.plugin.FPMATH_ATTRIBUTE``; "bf16": prefill on AMX-BF16 tiles). Returns

@@ -2,30 +2,26 @@
 
 The candidates follow the engine's dtype. float32 engines, quantized or not: the CPU EP (f32),
 the OpenVINO EP (f32) and, for quantized engines, the hybrid (the CPU EP for steps of few
-tokens, OpenVINO's runtime for large ones, ``llmc.runtime.runners.hybrid_runner``). Under ``auto``
-the
-two OpenVINO candidates are measured only when what they load (``OPENVINO_LOAD_FACTOR`` and
-``HYBRID_LOAD_FACTOR`` times the engine's bytes: OpenVINO decompresses 4- and 8-bit weights to
-float32) stays under the peak RSS the build already reached (on an Intel host, where the EP
-has a CPU device, loading a 2.3 GB 3B int4 engine in it holds 9.1 GB). bfloat16 engines: the
-OpenVINO EP (bf16) and OpenVINO's runtime on the segments (bf16;
+tokens, OpenVINO's runtime for large ones, ``llmc.runtime.runners.hybrid_runner``). Under
+``auto`` the two OpenVINO candidates are measured only when what they load
+(``OPENVINO_LOAD_FACTOR`` and ``HYBRID_LOAD_FACTOR`` times the engine's bytes: OpenVINO
+decompresses 4- and 8-bit weights to float32) stays under the peak RSS the build already reached
+(on an Intel host, where the EP has a CPU device, loading a 2.3 GB 3B int4 engine in it holds
+9.1 GB). bfloat16 engines: the OpenVINO EP (bf16) and OpenVINO's runtime on the segments (bf16;
 ``llmc.runtime.runners.openvino_runner``, it runs on AMD CPUs too), since the CPU EP has no bf16
-GEMM.
-The engine graph is lowered once, by dtype (``lower_cpu``), and every candidate runs that same
-graph: what is measured is what ships.
+GEMM. The engine graph is lowered once, by dtype (``lower.lower_to_cpu``), and every candidate
+runs that same graph: what is measured is what ships.
 
 For each candidate, ``select_provider`` records why it cannot run here (package missing, no CPU
 device, the graph does not load) or measures it: the engine through its runner
-(``llmc.runtime.runners.cpu_runner``), on the steps of ``provider_timing`` (decode at batch 1 and
-16, a
-128-token prefill; one warmup, median of 3). A candidate is rejected when its logits differ
-from the CPU EP's (f32) by more than ``TOLERANCE`` of its precision (``QUANTIZED_TOLERANCE`` for
-a quantized engine), relative to the logits' scale. Score: the geometric mean of its median
-step times in ms, so halving any one step's time counts the same. The lowest score wins,
-except that a later candidate must beat an earlier one by more than ``MARGIN`` (noise on this
-2-core host is about ±10%), so ties go to the CPU EP, which needs no plugin. On Gemma 3 270M
-this costs a few seconds per available candidate.
-"""
+(``llmc.runtime.runners.cpu_runner``), on the steps of ``provider_timing`` (decode at batch 1
+and 16, a 128-token prefill; one warmup, median of 3). A candidate is rejected when its logits
+differ from the CPU EP's (f32) by more than ``TOLERANCE`` of its precision
+(``QUANTIZED_TOLERANCE`` for a quantized engine), relative to the logits' scale. Score: the
+geometric mean of its median step times in ms, so halving any one step's time counts the same.
+The lowest score wins, except that a later candidate must beat an earlier one by more than
+``MARGIN`` (noise on this 2-core host is about ±10%), so ties go to the CPU EP, which needs no
+plugin. On Gemma 3 270M this costs a few seconds per available candidate."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Fuse the nodes between a decoder layer's QKV projection and its PagedAttention node into one
-``llmc::QKVRoPE`` (cpu engines' single graph, after ``norm_rewrite``).
+``llmc::QKVRoPE`` (cpu engines' single graph, after ``rewrites.rms_norm``).
 
 Gemma 3 normalizes each q and k head (q_norm, k_norm) before the rotary embedding; the
 optimized graph does it as ``Split`` of the fused projection's output, then per q and k
