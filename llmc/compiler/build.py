@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 
 from llmc.compiler.backends.onnxruntime.text_sampler import sampling_model
-from llmc.compiler.backends.protocol import BuildRecord, HostPlan, Reference
+from llmc.compiler.backends.protocol import BuildRecord, HostPlan
 from llmc.compiler.backends.registry import backend_for
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.memory.plan import MemoryPlan, plan_memory
@@ -25,7 +25,7 @@ from llmc.compiler.stages.export import export
 from llmc.compiler.stages.load import ResolvedModel, load, resolve
 from llmc.compiler.stages.progress import BuildProgress
 from llmc.compiler.stages.publish import publish_result
-from llmc.compiler.stages.quantize import CalibrationTexts, quantize, read_texts
+from llmc.compiler.stages.quantize import CalibrationTexts, Reference, quantize, read_texts
 from llmc.compiler.stages.result import BuildResult
 from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
 from llmc.engine.manifest import parse_manifest, read_manifest, write_manifest
@@ -68,9 +68,7 @@ def _build(config: BuildConfig, progress: BuildProgress | None) -> BuildResult:
         model = load(resolved, stage, memory)
         graph = export(model, config.export, stage, work, memory.in_flight_bytes, host.share_tied)
         reference = Reference(model, graph, texts, sampling_model(model, graph, texts, config))
-        engine_graph = quantize(
-            graph, model, config, texts, stage, host.bound_pairs, work, reference.sampler
-        )
+        engine_graph = quantize(reference, config, stage, host.bound_pairs, work)
         with staged_dir(out) as tmp:
             engine = backend.lower(engine_graph, tmp, config, host, stage, memory)
             report = backend.report(engine, reference, config, stage, _headroom(stats))

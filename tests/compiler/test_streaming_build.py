@@ -207,11 +207,11 @@ def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
     the float graph exported and quantized in memory."""
     from llmc.compiler.backends.onnxruntime.backend import OnnxRuntimeBackend
     from llmc.compiler.stages.progress import no_stage
-    from llmc.compiler.stages.quantize import quantize, read_texts
+    from llmc.compiler.stages.quantize import Reference, quantize, read_texts
 
     texts = read_texts(config)
     model = load(resolve(config.source))
-    graph = quantize(export(model, config.export), model, config, texts)
+    graph = quantize(Reference(model, export(model, config.export), texts), config)
     assert graph.weights_dir is None
     out.mkdir()
     backend = OnnxRuntimeBackend()

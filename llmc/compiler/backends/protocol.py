@@ -19,10 +19,9 @@ if TYPE_CHECKING:
     from llmc.compiler.config.build_config import BuildConfig
     from llmc.compiler.memory.plan import MemoryPlan
     from llmc.compiler.stages.build_stats import BuildStats
-    from llmc.compiler.stages.export import FloatGraph
     from llmc.compiler.stages.load import LoadedModel
     from llmc.compiler.stages.progress import Stage
-    from llmc.compiler.stages.quantize import CalibrationTexts, EngineGraph
+    from llmc.compiler.stages.quantize import EngineGraph, Reference
 
 
 @dataclass(frozen=True)
@@ -40,18 +39,6 @@ class HostPlan:
     engine_load_factor: float = 1.0
     share_tied: bool = False
     detail: Any = None
-
-
-@dataclass(frozen=True)
-class Reference:
-    """What a lowered engine is measured against: the loaded ``model``, its float ``graph``,
-    the build's texts (None: nothing is measured for accuracy) and the ``sampler`` that writes
-    calibration text where no file gives it (``text_sampler.sampling_model``)."""
-
-    model: LoadedModel
-    graph: FloatGraph
-    texts: CalibrationTexts | None
-    sampler: Any = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,19 @@ class CalibrationTexts:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """What the quantize stage calibrates and a lowered engine is measured against: the loaded
+    ``model``, its float ``graph``, the build's ``texts`` (None: nothing is calibrated or
+    measured for accuracy) and the ``sampler`` that writes text where no file gives it
+    (``text_sampler.sampling_model``; None: the loaded model)."""
+
+    model: LoadedModel
+    graph: FloatGraph
+    texts: CalibrationTexts | None
+    sampler: Any = None
+
+
+@dataclass(frozen=True)
 class EngineGraph:
     """The graph a target lowers: the float graph, or its Q/DQ rewrite with the report of what
     was quantized how (``quant_report``; None for ``--quant none``)."""
@@ -49,20 +62,17 @@ def read_texts(config: BuildConfig) -> CalibrationTexts | None:
 
 
 def quantize(
-    graph: FloatGraph,
-    model: LoadedModel,
+    reference: Reference,
     config: BuildConfig,
-    texts: CalibrationTexts | None,
     stage: Stage = no_stage,
     bound_pairs: bool = False,
     work_dir: Path | None = None,
-    sampler: Any = None,
 ) -> EngineGraph:
-    """``graph`` with Q/DQ nodes as ``config`` says (``graph`` itself for ``--quant none``);
-    ``texts`` from ``read_texts``. ``bound_pairs``: int8 weight pairs within 128 (cpu hosts
-    without VNNI, ``host.int8_bound_pairs``). A streamed ``graph`` is quantized into
-    ``work_dir``; ``sampler`` is the transformers model that samples calibration text
-    (``sampling_model``; default ``model.hf_model``)."""
+    """``reference.graph`` with Q/DQ nodes as ``config`` says (the graph itself for ``--quant
+    none``), calibrated on ``reference.texts`` (``read_texts``), text sampled by its sampler
+    (default: the loaded model). ``bound_pairs``: int8 weight pairs within 128 (cpu hosts
+    without VNNI, ``host.int8_bound_pairs``). A streamed graph is quantized into ``work_dir``."""
+    graph, model, texts = reference.graph, reference.model, reference.texts
     if not config.quantization.quantizes:
         return EngineGraph(graph.proto, graph.pass_report, weights_dir=graph.weights_dir)
     if texts is None:
@@ -71,7 +81,7 @@ def quantize(
     proto, report = qp.quantize(
         config,
         graph.proto,
-        model.hf_model if sampler is None else sampler,
+        model.hf_model if reference.sampler is None else reference.sampler,
         resolved.tokenizer,
         resolved.checkpoint_digest,
         texts.calibration,

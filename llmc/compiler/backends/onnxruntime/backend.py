@@ -21,13 +21,12 @@ from llmc.compiler.backends.protocol import (
     EngineReport,
     HostPlan,
     LoweredEngine,
-    Reference,
 )
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.memory.plan import MemoryPlan
 from llmc.compiler.quantize import pipeline as qp
 from llmc.compiler.stages.progress import Stage
-from llmc.compiler.stages.quantize import EngineGraph
+from llmc.compiler.stages.quantize import EngineGraph, Reference
 from llmc.runtime.runners.openvino_runner import OPENVINO_LOAD_FACTOR
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from llmc.compiler.backends.onnxruntime.accuracy import accuracy_report
 from llmc.compiler.backends.onnxruntime.provider_choice import ProviderSelection, select_provider
 from llmc.compiler.backends.onnxruntime.provider_timing import probe_steps
-from llmc.compiler.backends.protocol import EngineReport, LoweredEngine, Reference
+from llmc.compiler.backends.protocol import EngineReport, LoweredEngine
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.stages.progress import Stage, no_stage
+from llmc.compiler.stages.quantize import Reference
 from llmc.engine.provider import HYBRID, ProviderChoice
 from llmc.runtime.runners.hybrid_runner import MIN_OPENVINO_TOKENS
 

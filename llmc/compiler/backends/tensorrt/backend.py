@@ -28,7 +28,6 @@ from llmc.compiler.backends.protocol import (
     EngineReport,
     HostPlan,
     LoweredEngine,
-    Reference,
 )
 from llmc.compiler.backends.tensorrt import lint
 from llmc.compiler.backends.tensorrt.builder import check_hardware_compat
@@ -42,7 +41,7 @@ from llmc.compiler.memory.plan import MemoryPlan
 from llmc.compiler.quantize.qdq import QuantReport
 from llmc.compiler.stages.manifest import core_facts
 from llmc.compiler.stages.progress import Stage
-from llmc.compiler.stages.quantize import EngineGraph
+from llmc.compiler.stages.quantize import EngineGraph, Reference
 from llmc.compiler.stages.tokenizer import write_tokenizer_files
 from llmc.engine import stage as st
 from llmc.engine.gpu import missing_for_build
