@@ -114,6 +114,7 @@ def _running_server(
     allowed_origins: list[str] | None = None,
     limits: RequestLimits | None = None,
     shutdown_timeout_s: float | None = None,
+    grammar_compile_timeout: float = 10.0,
 ) -> Iterator[LiveServer]:
     """Serve ``engine`` as ``model_name`` until the block ends, then stop the server and the
     engine thread. The options are ``llmc serve``'s (``api_server.serve``); with
@@ -128,7 +129,10 @@ def _running_server(
     steps.set()
     _hook(engine, aborted, steps)
     async_engine = AsyncLLMEngine(
-        engine, max_waiting=max_waiting, max_consecutive_step_failures=max_consecutive_step_failures
+        engine,
+        max_waiting=max_waiting,
+        max_consecutive_step_failures=max_consecutive_step_failures,
+        grammar_compile_timeout=grammar_compile_timeout,
     )
     try:
         app = build_app(
@@ -168,7 +172,8 @@ ServerFactory = Callable[..., AbstractContextManager[LiveServer]]
 @pytest.fixture(scope="session")
 def running_server() -> ServerFactory:
     """``running_server(engine, model_name, *, max_waiting=64, max_consecutive_step_failures=3,
-    api_key=None, allowed_origins=None, limits=None, shutdown_timeout_s=None)``: a context
+    api_key=None, allowed_origins=None, limits=None, shutdown_timeout_s=None,
+    grammar_compile_timeout=10.0)``: a context
     manager serving ``engine`` (an `LLMEngine`) on 127.0.0.1; yields a `LiveServer`."""
     return _running_server
 
