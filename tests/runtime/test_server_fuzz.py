@@ -69,6 +69,8 @@ VOCAB_SIZE = 512  # the tiny models' vocabulary; ids past it are in the strategi
 # to the end of the context on 32 blocks, preempting one another) takes seconds on 2 busy
 # cores: a liveness bound, not a speed assertion.
 HANG_S = 60.0
+#: Events schemathesis reads of a stream before it stops: more than any stream here has.
+STREAM_EVENTS = 100_000
 JSON = {"content-type": "application/json"}
 MAX_N = RequestLimits().max_n  # n past it gets a 400
 SCHEMA_CHECKS = [not_a_server_error, negative_data_rejection]
@@ -116,6 +118,9 @@ def openapi_schema(base_url: str, model: str, api_key: str | None) -> schemathes
         raw["components"]["schemas"][name]["properties"]["model"] = {"enum": [model]}
     schema = schemathesis.openapi.from_dict(raw)
     schema.config.update(base_url=base_url, headers=headers, request_timeout=HANG_S)
+    # schemathesis stops reading an event stream after 20 events by default: read each to its
+    # end (or to HANG_S in total), so that a stream's own end is what is checked.
+    schema.config.max_stream_events = STREAM_EVENTS
     schema.config.output.sanitization.update(enabled=False)  # "max_tokens" is no secret
     return schema
 
@@ -879,6 +884,8 @@ def test_schema_fuzzing_gets_no_5xx_and_no_hang(case: schemathesis.Case) -> None
         response = case.call_and_validate(checks=SCHEMA_CHECKS, timeout=HANG_S)
     except requests.Timeout as exc:
         raise AssertionError(f"no answer in {HANG_S} s: {case.as_curl_command()}") from exc
+    if response.stream_cut_short:  # schemathesis stopped reading: HANG_S passed in total
+        raise AssertionError(f"no end of stream in {HANG_S} s: {case.as_curl_command()}")
     content_type = response.headers.get("content-type", [""])[0]  # schemathesis: name -> list
     problem = response_problem(response.status_code, content_type, response.text)
     assert problem is None, f"{problem}\n{case.as_curl_command()}"
