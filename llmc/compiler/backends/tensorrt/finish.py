@@ -53,6 +53,9 @@ class TensorRTUnavailableError(LlmcError):
 def unavailable(
     stage_dir: Path, arch: str, missing: list[str], written: bool = True
 ) -> TensorRTUnavailableError:
+    """The TensorRTUnavailableError of a stage at ``stage_dir`` (``written``: just written by
+    this build) that this host cannot finish for ``arch``, lacking ``missing``: it names the
+    ``llmc build --from`` command that finishes it on a GPU builder."""
     finish = shlex.join(["llmc", "build", "--from", str(stage_dir), "--arch", arch])
     done = "portable stage written to" if written else "portable stage"
     return TensorRTUnavailableError(
