@@ -50,7 +50,7 @@ class OnnxRuntimeBackend:
             bound_pairs=plan.bound_pairs,
             measures_engine=True,
             engine_load_factor=OPENVINO_LOAD_FACTOR if bf16 else 1.0,
-            share_tied=not config.quantization.quantizes,  # quantized: the projection is
+            share_tied=not config.quantization.quantizes,  # a quantized build quantizes it
             detail=plan,
         )
 
