@@ -146,23 +146,69 @@ def score_logits(
     that follows. With ``positions`` (per window, [L] int64 positions below T - 1), the logits
     are [L, V], those positions' rows, and only they are scored. Log-softmax is taken in
     float64, ``_ROWS_PER_CHUNK`` rows at a time. ``data`` is recorded as the text's origin.
-    Raises ValueError as ``check_windows``, or when the two logits of a window differ in
-    shape."""
+    Raises ValueError as ``score_logit_chunks``."""
+    chunks = (LogitsChunk(i, slice(0, None), ref, cand) for i, (ref, cand) in enumerate(logits))
+    return score_logit_chunks(chunks, windows, data, progress, positions)
+
+
+@dataclass(frozen=True)
+class LogitsChunk:
+    """Some rows of one window's (reference, candidate) logits.
+
+    Attributes:
+        window: the window's index.
+        rows: which of the window's logits rows these are (a slice of its positions, as
+            ``score_logits`` numbers them; ``slice(0, None)``: all).
+        reference, candidate: [R, V] float32 logits of those rows.
+    """
+
+    window: int
+    rows: slice
+    reference: np.ndarray
+    candidate: np.ndarray
+
+
+def score_logit_chunks(
+    chunks: Iterable[LogitsChunk],
+    windows: list[np.ndarray],
+    data: str,
+    progress: Callable[[int, int], None] | None = None,
+    positions: list[np.ndarray] | None = None,
+) -> AccuracyReport:
+    """``score_logits`` from windows' logits a few rows at a time (a layer-wise run's last
+    segment computes them so, ``LayerwiseRunner``'s ``logits_rows``): the same report,
+    without any window's [T, V] logits whole in memory. ``chunks`` come in window order, each
+    window's rows in order. ``progress(done, total)`` counts windows. Raises ValueError as
+    ``check_windows``, when a chunk's two logits differ in shape, or when a window has no
+    chunk or its chunks skip or repeat rows."""
     check_windows(windows)
     totals = np.zeros(4)  # reference NLL, candidate NLL, KL, top-1 agreements (sums over rows)
-    num_tokens = 0
-    for i, (window, (ref, cand)) in enumerate(zip(windows, logits, strict=True)):
-        t = int(window.shape[0])
+    num_tokens, current, next_row = 0, -1, 0
+    for chunk in chunks:
+        i, ref, cand = chunk.window, chunk.reference, chunk.candidate
         if ref.shape != cand.shape:
             raise ValueError(f"logits shapes differ: reference {ref.shape}, engine {cand.shape}")
-        rows = np.arange(t - 1) if positions is None else np.asarray(positions[i], np.int64)
-        targets = np.asarray(window, dtype=np.int64)[rows + 1]  # [rows]
+        if i != current:
+            if i != current + 1 or i >= len(windows):
+                raise ValueError(f"logits of window {i} after window {current}'s")
+            if current >= 0 and progress is not None:
+                progress(current + 1, len(windows))
+            current, next_row = i, 0
+        if (chunk.rows.start or 0) != next_row:
+            raise ValueError(f"window {i}'s rows start at {chunk.rows.start}, not {next_row}")
+        t = int(windows[i].shape[0])
+        scored = np.arange(t - 1) if positions is None else np.asarray(positions[i], np.int64)
+        rows = scored[next_row : next_row + ref.shape[0]]
+        next_row += ref.shape[0]
+        targets = np.asarray(windows[i], dtype=np.int64)[rows + 1]  # [rows]
         n = len(rows)
         totals += _window_sums(ref[:n], cand[:n], targets)
         num_tokens += n
-        del ref, cand  # [T, V] each: freed before the next window's pair is made
-        if progress is not None:
-            progress(i + 1, len(windows))
+        del ref, cand, chunk  # freed before the next chunk is made
+    if current != len(windows) - 1:
+        raise ValueError(f"logits of {current + 1} windows for {len(windows)} windows")
+    if progress is not None:
+        progress(len(windows), len(windows))
     nll_ref, nll, kl, agree = totals / num_tokens
     ppl_ref, ppl = math.exp(nll_ref), math.exp(nll)
     return AccuracyReport(

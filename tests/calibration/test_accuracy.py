@@ -147,3 +147,34 @@ def test_scoring_a_subset_of_positions_scores_those_rows():
     whole = score_logits([(ref, cand)], [window], "x")
     every = score_logits([(ref[:8], cand[:8])], [window], "x", positions=[np.arange(8)])
     assert every == whole
+
+
+def test_chunked_logits_score_as_whole_windows():
+    """Windows' logits given a few rows at a time (the layer-wise scorer's last segment) give
+    the whole windows' report; chunks that skip rows or leave a window out are refused."""
+    from llmc.calibration.accuracy import LogitsChunk, score_logit_chunks, score_logits
+
+    rng = np.random.default_rng(3)
+    windows = [rng.integers(0, 50, n) for n in (9, 5)]
+    pairs = []
+    for w in windows:
+        ref = rng.standard_normal((len(w), 50)).astype(np.float32)
+        pairs.append((ref, ref + 0.3 * rng.standard_normal(ref.shape).astype(np.float32)))
+    whole = score_logits(pairs, windows, "x")
+
+    def chunks(step):
+        for i, (ref, cand) in enumerate(pairs):
+            for s in range(0, len(ref), step):
+                yield LogitsChunk(i, slice(s, s + step), ref[s : s + step], cand[s : s + step])
+
+    for step in (1, 2, 4):
+        got = score_logit_chunks(chunks(step), windows, "x")
+        assert got.num_tokens == whole.num_tokens == 8 + 4
+        assert got.mean_kl == pytest.approx(whole.mean_kl, rel=1e-12)
+        assert got.perplexity == pytest.approx(whole.perplexity, rel=1e-12)
+        assert got.top1_agreement == whole.top1_agreement
+    skipping = [c for c in chunks(2) if c.rows.start != 2]
+    with pytest.raises(ValueError, match="start at 4, not 2"):
+        score_logit_chunks(skipping, windows, "x")
+    with pytest.raises(ValueError, match="of 1 windows for 2"):
+        score_logit_chunks([c for c in chunks(2) if c.window == 0], windows, "x")

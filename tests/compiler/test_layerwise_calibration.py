@@ -56,6 +56,36 @@ def test_layerwise_logits_equal_whole_graph(tiny):
         np.testing.assert_array_equal(got[i], want)
 
 
+@pytest.mark.parametrize("strided", [False, True])
+def test_logits_in_chunks_of_rows_are_the_whole_logits(tiny, strided):
+    """``logits_rows`` computes each window's logits a few positions per run of the last
+    segment: the chunks, in order, are the one-run logits (to float32 rounding: ONNX Runtime's
+    MatMul blocks its work by the number of rows)."""
+    proto, windows = tiny
+    positions = [np.arange(0, len(w) - 1, 3) for w in windows] if strided else None
+    probe = LayerwiseRunner(proto)
+    last, name = probe.num_segments - 1, probe.logits
+
+    def records(rows):
+        runner = LayerwiseRunner(proto, logits_rows=rows)
+        return [
+            o for o in runner.run(windows, logits_indices=positions)
+            if o.segment == last and o.window is not None
+        ]  # fmt: skip
+
+    whole = {o.window: o.tensors[name] for o in records(None)}
+    chunked = records(5)
+    for i, window in enumerate(windows):
+        mine = [o for o in chunked if o.window == i]
+        want = len(window) if positions is None else len(positions[i])
+        assert [o.rows.start for o in mine] == list(range(0, want, 5))
+        got = np.concatenate([o.tensors[name] for o in mine])
+        assert got.shape == whole[i].shape == (want, whole[i].shape[1])
+        np.testing.assert_allclose(got, whole[i], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="at least 1"):
+        LayerwiseRunner(proto, logits_rows=0)
+
+
 def test_engine_kernels_give_the_same_logits_without_packed_weights(tiny):
     """A float graph run with the engine's kernels without ONNX Runtime's packed copies of its
     weights (the accuracy scorer's reference run) computes the same logits, bit for bit."""

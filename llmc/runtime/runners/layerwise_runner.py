@@ -10,6 +10,12 @@ is one segment's weights plus ``windows x T x hidden`` activations, not the mode
 numbers are the same as ``OrtRunner.from_model``'s: the same segments (``split_at_plugins``),
 session options and attention kernel, fed the same tensors; each window is one prefill step
 (``single_prefill``) with its own KV cache of one layer.
+
+With ``logits_rows``, the last segment runs once per that many logits positions of a window (its
+layers after the last plugin recomputed each time), so a window's [T, V] logits are never whole
+in memory: at a 262,144-token vocabulary, 256 positions' float32 logits are 0.27 GB per copy, and
+ONNX Runtime holds several (the projection's output, the soft-capping's temporaries, the copy
+returned).
 """
 
 from __future__ import annotations
@@ -36,14 +42,18 @@ class SegmentOutputs:
         window: index of the window; None for the record that closes the segment (it has run
             over every window and its weights are released: statistics of its tensors are
             complete, and memory is free for quantizing them).
-        tensors: the ``extra_outputs`` this segment computes, and the logits [T, V] float32
+        tensors: the ``extra_outputs`` this segment computes, and the logits [L, V] float32
             under ``LayerwiseRunner.logits`` for the last segment (unless the runner computes
             none); by tensor name (empty in the closing record).
+        rows: for the last segment of a runner with ``logits_rows``, which of the window's
+            logits positions (a slice of its ``logits_indices``, or of 0..T-1) these logits
+            are: one record per chunk, in order. None: all of them (one record per window).
     """
 
     segment: int
     window: int | None
     tensors: dict[str, np.ndarray]
+    rows: slice | None = None
 
 
 class LayerwiseRunner:
@@ -68,8 +78,12 @@ class LayerwiseRunner:
             Q/DQ MatMuls fuse into the kernels an engine runs) with ``session_config``'s
             entries, instead of ORT_ENABLE_BASIC; for scoring quantized graphs as the engine
             would compute them.
+        logits_rows: compute a window's logits at most this many positions per run of the
+            last segment (records with ``rows``); None: all in one run. The last segment's
+            ``extra_outputs`` then come with every chunk (the same values).
 
-    Raises ValueError as ``split_at_plugins`` does (no plugin node, an unknown extra output).
+    Raises ValueError as ``split_at_plugins`` does (no plugin node, an unknown extra output),
+    or for ``logits_rows`` below 1.
     """
 
     def __init__(
@@ -82,7 +96,11 @@ class LayerwiseRunner:
         prepare: Callable[[Any, str], Any] | None = None,
         engine_kernels: bool = False,
         session_config: Mapping[str, str] | None = None,
+        logits_rows: int | None = None,
     ):
+        if logits_rows is not None and logits_rows < 1:
+            raise ValueError(f"logits_rows must be at least 1, got {logits_rows}")
+        self._logits_rows = logits_rows
         self._segments, self.plan = split_at_plugins(model, extra_outputs=extra_outputs)
         self._engine_kernels, self._session_config = engine_kernels, dict(session_config or {})
         self._prepare = prepare
@@ -177,20 +195,38 @@ class LayerwiseRunner:
             session = self._session(segment, i, opts, prepare) if outputs else None
             caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None
             for w, (step, env) in enumerate(zip(steps, envs, strict=True)):
-                if session is not None:
-                    outs = session.run(outputs, {n: env[n] for n in inputs})
+                for rows, outs in self._window_runs(session, inputs, outputs, env):
                     env.update(zip(outputs, outs, strict=True))
-                if caches is not None:
-                    env[plugins[i].output] = run_plugin(plugins[i], env, caches, step)
-                tensors = {n: env[n] for n in outputs if n in self._extra or n == self.logits}
-                yield SegmentOutputs(i, w, tensors)
-                del tensors
+                    del outs
+                    if caches is not None:
+                        env[plugins[i].output] = run_plugin(plugins[i], env, caches, step)
+                    tensors = {n: env[n] for n in outputs if n in self._extra or n == self.logits}
+                    yield SegmentOutputs(i, w, tensors, rows)
+                    del tensors
                 for name in [n for n in env if self._last_use.get(n, -1) <= i]:
                     del env[name]
             del session, caches
             if progress is not None:
                 progress(i + 1, self.num_segments)
             yield SegmentOutputs(i, None, {})
+
+    def _window_runs(self, session, inputs: list[str], outputs: list[str], env: dict):
+        """Yield (rows, the ``outputs``' values) of each run of ``session`` for one window
+        (its tensors in ``env``): one run with rows None, or with ``logits_rows`` and logits
+        among the outputs, one run per chunk of the window's ``logits_indices``."""
+        if session is None:
+            yield None, []
+            return
+        feed = {n: env[n] for n in inputs}
+        step = self._logits_rows
+        if step is None or self.logits not in outputs or "logits_indices" not in feed:
+            yield None, session.run(outputs, feed)
+            return
+        indices = feed["logits_indices"]
+        for start in range(0, len(indices), step):
+            feed["logits_indices"] = indices[start : start + step]
+            rows = slice(start, start + len(feed["logits_indices"]))
+            yield rows, session.run(outputs, feed)
 
     def _session(self, segment, i: int, opts, prepare=None):
         import onnxruntime as ort

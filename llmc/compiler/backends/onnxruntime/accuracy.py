@@ -38,7 +38,7 @@ def accuracy_report(
     import tempfile
 
     from llmc.calibration.accuracy import check_windows, score_logits
-    from llmc.compiler.quantize.search.assignment_eval import spill_logits
+    from llmc.compiler.quantize.search.assignment_eval import LOGITS_ROWS, spill_logits
     from llmc.runtime.runners.cpu_runner import cpu_runner
     from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
     from llmc.runtime.runners.step_inputs import single_prefill
@@ -51,6 +51,7 @@ def accuracy_report(
         threads=threads,
         external_data_dir=external_data_dir,
         prepare=segment_widener(external_data_dir),
+        logits_rows=LOGITS_ROWS,
     )
     with tempfile.TemporaryFile(dir=external_data_dir) as spill:
         shapes = spill_logits(ref, windows, spill, progress)

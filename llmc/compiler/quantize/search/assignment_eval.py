@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from llmc.calibration.accuracy import AccuracyReport, score_logits
+from llmc.calibration.accuracy import AccuracyReport, LogitsChunk, score_logit_chunks
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.matmul_targets import find_targets
 from llmc.compiler.quantize.qdq import UniqueNames, drop_dead, write_linear
@@ -35,6 +35,11 @@ from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
 
 Assignment = tuple[tuple[str, str], ...]
+#: Logits positions per run of the last segment when scoring (``LayerwiseRunner``'s
+#: ``logits_rows``): [64, 262,144] float32 is 67 MB a copy, where a whole 256-token window's
+#: logits are 0.27 GB, several times over in ONNX Runtime (Gemma 3 270M's held-out scoring
+#: peaked 0.6 GB over its size bar so); the last segment's layers run T/64 times instead of once.
+LOGITS_ROWS = 64
 Prepare = Callable[[onnx.ModelProto, str], onnx.ModelProto]
 
 
@@ -98,7 +103,7 @@ class AssignmentScorer:
     def score(self, assignment: Assignment, which: str) -> AccuracyReport:
         """The accuracy report of the float graph with ``assignment``'s (module, format) pairs
         quantized ("none" stays float), on window set ``which``, against the float graph."""
-        spill, shapes = self._reference(which)
+        spill, _ = self._reference(which)
         runner = self._runner()
         windows = self.windows[which]
         positions = self._positions(which)
@@ -106,15 +111,16 @@ class AssignmentScorer:
         self.runs += 1
         prepare = self._quantizing(assignment)
 
-        def pairs():
+        def chunks():
             spill.seek(0)
             for out in runner.run(windows, logits_indices=positions, prepare=prepare):
                 if out.segment == last and out.window is not None:
-                    shape = shapes[out.window]
-                    want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
-                    yield want, out.tensors[runner.logits]
+                    got = out.tensors[runner.logits]
+                    want = np.fromfile(spill, np.float32, got.size).reshape(got.shape)
+                    rows = out.rows or slice(0, None)
+                    yield LogitsChunk(out.window, rows, want, got)
 
-        report = score_logits(pairs(), windows, self.labels[which], positions=positions)
+        report = score_logit_chunks(chunks(), windows, self.labels[which], positions=positions)
         release_freed_memory()  # a scoring's logits and sessions, before the next one
         return report
 
@@ -138,6 +144,7 @@ class AssignmentScorer:
                 prepare=self.prepare,
                 engine_kernels=True,
                 session_config=self.session_config,
+                logits_rows=LOGITS_ROWS,
             )
         return self._layerwise
 
@@ -209,15 +216,17 @@ def quantize_segment(
 def spill_logits(
     runner, windows: list[np.ndarray], spill, progress, logits_indices=None, prepacking=True
 ) -> list[tuple[int, int]]:
-    """Write the logits [T, V] float32 of each window, run by ``runner`` (a
-    ``LayerwiseRunner``), to the binary file ``spill`` in window order; return their shapes.
-    No window's logits outlive this call. ``logits_indices``, ``prepacking``: as
-    ``LayerwiseRunner.run``'s."""
-    shapes = []
+    """Write the logits [L, V] float32 of each window, run by ``runner`` (a
+    ``LayerwiseRunner``, its logits whole or in chunks of rows), to the binary file ``spill``
+    in window order, each window's rows in order; return their shapes. No window's logits
+    outlive this call. ``logits_indices``, ``prepacking``: as ``LayerwiseRunner.run``'s."""
+    rows = [0] * len(windows)
+    vocab = 0
     last = runner.num_segments - 1
     for out in runner.run(windows, progress, logits_indices, prepacking=prepacking):
         if out.segment == last and out.window is not None:
             logits = np.ascontiguousarray(out.tensors[runner.logits], np.float32)
             spill.write(memoryview(logits).cast("B"))
-            shapes.append(logits.shape)
-    return shapes
+            rows[out.window] += logits.shape[0]
+            vocab = logits.shape[1]
+    return [(n, vocab) for n in rows]
