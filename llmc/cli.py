@@ -49,6 +49,7 @@ def _help(cls, name: str) -> str:
 
 
 def _run_build(args: argparse.Namespace) -> int:
+    from llmc.compiler.backends.registry import backend_for
     from llmc.compiler.build import build
     from llmc.compiler.config.build_config import BuildConfig
     from llmc.compiler.stages.progress import BuildProgress
@@ -57,7 +58,10 @@ def _run_build(args: argparse.Namespace) -> int:
     cli = {k: v for k, v in vars(args).items() if k not in skip}
     if args.from_stage is not None:
         from llmc.compiler.backends.tensorrt.finish import finish_stage
+        from llmc.engine.stage import read_stage
 
+        target = read_stage(args.from_stage, verify=False).target
+        print(backend_for(target).why(target), file=sys.stderr)
         with BuildProgress() as progress:
             result = finish_stage(args.from_stage, cli, progress.stage)
         print(f"engine: {result.engine_dir}")
@@ -68,6 +72,7 @@ def _run_build(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
         return 0
+    print(backend_for(config.target.arch).why(config.target.arch), file=sys.stderr)
     with BuildProgress() as progress:
         result = build(config, progress)
     print(result.format())

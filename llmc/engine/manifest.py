@@ -85,7 +85,7 @@ class EngineManifest(ManifestCore):
     format_version: int = FORMAT_VERSION
     isa: list[str]  # canonical ISA features the engine needs (cpu targets), see llmc.engine.isa
     arch: str  # machine architecture: "x86_64" or "aarch64"
-    backend: str  # "onnxruntime" | "tensorrt"
+    backend: str  # "onnxruntime" | "tensorrt" | "tensorrt-rtx"
     backend_version: str
     execution_provider: str  # e.g. "CPUExecutionProvider"
     execution_precision: str = "f32"  # compute precision asked of the provider: "f32" | "bf16"

@@ -91,6 +91,10 @@ class Backend(Protocol):
         """Whether this backend builds ``--arch`` ``arch`` ("cpu", "sm89", ...)."""
         ...
 
+    def why(self, arch: str) -> str:
+        """One line: which backend builds ``arch`` and why (the CLI prints it)."""
+        ...
+
     def plan_host(self, config: BuildConfig) -> HostPlan:
         """What this host needs for ``config``; raises BuildConfigError (or the backend's own
         error) for a build it cannot make, before any weight is read."""

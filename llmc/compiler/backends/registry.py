@@ -5,11 +5,13 @@ from __future__ import annotations
 from llmc.compiler.backends.onnxruntime.backend import OnnxRuntimeBackend
 from llmc.compiler.backends.protocol import Backend
 from llmc.compiler.backends.tensorrt.backend import TensorRTBackend
+from llmc.compiler.backends.tensorrt.rtx_backend import TensorRTRtxBackend
 from llmc.errors import BuildConfigError
 
 BACKENDS: dict[str, Backend] = {
     "onnxruntime": OnnxRuntimeBackend(),
     "tensorrt": TensorRTBackend(),
+    "tensorrt-rtx": TensorRTRtxBackend(),
 }
 
 

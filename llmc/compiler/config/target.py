@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from llmc.compiler.config.option import check_at_least, check_choices, option
 from llmc.engine import targets as tg
 from llmc.engine.targets.cpu import CPU
+from llmc.engine.targets.sm import SM_BACKENDS
 from llmc.errors import BuildConfigError
 
 # The target axis is the registry's (llmc.engine.targets): a new target is a module there.
 CPU_TARGET = CPU.name
-GPU_TARGETS = tg.target_names("tensorrt")
+GPU_TARGETS = tg.target_names(*SM_BACKENDS)
 TARGETS = tg.target_names()
 # TensorRT IBuilderConfig.hardware_compatibility_level and builder_optimization_level values.
 HARDWARE_COMPAT = ("none", "ampere+", "same-cc")

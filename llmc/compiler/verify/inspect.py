@@ -17,6 +17,7 @@ from llmc.compiler.backends.onnxruntime.provider_choice import ProviderSelection
 from llmc.compiler.backends.tensorrt.lint import LintReport, lint_file
 from llmc.engine import stage as st
 from llmc.engine.manifest import read_manifest
+from llmc.engine.targets.sm import SM_BACKENDS
 from llmc.errors import EngineNotFoundError
 
 
@@ -87,7 +88,7 @@ def inspect_path(path: str | Path, target: str | None = None) -> Inspection:
         m = read_manifest(p)
         facts = {k: getattr(m, k) for k in _FACTS} | {"backend": m.backend}
         facts["backend_version"] = m.backend_version
-        if m.backend != "tensorrt":
+        if m.backend not in SM_BACKENDS:
             facts["execution_provider"] = f"{m.execution_provider} {m.execution_precision}"
             return Inspection(str(p), "cpu-engine", facts, provider_selection=m.provider_selection)
         trt = m.tensorrt or {}

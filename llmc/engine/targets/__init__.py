@@ -55,9 +55,7 @@ def target(name: str, targets: Mapping[str, Target] = TARGETS) -> Target:
     return found
 
 
-def target_names(
-    backend: str | None = None, targets: Mapping[str, Target] = TARGETS
-) -> tuple[str, ...]:
-    """The names of ``targets`` in registry order, only those of ``backend`` when given
-    ("onnxruntime", "tensorrt")."""
-    return tuple(n for n, t in targets.items() if backend is None or t.backend == backend)
+def target_names(*backends: str, targets: Mapping[str, Target] = TARGETS) -> tuple[str, ...]:
+    """The names of ``targets`` in registry order, only those of ``backends`` when given
+    ("onnxruntime", "tensorrt", "tensorrt-rtx")."""
+    return tuple(n for n, t in targets.items() if not backends or t.backend in backends)

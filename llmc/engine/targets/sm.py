@@ -6,21 +6,28 @@ a new GPU architecture is one row. A build writes a TensorRT plan (through the p
 FP8 E4M3 needs sm89 or newer, FP4 E2M1 (NVFP4) sm100 or newer (DESIGN §5; TensorRT's support
 matrix).
 
-A host runs an sm engine when it has a GPU of the plan's compute capability (any sm80+ GPU for a
-plan built with hardware compatibility "ampere+") and exactly the TensorRT major.minor.patch
-that built it: plans load only on the TensorRT that built them (TensorRT's "Version tag does not
-match"). Both are checked without importing ``tensorrt`` (``llmc.engine.gpu``).
+The plan's builder is the target's ``backend``: TensorRT for RTX ("tensorrt-rtx") for the
+architectures it targets (``tensorrt_rtx.RTX_ARCHES``: sm86, sm89, sm120; its builder runs on a
+CPU), TensorRT 11 ("tensorrt") for the rest. A host runs an sm engine when it has a GPU of the
+plan's compute capability (any sm80+ GPU for a plan built with hardware compatibility
+"ampere+") and exactly the major.minor.patch of the TensorRT (or TensorRT for RTX) that built
+it: plans load only on the release that built them (TensorRT's "Version tag does not match").
+Both are checked without importing either (``llmc.engine.gpu``, ``llmc.engine.tensorrt_rtx``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmc.engine import tensorrt_rtx as rtx
 from llmc.engine.gpu import GpuInfo, detect_gpus, missing_for_build, tensorrt_version
 from llmc.engine.manifest import EngineManifest
 from llmc.errors import EngineMismatchError
 
 BACKEND = "tensorrt"
+RTX_BACKEND = "tensorrt-rtx"
+#: The backends of sm targets.
+SM_BACKENDS = (BACKEND, RTX_BACKEND)
 
 #: (arch, compute capability, FP8 tensor cores, FP4 tensor cores), oldest first.
 SM_TABLE: tuple[tuple[str, tuple[int, int], bool, bool], ...] = (
@@ -64,20 +71,29 @@ class SmTarget:
         return "{}.{}".format(*self.capability)
 
     def check_runs_here(self, manifest: EngineManifest) -> None:
-        """``check_gpu_host`` against this host's CUDA devices and installed TensorRT.
+        """``check_gpu_host`` against this host's CUDA devices and installed TensorRT (or
+        TensorRT for RTX: its bindings' version, and its libraries).
 
         Raises:
             EngineMismatchError: says what differs and what to run it on or install.
         """
-        check_gpu_host(manifest, detect_gpus(), tensorrt_version())
+        if self.backend == RTX_BACKEND:
+            check_gpu_host(manifest, detect_gpus(), rtx.runtime_version())
+        else:
+            check_gpu_host(manifest, detect_gpus(), tensorrt_version())
 
     def missing_for_build(self) -> list[str]:
-        """The ``tensorrt`` module and a GPU of this compute capability, when absent
+        """What this host lacks to build this target's plan: TensorRT for RTX's packages, or
+        the ``tensorrt`` module and a GPU of this compute capability
         (``llmc.engine.gpu.missing_for_build``)."""
+        if self.backend == RTX_BACKEND:
+            return rtx.missing_for_build(self.name)
         return missing_for_build(self.name)
 
 
-SM_TARGETS = tuple(SmTarget(*row) for row in SM_TABLE)
+SM_TARGETS = tuple(
+    SmTarget(*row, backend=RTX_BACKEND if row[0] in rtx.RTX_ARCHES else BACKEND) for row in SM_TABLE
+)
 _BY_NAME = {t.name: t for t in SM_TARGETS}
 
 
@@ -125,6 +141,12 @@ def check_gpu_host(
         )
     built = manifest.backend_version
     needed = ".".join(release(built))
+    if trt_version is None and manifest.backend == RTX_BACKEND:
+        raise EngineMismatchError(
+            f"engine is a TensorRT for RTX {built} plan but TensorRT for RTX is not installed "
+            f"(its bindings and libraries); pip install {rtx.BINDINGS_DIST}=={needed}.* "
+            f"{rtx.LIBRARIES_DIST}"
+        )
     if trt_version is None:
         raise EngineMismatchError(
             f"engine is a TensorRT {built} plan but the tensorrt package is not installed; "

@@ -23,6 +23,7 @@ from llmc.engine.manifest import (
     verify_files,
 )
 from llmc.engine.targets import target
+from llmc.engine.targets.sm import SM_BACKENDS
 from llmc.errors import EngineConfigError, EngineCorruptError, EngineError, EngineNotFoundError
 from llmc.runtime.runners.cpu_runner import cpu_runner
 from llmc.runtime.runners.runner import Runner
@@ -137,7 +138,7 @@ def load_engine(
     check_engine_files(manifest, engine_dir, hash_files=verify_digests)
     from transformers import AutoTokenizer
 
-    if target(manifest.target).backend == "tensorrt":
+    if target(manifest.target).backend in SM_BACKENDS:
         from llmc.runtime.runners.trt_runner import TrtRunner  # imports torch
 
         runner = TrtRunner(engine_dir, manifest, num_blocks=blocks)
@@ -166,7 +167,7 @@ def check_engine_files(manifest: EngineManifest, engine_dir: Path, hash_files: b
     """
     todo = damaged_hint(manifest)
     verify_files(manifest, engine_dir, hash_files)
-    if manifest.backend == "tensorrt":
+    if manifest.backend in SM_BACKENDS:
         where = engine_dir / MANIFEST_NAME
         named = [(manifest.tensorrt or {}).get("plan", "engine.plan")]
         confine(engine_dir, named[0], f"{where} (tensorrt.plan)", todo)

@@ -1,4 +1,5 @@
-"""The TensorRT runner of GPU engines (DESIGN §6-7). NEVER RUN: no machine of ours has a GPU.
+"""The TensorRT runner of GPU engines, TensorRT 11's and TensorRT for RTX's (DESIGN §6-7).
+NEVER RUN: no machine of ours has a GPU either targets (TensorRT for RTX: sm86, sm89, sm120).
 
 Only the host check (``llmc.engine.host.check_gpu_host``, run before anything is deserialized
 or ``tensorrt`` is imported) is tested here; ``TrtRunner`` is written against TensorRT's
@@ -39,12 +40,40 @@ from llmc.engine.graph import STEP_INPUTS
 from llmc.engine.host import check_gpu_host, check_tensorrt_version, release
 from llmc.engine.kv_cache import kv_cache_dtype_of
 from llmc.engine.manifest import EngineManifest
+from llmc.engine.targets.sm import BACKEND, RTX_BACKEND
+from llmc.engine.tensorrt_rtx import runtime_version as installed_rtx_version
 from llmc.errors import EngineCorruptError, EngineError
 from llmc.plugins.paged_attention.trt_plugin import aliased_output_name
 from llmc.plugins.paged_attention.trt_register import register
 from llmc.runtime.runners.step_inputs import StepInputs
 
 log = logging.getLogger(__name__)
+
+
+def _installed_version(manifest: EngineManifest) -> str | None:
+    """The installed release of the engine's builder (TensorRT, or TensorRT for RTX with its
+    libraries), None when absent; checked without importing it."""
+    if manifest.backend == RTX_BACKEND:
+        return installed_rtx_version()
+    return installed_tensorrt_version()
+
+
+def _tensorrt(manifest: EngineManifest):
+    """(the TensorRT module of the engine's builder, the plugin registration to keep alive):
+    ``tensorrt`` with the QDP plugin, or ``tensorrt_rtx_bindings`` (its libraries loaded by
+    importing their package first) with the ``IPluginV3`` creator."""
+    if manifest.backend == RTX_BACKEND:
+        import onnxruntime_ep_nv_tensorrt_rtx  # noqa: F401  (loads the libraries)
+        import tensorrt_rtx_bindings as trt
+
+        from llmc.plugins.paged_attention import trt_v3
+
+        return trt, trt_v3.register(trt)
+    import tensorrt as trt
+
+    register()
+    return trt, None
+
 
 #: TensorRT releases whose AOT plugins leak a CUDA module per shape change (NVIDIA/TensorRT#4849).
 _AOT_LEAK_VERSIONS = ((11, 1, 0), (11, 2, 1))
@@ -64,11 +93,11 @@ class TrtRunner:
     """
 
     def __init__(self, engine_dir: str | Path, manifest: EngineManifest, num_blocks: int):
-        gpu = check_gpu_host(
-            manifest, detect_gpus(), installed_tensorrt_version()
-        )  # before anything is deserialized or imported
-        import tensorrt as trt
+        # Before anything is deserialized or imported.
+        gpu = check_gpu_host(manifest, detect_gpus(), _installed_version(manifest))
         import torch
+
+        trt, self._creator = _tensorrt(manifest)
 
         engine_dir = Path(engine_dir)
         record = manifest.tensorrt or {}
@@ -81,13 +110,13 @@ class TrtRunner:
             )
         check_tensorrt_version(manifest.backend_version, trt.__version__)  # the module itself
         first, last = _AOT_LEAK_VERSIONS
-        if first <= tuple(int(x) for x in release(trt.__version__)) <= last:
+        leaky = first <= tuple(int(x) for x in release(trt.__version__)) <= last
+        if manifest.backend == BACKEND and leaky:
             log.warning(
                 "TensorRT %s leaks a CUDA module per input-shape change of an AOT plugin "
                 "(NVIDIA/TensorRT#4849): GPU memory grows while serving; use another release",
                 trt.__version__,
             )
-        register()
         self.device = torch.device("cuda", gpu.index)
         torch.cuda.set_device(self.device)  # TensorRT deserializes onto the current device
         self._logger = trt.Logger(trt.Logger.WARNING)

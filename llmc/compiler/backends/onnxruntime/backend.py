@@ -40,6 +40,10 @@ class OnnxRuntimeBackend:
         """The cpu target only."""
         return arch == "cpu"
 
+    def why(self, arch: str) -> str:
+        """The cpu target's line."""
+        return f"{arch}: backend {self.name} (this host's ISA, run by ONNX Runtime)"
+
     def plan_host(self, config: BuildConfig) -> HostPlan:
         """The ``CpuPlan`` of this host (``host.plan_cpu``); raises BuildConfigError for an
         execution provider or dtype this host cannot run."""

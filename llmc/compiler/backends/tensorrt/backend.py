@@ -8,8 +8,10 @@ calibration statistics. A streamed build's graph is lowered without reading its 
 held in memory (GGUF architectures converted whole) is lowered and linted in memory. Both write
 the same stage, bit for bit (``tests/compiler/test_trt_stage_streamed.py``).
 
-``finish`` builds the plan where this host has TensorRT and a GPU of the target (``finish``);
-elsewhere the build stops after the stage with ``TensorRTUnavailableError``. Nothing is
+``finish`` builds the plan with the target's builder (``flavour``: TensorRT for RTX for sm86,
+sm89 and sm120 on any host with its libraries; TensorRT 11 for the rest, where this host has it
+and a GPU of the target); elsewhere the build stops after the stage with
+``TensorRTUnavailableError``. Nothing is
 measured on the stage: accuracy is an engine's, and the plan is built where it runs.
 """
 
@@ -33,6 +35,7 @@ from llmc.compiler.backends.tensorrt import lint
 from llmc.compiler.backends.tensorrt.builder import check_hardware_compat
 from llmc.compiler.backends.tensorrt.engine_dir import write_engine
 from llmc.compiler.backends.tensorrt.finish import unavailable
+from llmc.compiler.backends.tensorrt.flavour import TENSORRT, PlanFlavour
 from llmc.compiler.backends.tensorrt.lower import lower_for_tensorrt, lower_streamed
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.config.calibration import CalibrationOptions
@@ -44,7 +47,7 @@ from llmc.compiler.stages.progress import Stage
 from llmc.compiler.stages.quantize import EngineGraph, Reference
 from llmc.compiler.stages.tokenizer import write_tokenizer_files
 from llmc.engine import stage as st
-from llmc.engine.gpu import missing_for_build
+from llmc.engine.targets import TARGETS
 
 
 @dataclass(frozen=True)
@@ -57,20 +60,27 @@ class StageLowering:
 
 
 class TensorRTBackend:
-    """``--arch sm*``: the portable stage here, the TensorRT plan on a GPU builder."""
+    """``--arch sm*`` of TensorRT 11 (sm80, sm90, sm100): the portable stage here, the plan on
+    a GPU builder."""
 
     name = "tensorrt"
     supports_draft = False
+    flavour: PlanFlavour = TENSORRT
 
     def accepts(self, arch: str) -> bool:
-        """The ``sm*`` targets."""
-        return arch.startswith("sm")
+        """The ``sm*`` targets whose backend (``llmc.engine.targets``) is this one."""
+        known = TARGETS.get(arch)
+        return known is not None and known.backend == self.name
+
+    def why(self, arch: str) -> str:
+        """Why ``arch`` is built by this backend (the CLI says it)."""
+        return f"{arch}: backend {self.name} ({self.flavour.why})"
 
     def plan_host(self, config: BuildConfig) -> HostPlan:
         """Refuse a hardware-compatibility level the plugin's kernel cannot honour (before the
         slow part, not after it); ``detail``: what this host lacks to build the plan."""
         check_hardware_compat(config.target.hardware_compat)
-        return HostPlan(detail=missing_for_build(config.target.arch))
+        return HostPlan(detail=self.flavour.missing(config.target.arch))
 
     def output_dir(self, config: BuildConfig, model_id: str, host: HostPlan) -> Path:
         """The stage directory: beside the engine (``.stage``) when this host finishes it,

@@ -212,7 +212,8 @@ def build_plan(
     timing_cache: str | None = None,
     tick=None,
 ) -> dict:
-    """Parse ``onnx_path``, build with ``profile`` and write the plan to ``plan_path``.
+    """Parse ``onnx_path``, build with ``profile`` with TensorRT 11 and write the plan to
+    ``plan_path``.
 
     Returns what the engine manifest records under ``tensorrt``. Raises TensorRTBuildError
     (parser or builder errors), KeyboardInterrupt when Ctrl-C cancelled the build.
@@ -223,44 +224,60 @@ def build_plan(
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
     trt_register.register()
-    builder = trt.Builder(logger)
-    flags = 0
+    level = HARDWARE_COMPAT_LEVELS[hardware_compat]
+
+    def configure(config) -> None:
+        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
+
     # STRONGLY_TYPED: ignored by 11.0+, required by 10.x. PREFER_AOT_PYTHON_PLUGINS: the AOT
     # implementation for a plugin node without an "aot" attribute (importerUtils.cpp,
     # createPlugin; tensorrt/plugin/_lib.py raises when both exist and nothing chooses).
-    for name in ("STRONGLY_TYPED", "PREFER_AOT_PYTHON_PLUGINS"):
+    flags = ("STRONGLY_TYPED", "PREFER_AOT_PYTHON_PLUGINS")
+    request = PlanRequest(onnx_path, plan_path, profile, builder_opt_level, timing_cache)
+    record = build_network_plan(trt, logger, flags, configure, request, tick)
+    return record | {"hardware_compatibility": hardware_compat, "plugin_implementation": "aot"}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """One plan to build: the stage's graph, where the plan goes, the optimization profile,
+    the builder's optimization level (0-5) and the timing cache file (None: none)."""
+
+    onnx_path: Path
+    plan_path: Path
+    profile: dict[str, ShapeRange]
+    builder_opt_level: int = 3
+    timing_cache: str | None = None
+
+
+def build_network_plan(trt, logger, flag_names, configure, request: PlanRequest, tick=None):
+    """The build every TensorRT flavour shares, on module ``trt`` (``tensorrt`` or
+    ``tensorrt_rtx_bindings``, whose plugin creators are registered already): parse the
+    graph into a network made with the ``flag_names`` this module has, ``configure(config)``
+    the target, build with the request's profile, preview features and timing cache, write
+    the plan. Returns the manifest record's common part. Raises TensorRTBuildError,
+    KeyboardInterrupt (Ctrl-C cancelled the build)."""
+    builder = trt.Builder(logger)
+    flags = 0
+    for name in flag_names:
         flag = getattr(trt.NetworkDefinitionCreationFlag, name, None)
         if flag is not None:
             flags |= 1 << int(flag)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
+    onnx_path = request.onnx_path
     if not parser.parse_from_file(str(onnx_path)):
         errors = "\n  ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise TensorRTBuildError(f"TensorRT's ONNX parser rejected {onnx_path}:\n  {errors}")
     config = builder.create_builder_config()
-    config.builder_optimization_level = builder_opt_level
-    level = HARDWARE_COMPAT_LEVELS[hardware_compat]
-    config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
+    config.builder_optimization_level = request.builder_opt_level
+    configure(config)
     # NvInferRuntime.h v11.1, IPluginV3OneBuildV2::getAliasedInput: "only be called and have an
     # effect when PreviewFeature::kALIASED_PLUGIN_IO_10_03 is turned on".
     config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
-    cache_path = Path(timing_cache) if timing_cache else None
-    blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
-    # NvInfer.h, IBuilderConfig::setTimingCache: "true if set successfully" (false: the cache
-    # was written for another device or TensorRT version and ignoreMismatch is false).
-    if not config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False):
-        raise TensorRTBuildError(
-            f"TensorRT refused the timing cache {cache_path} (written on another GPU or "
-            "TensorRT version); delete it or give --timing-cache a new path"
-        )
-    trt_profile = builder.create_optimization_profile()
-    for i in range(network.num_inputs):
-        name = network.get_input(i).name
-        if name not in profile:
-            raise TensorRTBuildError(f"network input {name!r} has no optimization profile")
-        shapes = profile[name]
-        trt_profile.set_shape(name, shapes.min, shapes.opt, shapes.max)
-    config.add_optimization_profile(trt_profile)
+    cache_path = Path(request.timing_cache) if request.timing_cache else None
+    _set_timing_cache(config, cache_path)
+    config.add_optimization_profile(_trt_profile(builder, network, request.profile))
     phases = BuildPhases(tick)
     monitor = _monitor_class(trt)(phases)
     config.progress_monitor = monitor
@@ -269,15 +286,37 @@ def build_plan(
         if phases.cancelled:
             raise KeyboardInterrupt("TensorRT build cancelled")
         raise TensorRTBuildError("TensorRT's builder failed; its log above says why")
-    plan_path.write_bytes(bytes(plan))
+    request.plan_path.write_bytes(bytes(plan))
     if cache_path is not None:
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
     return {
         "version": trt.__version__,
-        "plan": plan_path.name,
-        "builder_optimization_level": builder_opt_level,
-        "hardware_compatibility": hardware_compat,
+        "plan": request.plan_path.name,
+        "builder_optimization_level": request.builder_opt_level,
         "preview_features": ["ALIASED_PLUGIN_IO_10_03"],
-        "plugin_implementation": "aot",
-        "profiles": [{name: asdict(r) for name, r in profile.items()}],
+        "profiles": [{name: asdict(r) for name, r in request.profile.items()}],
     }
+
+
+def _set_timing_cache(config, cache_path: Path | None) -> None:
+    """Give ``config`` the timing cache at ``cache_path`` (empty when absent or None)."""
+    blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
+    # NvInfer.h, IBuilderConfig::setTimingCache: "true if set successfully" (false: the cache
+    # was written for another device or TensorRT version and ignoreMismatch is false).
+    if not config.set_timing_cache(config.create_timing_cache(blob), ignore_mismatch=False):
+        raise TensorRTBuildError(
+            f"TensorRT refused the timing cache {cache_path} (written on another GPU or "
+            "TensorRT version); delete it or give --timing-cache a new path"
+        )
+
+
+def _trt_profile(builder, network, profile: dict[str, ShapeRange]):
+    """The network's one optimization profile: ``profile``'s shapes for every input."""
+    trt_profile = builder.create_optimization_profile()
+    for i in range(network.num_inputs):
+        name = network.get_input(i).name
+        if name not in profile:
+            raise TensorRTBuildError(f"network input {name!r} has no optimization profile")
+        shapes = profile[name]
+        trt_profile.set_shape(name, shapes.min, shapes.opt, shapes.max)
+    return trt_profile

@@ -1,10 +1,12 @@
-"""Write a TensorRT engine directory from a checked portable stage (NEVER RUN: needs a GPU).
+"""Write a TensorRT engine directory from a checked portable stage, with the target's builder
+(``flavour.flavour_for``: TensorRT for RTX on any host, TensorRT 11 on a GPU of the target,
+never run: no machine of ours has one it targets).
 
 Layout: ``engine.plan`` (the serialized TensorRT engine), ``manifest.json`` (``EngineManifest``
-with ``backend`` "tensorrt" and a ``tensorrt`` record: TensorRT and CUDA versions, the builder
-GPU's compute capability, builder options, optimization profiles, plugin versions, lint
-summary), ``tokenizer/`` and ``generation_config.json`` copied from the stage. Written into a
-temporary sibling directory and renamed into place, like the CPU build.
+with ``backend`` "tensorrt" or "tensorrt-rtx" and a ``tensorrt`` record: the builder and its
+version, the compute capability, where it was built, builder options, optimization profiles,
+lint summary), ``tokenizer/`` and ``generation_config.json`` copied from the stage. Written into
+a temporary sibling directory and renamed into place, like the CPU build.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import platform
 import shutil
 from pathlib import Path
 
-from llmc.compiler.backends.tensorrt.builder import PLAN_FILE, build_plan, optimization_profile
+from llmc.compiler.backends.tensorrt.builder import PLAN_FILE, PlanRequest, optimization_profile
+from llmc.compiler.backends.tensorrt.flavour import flavour_for
 from llmc.compiler.backends.tensorrt.lint import LintReport
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine import manifest as mf
-from llmc.engine.gpu import arch_capability, detect_gpus
 from llmc.engine.manifest import shared_facts
 from llmc.engine.stage import MODEL_FILE, StageManifest
 from llmc.engine.staged_dir import staged_dir
@@ -29,12 +31,11 @@ def write_engine(
     stage_dir: Path, m: StageManifest, config: BuildConfig, lint_report: LintReport, stage
 ) -> Path:
     """Build the plan of stage ``m`` (a ``StageManifest``) at ``stage_dir`` with ``config``'s
-    limits and TensorRT options; returns the engine directory. Raises what ``build_plan``
-    raises."""
-    import torch  # here: its CUDA version is recorded, and this path runs only on a GPU host
-
+    limits and TensorRT options, on the target's builder; returns the engine directory. Raises
+    what the builder raises (TensorRTBuildError)."""
     out = config.output_dir(m.model_id)
     limits, target = config.export, config.target
+    flavour = flavour_for(m.target)
     profile = optimization_profile(
         m.num_kv_heads,
         m.head_dim,
@@ -45,22 +46,17 @@ def write_engine(
         limits.max_seq_len,
     )
     with staged_dir(out) as tmp:
-        with stage(f"TensorRT build ({m.target})") as tick:
-            record = build_plan(
-                stage_dir / MODEL_FILE,
-                tmp / PLAN_FILE,
-                profile,
-                builder_opt_level=target.builder_opt_level,
-                hardware_compat=target.hardware_compat,
-                timing_cache=target.timing_cache,
-                tick=tick,
-            )
-        gpu = next(g for g in detect_gpus() if g.capability == arch_capability(m.target))
-        record |= {
-            "cuda_version": torch.version.cuda,
-            "compute_capability": f"{gpu.capability[0]}.{gpu.capability[1]}",
-            "builder_gpu": gpu.name,
-            "lint": lint_report.to_dict() | {"findings": lint_report.to_dict()["findings"][:50]},
+        request = PlanRequest(
+            stage_dir / MODEL_FILE,
+            tmp / PLAN_FILE,
+            profile,
+            target.builder_opt_level,
+            target.timing_cache,
+        )
+        with stage(f"{flavour.builder} build ({m.target})") as tick:
+            record = flavour.build(request, target, tick)
+        record["lint"] = lint_report.to_dict() | {
+            "findings": lint_report.to_dict()["findings"][:50]
         }
         shutil.copytree(stage_dir / "tokenizer", tmp / "tokenizer")
         shutil.copyfile(stage_dir / "generation_config.json", tmp / "generation_config.json")
@@ -75,9 +71,9 @@ def write_engine(
             **facts,
             isa=[],
             arch=platform.machine(),
-            backend="tensorrt",
+            backend=flavour.backend,
             backend_version=record["version"],
-            execution_provider="TensorRT",
+            execution_provider=record["builder"],
             execution_precision=_PRECISION[m.dtype],
             files=mf.file_digests(tmp),
             tensorrt=record,

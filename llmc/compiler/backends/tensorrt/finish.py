@@ -19,12 +19,12 @@ from pathlib import Path
 from llmc.compiler.backends.tensorrt import lint
 from llmc.compiler.backends.tensorrt.builder import check_hardware_compat
 from llmc.compiler.backends.tensorrt.engine_dir import write_engine
+from llmc.compiler.backends.tensorrt.flavour import flavour_for
 from llmc.compiler.config.build_config import BuildConfig, flatten_options
 from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.compiler.stages.publish import publish_result
 from llmc.compiler.stages.result import BuildResult
 from llmc.engine import stage as st
-from llmc.engine.gpu import missing_for_build
 from llmc.errors import BuildConfigError, LlmcError
 
 #: Options ``--from`` may set: the target (must match), serving limits (they only shape the
@@ -58,10 +58,11 @@ def unavailable(
     ``llmc build --from`` command that finishes it on a GPU builder."""
     finish = shlex.join(["llmc", "build", "--from", str(stage_dir), "--arch", arch])
     done = "portable stage written to" if written else "portable stage"
+    flavour = flavour_for(arch)
     return TensorRTUnavailableError(
         f"{done} {stage_dir} (TensorRT lint passed), but this host cannot "
-        f"build the TensorRT plan for {arch}: missing {' and '.join(missing)}. Finish it on a "
-        f"GPU builder with: {finish}"
+        f"build the {flavour.builder} plan for {arch}: missing {' and '.join(missing)}. "
+        f"Finish it on {flavour.finish_host} with: {finish}"
     )
 
 
@@ -91,7 +92,7 @@ def finish_stage(stage_dir: str | Path, requested: dict, stage: Stage = no_stage
     with stage("TensorRT lint"):
         report = lint.lint_file(stage_dir / st.MODEL_FILE, m.target)
         lint.raise_on_errors(report, f"stage {stage_dir}")
-    missing = missing_for_build(m.target)
+    missing = flavour_for(m.target).missing(m.target)
     if missing:
         raise unavailable(stage_dir, m.target, missing, written=False)
 
