@@ -18,7 +18,8 @@ def test_every_target_has_exactly_one_backend():
         accepting = [name for name, backend in BACKENDS.items() if backend.accepts(arch)]
         assert len(accepting) == 1, (arch, accepting)
     assert backend_for("cpu").name == "onnxruntime"
-    assert backend_for("sm89").name == "tensorrt"
+    assert backend_for("sm90").name == "tensorrt"
+    assert backend_for("sm89").name == "tensorrt-rtx"
 
 
 def test_an_unknown_target_has_no_backend():

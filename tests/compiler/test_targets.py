@@ -57,7 +57,10 @@ class DummyTarget:
 def test_registry_holds_cpu_then_each_gpu_arch():
     assert tuple(TARGETS) == ("cpu", *GPU_ARCHS)
     assert target_names("onnxruntime") == ("cpu",)
-    assert target_names("tensorrt") == GPU_ARCHS
+    assert target_names("tensorrt", "tensorrt-rtx") == GPU_ARCHS
+    # TensorRT for RTX builds the architectures it targets; TensorRT 11 the data-center ones.
+    assert target_names("tensorrt-rtx") == ("sm86", "sm89", "sm120")
+    assert target_names("tensorrt") == ("sm80", "sm90", "sm100")
     assert all(isinstance(t, Target) and TARGETS[name] is t for name, t in TARGETS.items())
     assert target("cpu") is CPU
     assert (CPU.backend, CPU.dtypes, CPU.default_dtype) == (
@@ -75,7 +78,7 @@ def test_registry_holds_cpu_then_each_gpu_arch():
     for name in GPU_ARCHS:
         t = target(name)
         assert (t.backend, t.dtypes, t.default_dtype) == (
-            "tensorrt",
+            "tensorrt-rtx" if name in ("sm86", "sm89", "sm120") else "tensorrt",
             ("bfloat16", "float16", "float32"),
             "bfloat16",
         )

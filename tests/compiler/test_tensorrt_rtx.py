@@ -41,7 +41,10 @@ MATRIX = [
     ("sm89", "int8", []),
     ("sm89", "int4", []),
     ("sm89", "fp8", ["--kv-cache-dtype", "fp8"]),
-    ("sm120", "fp8", []),
+    ("sm120", "none", []),
+    ("sm120", "int8", []),
+    ("sm120", "int4", []),
+    ("sm120", "fp8", ["--kv-cache-dtype", "fp8"]),
     ("sm120", "nvfp4", []),
     ("sm120", "mxfp8", []),
 ]
@@ -100,19 +103,29 @@ def test_build_writes_a_tensorrt_rtx_plan(inputs, tmp_path, family, arch, quant,
     assert plan.count(b"llmc") >= m.num_layers  # the creator's namespace, per record
 
 
-@pytest.fixture(scope="module")
-def fp8_stage(inputs, tmp_path_factory):
-    """A tiny Gemma 3 sm89 fp8 stage, written as on a host without TensorRT for RTX (only the
-    host's answer is replaced: the stage, lint and files are the real ones)."""
-    out = tmp_path_factory.mktemp("stage") / "stage"
+def _stage(inputs, out: Path, arch: str, quant: str) -> Path:
+    """A tiny Gemma 3 stage, written as on a host without TensorRT for RTX (only the host's
+    answer is replaced: the stage, lint and files are the real ones)."""
     absent = replace(TENSORRT_RTX, missing=lambda arch: ["TensorRT for RTX (absent here)"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(TensorRTRtxBackend, "flavour", absent)
-        code, err = _build(inputs, "gemma3", "sm89", "fp8", [], out)
+        code, err = _build(inputs, "gemma3", arch, quant, [], out)
     assert code == 2, err[-3000:]
     assert "portable stage written to" in err and "a host with TensorRT for RTX" in err
-    assert f"llmc build --from {out} --arch sm89" in err
+    assert f"llmc build --from {out} --arch {arch}" in err
     return out
+
+
+@pytest.fixture(scope="module")
+def fp8_stage(inputs, tmp_path_factory):
+    """A tiny Gemma 3 sm89 fp8 stage."""
+    return _stage(inputs, tmp_path_factory.mktemp("stage") / "stage", "sm89", "fp8")
+
+
+@pytest.fixture(scope="module")
+def nvfp4_stage(inputs, tmp_path_factory):
+    """A tiny Gemma 3 sm120 nvfp4 stage."""
+    return _stage(inputs, tmp_path_factory.mktemp("stage") / "stage", "sm120", "nvfp4")
 
 
 def test_from_stage_builds_the_plan(fp8_stage, tmp_path):
@@ -126,17 +139,30 @@ def test_from_stage_builds_the_plan(fp8_stage, tmp_path):
     assert plugin_layers((out / "engine.plan").read_bytes()) == list(range(m.num_layers))
 
 
-@pytest.mark.parametrize(("arch", "dtype_name"), [("sm86", "fp8_e4m3")])
-def test_builder_refuses_fp8_where_the_lint_does(fp8_stage, tmp_path, arch, dtype_name):
-    """An fp8 graph for sm86: NVIDIA's builder refuses it, and so does llmc's lint (the rule
-    whose source is that message)."""
-    m = st.read_stage(fp8_stage)
-    request = PlanRequest(fp8_stage / st.MODEL_FILE, tmp_path / "x.plan", _profile(m))
-    with pytest.raises(TensorRTBuildError, match=f"Cannot compile for target.*{arch}"):
-        build_plan_rtx(request, arch)
+@pytest.mark.parametrize(
+    ("stage", "arch", "datatype", "lint_message"),
+    [
+        ("fp8_stage", "sm86", "fp8_e4m3", "FP8 needs sm89 or newer; target is sm86"),
+        ("nvfp4_stage", "sm89", "fp4_e2m1", "FP4 needs sm100 or newer; target is sm89"),
+    ],
+)
+def test_builder_refuses_what_the_lint_refuses(
+    request, tmp_path, stage, arch, datatype, lint_message
+):
+    """A graph with a datatype the target's tensor cores lack: NVIDIA's builder refuses it, and
+    so does llmc's lint (the rule whose source is that message), before any builder runs."""
+    stage_dir = request.getfixturevalue(stage)
+    m = st.read_stage(stage_dir)
+    plan = PlanRequest(stage_dir / st.MODEL_FILE, tmp_path / "x.plan", _profile(m))
+    refusal = (
+        f"Cannot compile for target.s. {arch}, because the model contains HW-specific "
+        f"datatypes: .*{datatype}"
+    )
+    with pytest.raises(TensorRTBuildError, match=refusal):
+        build_plan_rtx(plan, arch)
     assert not (tmp_path / "x.plan").exists()
-    report = lint.lint_file(fp8_stage / st.MODEL_FILE, arch)
-    assert any("FP8 needs sm89" in f.message for f in report.errors)
+    report = lint.lint_file(stage_dir / st.MODEL_FILE, arch)
+    assert lint_message in {f.message for f in report.errors}
 
 
 def test_a_plan_for_a_target_it_does_not_build_is_refused(fp8_stage, tmp_path):

@@ -71,6 +71,9 @@ def check_qdq(view, target: str | None) -> list:
             # TensorRT's Quantize operator: input and scale are both of type T1
             out.append(err("qdq", f"input is {x} but scale {n.input[1]!r} is {scale}"))
         out += _check_zero_point(view, n, err)
+        # TensorRT for RTX 1.7's builder (tests/compiler/test_tensorrt_rtx.py): "Cannot compile
+        # for target(s) sm86, because the model contains HW-specific datatypes: fp8_e4m3", and
+        # "... sm89, because ... fp4_e2m1".
         arch_needed = {"FP8": FP8_ARCHS, "FP4": FP4_ARCHS}.get(qtype)
         if target is not None and arch_needed and target not in arch_needed:
             out.append(err("qdq", f"{qtype} needs {arch_needed[0]} or newer; target is {target}"))
