@@ -6,7 +6,12 @@ operator reference:
 
 - ``trt`` ops: only those onnx-tensorrt imports natively that llmc writes (``TRT_OPS``); any
   other would be looked up as a plugin, and none is registered;
-- all of them, on Blackwell targets only (``BLOCK_SCALED_ARCHS``: FP4 and MX tensor cores);
+- all of them, on Blackwell targets only (``BLOCK_SCALED_ARCHS``: FP4 and MX tensor cores).
+  For FP4 this is the builder's own rule (TensorRT for RTX 1.7 at sm89: "Cannot compile for
+  target(s) sm89, because the model contains HW-specific datatypes: fp4_e2m1"); for MXFP8 it is
+  llmc's: the same builder builds an MXFP8 graph for sm89 (FP8 data runs there; no block-scaled
+  tensor core applies the E8M0 scales, so nothing says it is faster than per-tensor fp8, which
+  sm89 builds), and llmc keeps MXFP8 for the architectures whose tensor cores take it;
 - ``TRT_FP4DynamicQuantize``: two inputs, the second (the double-quantization scale) a constant
   scalar > 0 ("Scale input must be an initializer", "must be a scalar"); ``block_size`` 16
   ("Only block_size == 16 is supported"); ``scale_type`` FP8 E4M3 ("scale_type must be FP8");
