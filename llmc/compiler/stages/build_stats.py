@@ -1,7 +1,8 @@
 """Wall time and peak resident memory of each build stage, recorded into the manifest.
 
-A sampler thread reads the build process's resident set size (psutil, every
-``interval_s``) while a stage runs and keeps the stage's peak; the build's ``stage`` callable
+A sampler thread reads the build's resident set size (psutil, every ``interval_s``: the
+process's plus its child processes', e.g. TensorRT for RTX's builder) while a stage runs and
+keeps the stage's peak; the build's ``stage`` callable
 wraps the display's (``BuildProgress.stage``) with this one, so every stage is measured whether
 or not a terminal shows it. RSS includes file pages the process has mapped and touched
 (memory-mapped checkpoint and external-data files), which is what the kernel charges the build
@@ -48,13 +49,13 @@ class BuildStats:
         # freed pages) is released here, so a stage's peak does not stack on it.
         release_freed_memory()
         proc = psutil.Process()
-        peak = proc.memory_info().rss
+        peak = _rss(proc)
         stop = threading.Event()
 
         def sample() -> None:
             nonlocal peak
             while not stop.wait(self.interval_s):
-                peak = max(peak, proc.memory_info().rss)
+                peak = max(peak, _rss(proc))
 
         sampler = threading.Thread(target=sample, name=f"rss:{name}", daemon=True)
         sampler.start()
@@ -68,7 +69,7 @@ class BuildStats:
         finally:
             stop.set()
             sampler.join()
-            peak = max(peak, proc.memory_info().rss)
+            peak = max(peak, _rss(proc))
             self.stages[name] = StageStats(time.perf_counter() - start, peak)
 
     @property
@@ -87,3 +88,16 @@ class BuildStats:
                 for k, v in self.stages.items()
             },
         }
+
+
+def _rss(proc) -> int:
+    """Resident bytes of ``proc`` (a ``psutil.Process``) and its living child processes."""
+    import psutil
+
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:  # exited between the listing and the read
+            pass
+    return total
