@@ -178,10 +178,15 @@ def _profile(m):
     return optimization_profile(m.num_kv_heads, m.head_dim, m.num_layers, m.block_size, 64, 4, 64)
 
 
-def test_runtime_refuses_the_engine_without_a_gpu_of_its_capability(inputs, tmp_path):
+def test_runtime_refuses_the_engine_without_a_gpu_of_its_capability(inputs, tmp_path, capsys):
     out = tmp_path / "engine"
     code, err = _build(inputs, "gemma3", "sm89", "int8", [], out)
     assert code == 0, err[-3000:]
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "backend: tensorrt-rtx" in shown and "builder: TensorRT-RTX" in shown
+    assert "built_on: cpu" in shown and "compute_capability: 8.9" in shown
     m = read_manifest(out)
     version = m.backend_version
     with pytest.raises(EngineMismatchError, match="compute capability 8.9; this host has no"):

@@ -92,8 +92,10 @@ def inspect_path(path: str | Path, target: str | None = None) -> Inspection:
             facts["execution_provider"] = f"{m.execution_provider} {m.execution_precision}"
             return Inspection(str(p), "cpu-engine", facts, provider_selection=m.provider_selection)
         trt = m.tensorrt or {}
-        for key in ("compute_capability", "cuda_version", "hardware_compatibility", "plan"):
-            facts[key] = trt.get(key)
+        keys = ("builder", "compute_capability", "built_on", "kernels", "cuda_version")
+        for key in (*keys, "hardware_compatibility", "plan"):
+            if trt.get(key) is not None:  # each builder records its own
+                facts[key] = trt[key]
         return Inspection(str(p), "tensorrt-engine", facts, recorded_lint=trt.get("lint"))
     raise EngineNotFoundError(
         f"{p} is not an engine directory, a portable stage or an .onnx file; give one of those"
