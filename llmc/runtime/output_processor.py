@@ -137,6 +137,7 @@ class OutputProcessor:
                     if state.prompt_logprobs is None
                     else list(state.prompt_logprobs),
                     num_cached_tokens=state.seq.num_cached_tokens,
+                    time_in_queue=_time_in_queue(state.seq),
                 )
             )
         return outputs
@@ -186,3 +187,11 @@ class OutputProcessor:
 
     def _decode(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _time_in_queue(seq) -> float | None:
+    """Seconds ``seq`` (a ``Sequence``) waited before its first admission; None while it
+    waits."""
+    if seq.first_scheduled_time is None:
+        return None
+    return seq.first_scheduled_time - seq.arrival_time

@@ -74,6 +74,8 @@ class RequestOutput:
         prompt_logprobs: when asked for, one entry per prompt token: None for the first (nothing
             predicts it), then the prompt token's Logprob plus the top ``params.prompt_logprobs``.
         num_cached_tokens: prompt tokens whose KV came from the prefix cache.
+        time_in_queue: seconds from the request's arrival to its first admission by the
+            scheduler; None while it waits (or for a request aborted before it).
     """
 
     request_id: str
@@ -83,3 +85,4 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
+    time_in_queue: float | None = None

@@ -62,6 +62,8 @@ class Sequence:
             ``block_ids[i // block_size]`` at offset ``i % block_size``.
         first_token_time: when the first output token was appended (``time.monotonic()``), for
             TTFT; None before.
+        first_scheduled_time: when the scheduler first admitted it (``time.monotonic()``): its
+            time in the queue ends there; None before.
         generator: the request's own torch.Generator, created when ``params.seed`` is set
             (seeded with ``params.completion_seed(index)``).
         index: which of the request's ``params.n`` completions this sequence is (0..n-1).
@@ -86,6 +88,7 @@ class Sequence:
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None
     generator: torch.Generator | None = None
     index: int = 0
     block_hashes: list[bytes] = field(default_factory=list)

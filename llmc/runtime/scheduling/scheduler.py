@@ -6,6 +6,7 @@ blocks; it never touches a tensor. It is tested with fake model outputs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from llmc.runtime.sampling.stop_checker import StopChecker
@@ -223,6 +224,8 @@ class Scheduler:
                     seq.num_cached_tokens = num_cached
             seq.num_computed_tokens += num_cached
             self.waiting.pop(seq)
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(self._plan(seq, num_new))

@@ -11,6 +11,7 @@ from llmc.runtime.server.app import build_app
 from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.drain import ABORT_GRACE_S, DrainingServer
 from llmc.runtime.server.serve_config import ServeConfig
+from llmc.runtime.server.tracing import RequestTracing
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ def serve(
             owns_engine=True,
             allowed_origins=http.allowed_origins,
             limits=config.limits,
+            tracing=_tracing(config.tracing.otlp_traces_endpoint),
         )
         uvicorn_config = uvicorn.Config(
             app,
@@ -95,3 +97,8 @@ def serve(
         DrainingServer(uvicorn_config, app.state.drain, engine, lifecycle.shutdown_timeout).run()
     finally:
         engine.shutdown()  # when uvicorn failed to start (e.g. the port is taken)
+
+
+def _tracing(endpoint: str | None) -> RequestTracing | None:
+    """Request tracing to the OTLP endpoint, or None (OpenTelemetry not imported)."""
+    return RequestTracing.otlp(endpoint) if endpoint else None

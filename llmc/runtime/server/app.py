@@ -39,6 +39,7 @@ from llmc.runtime.server.tokenize_protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from llmc.runtime.server.tracing import RequestTracing
 from llmc.version import __version__
 
 
@@ -50,6 +51,7 @@ def build_app(
     owns_engine: bool = False,
     allowed_origins: list[str] | None = None,
     limits: RequestLimits | None = None,
+    tracing: RequestTracing | None = None,
 ) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine.
 
@@ -67,19 +69,23 @@ def build_app(
             headers at all, so browsers on other origins cannot call the API.
         limits: the bounds on one request (body size, n, stop strings, ...); None: the
             defaults of `RequestLimits`.
+        tracing: where request spans go (``tracing.RequestTracing``); None: no tracing. The
+            app shuts it down (flushing its spans) with itself.
 
     Returns:
         The app; ``app.state.drain`` is its `Drain` (set ``draining`` to start a drain).
     """
     limits = limits or RequestLimits()
     metrics = ServerMetrics(engine, model_name)
-    serving = OpenAIServing(engine, model_name, metrics, limits, retry_after_s)
+    serving = OpenAIServing(engine, model_name, metrics, limits, retry_after_s, tracing)
     drain = Drain()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         serving.close()
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)
         if owns_engine:
             await asyncio.to_thread(engine.shutdown)
 
@@ -104,11 +110,11 @@ def _add_routes(
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _until_disconnect(request, serving.completion(body))
+        return await _until_disconnect(request, serving.completion(body, request.headers))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _until_disconnect(request, serving.chat(body))
+        return await _until_disconnect(request, serving.chat(body, request.headers))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:

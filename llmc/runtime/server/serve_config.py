@@ -202,6 +202,19 @@ class LifecycleConfig:
             )
 
 
+@dataclass(frozen=True)
+class TracingConfig:
+    """Where request spans go (OpenTelemetry; ``tracing.py``)."""
+
+    otlp_traces_endpoint: str | None = _opt(
+        None,
+        "export one OpenTelemetry span per request to this OTLP/HTTP traces URL (e.g. "
+        "http://collector:4318/v1/traces); a caller's traceparent header is its parent. Needs "
+        'pip install "llmc[otel]"; default: no tracing',
+        metavar="URL",
+    )
+
+
 def _group(cls: type, title: str, description: str | None = None) -> Any:
     return field(default_factory=cls, metadata={"title": title, "description": description})
 
@@ -221,6 +234,7 @@ class ServeConfig:
         "max_tokens is bounded by --max-model-len.",
     )
     lifecycle: LifecycleConfig = _group(LifecycleConfig, "admission and shutdown")
+    tracing: TracingConfig = _group(TracingConfig, "tracing")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ServeConfig:

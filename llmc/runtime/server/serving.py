@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import TypeVar
@@ -49,6 +49,7 @@ from llmc.runtime.server.tokenize_protocol import (
     TokenizeResponse,
 )
 from llmc.runtime.server.tool_format import detect_tool_format
+from llmc.runtime.server.tracing import RequestSpan, RequestTracing
 from llmc.runtime.structured.grammar import GrammarError
 from llmc.runtime.structured.structured_outputs import FIELD as STRUCTURED_FIELD
 
@@ -67,6 +68,7 @@ class OpenAIServing:
         metrics: where request statistics go.
         limits: the bounds every request is checked against (400 past one).
         retry_after_s: the ``Retry-After`` sent with 503 when the queue is full, seconds.
+        tracing: opens each request's span (``tracing.RequestTracing``); None: no tracing.
 
     Attributes:
         tool_format: how the model writes tool calls, read from its chat template
@@ -80,8 +82,10 @@ class OpenAIServing:
         metrics: ServerMetrics,
         limits: RequestLimits,
         retry_after_s: int = 1,
+        tracing: RequestTracing | None = None,
     ) -> None:
         self.engine = engine
+        self.tracing = tracing
         self.model_name = model_name
         self.metrics = metrics
         self.limits = limits
@@ -95,8 +99,10 @@ class OpenAIServing:
         """Stop the tokenizer thread once it is idle; queued work is dropped."""
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
 
-    async def completion(self, request: CompletionRequest) -> JSONResponse | StreamingResponse:
-        """``POST /v1/completions``."""
+    async def completion(
+        self, request: CompletionRequest, headers: Mapping[str, str] | None = None
+    ) -> JSONResponse | StreamingResponse:
+        """``POST /v1/completions``; ``headers``: the HTTP request's (a ``traceparent``)."""
         self._check(request)
         prompt, tokenizer = request.prompt, self.engine.tokenizer
         if isinstance(prompt, str):
@@ -118,11 +124,14 @@ class OpenAIServing:
             prefix=prefix,
             prompt_token_ids=prompt_ids,
         )
-        return await self._serve(request, renderer, prompt_ids, text, "prompt")
+        trace = ("completion", headers or {})
+        return await self._serve(request, renderer, prompt_ids, text, "prompt", trace)
 
-    async def chat(self, request: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    async def chat(
+        self, request: ChatCompletionRequest, headers: Mapping[str, str] | None = None
+    ) -> JSONResponse | StreamingResponse:
         """``POST /v1/chat/completions``: the prompt is the tokenizer's chat template applied
-        to ``messages`` with ``add_generation_prompt=True``."""
+        to ``messages`` with ``add_generation_prompt=True``; ``headers`` as ``completion``'s."""
         self._check(request)
         text = await self._off_loop(self._render_chat, request)
         prompt_ids = await self._encode_off_loop(text, CHAT_ADD_SPECIAL_TOKENS, "messages")
@@ -133,7 +142,8 @@ class OpenAIServing:
             logprobs=request.sampled_logprobs,
             tool_format=self.tool_format if request.tool_plan is not None else None,
         )
-        return await self._serve(request, renderer, prompt_ids, text, "messages")
+        trace = ("chat", headers or {})
+        return await self._serve(request, renderer, prompt_ids, text, "messages", trace)
 
     async def _serve(
         self,
@@ -142,10 +152,30 @@ class OpenAIServing:
         prompt_ids: list[int],
         prompt: str | None,
         param: str,
+        trace: tuple[str, Mapping[str, str]],
     ) -> JSONResponse | StreamingResponse:
-        """Submit the request, wait for its first output, then answer whole or streamed."""
+        """Submit the request, wait for its first output, then answer whole or streamed.
+        ``trace``: (route, HTTP headers) of its span."""
         arrival = time.monotonic()
         params = self._sampling_params(request, len(prompt_ids))
+        span = None
+        if self.tracing is not None:
+            route, headers = trace
+            span = self.tracing.start(headers, route, self.model_name, renderer.request_id, params)
+        submission = (request, renderer, prompt_ids, prompt, param, params, arrival)
+        try:
+            return await self._answer(submission, span)
+        except BaseException as exc:
+            if span is not None:
+                span.fail(exc)
+            raise
+
+    async def _answer(
+        self, submission: tuple, span: RequestSpan | None
+    ) -> JSONResponse | StreamingResponse:
+        """``_serve`` once its span is open: ``submission`` is (request, renderer, prompt ids,
+        prompt text, the prompt's field name, sampling params, arrival time)."""
+        request, renderer, prompt_ids, prompt, param, params, arrival = submission
         constraint_field = request.constraint[1]
         if params.structured_outputs is not None:  # its form, then its size, then compiled
             try:
@@ -170,7 +200,7 @@ class OpenAIServing:
             raise bad_request(str(exc), constraint_field, "constraint_failed") from exc
         except ValueError as exc:  # a request id already in use
             raise bad_request(str(exc)) from exc
-        tracker = RequestTracker(self.metrics, len(prompt_ids), arrival)
+        tracker = RequestTracker(self.metrics, len(prompt_ids), arrival, span)
         tracker.update(first)
         if not request.stream:
             try:

@@ -23,6 +23,7 @@ from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.renderers import ChunkSpan, Renderer
 from llmc.runtime.server.responses import UsageInfo
+from llmc.runtime.server.tracing import RequestSpan
 from llmc.runtime.structured.grammar import GrammarError
 
 logger = logging.getLogger(__name__)
@@ -35,12 +36,22 @@ class RequestTracker:
         metrics: where to record.
         num_prompt_tokens: the request's prompt length.
         arrival: when the request arrived, ``time.monotonic()`` seconds.
+        span: the request's trace span (``tracing.RequestSpan``), ended by ``finish``; None
+            when the server does not trace.
     """
 
-    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int, arrival: float) -> None:
+    def __init__(
+        self,
+        metrics: ServerMetrics,
+        num_prompt_tokens: int,
+        arrival: float,
+        span: RequestSpan | None = None,
+    ) -> None:
         self.metrics = metrics
         self.num_prompt_tokens = num_prompt_tokens
         self.arrival = arrival
+        self.span = span
+        self.ttft_s: float | None = None
         self.last: RequestOutput | None = None
         self._num_tokens = 0
         self._last_time = arrival
@@ -51,7 +62,8 @@ class RequestTracker:
         now = time.monotonic()
         num_tokens = sum(len(o.token_ids) for o in output.outputs)
         if self.last is None:
-            self.metrics.observe_first_token(now - self.arrival)
+            self.ttft_s = now - self.arrival
+            self.metrics.observe_first_token(self.ttft_s)
         elif num_tokens > self._num_tokens:
             self.metrics.observe_tokens(num_tokens - self._num_tokens, now - self._last_time)
         if num_tokens > self._num_tokens:
@@ -69,9 +81,12 @@ class RequestTracker:
         if self._done:
             return
         self._done = True
-        self.metrics.observe_finished(
-            self.num_prompt_tokens, self._num_tokens, time.monotonic() - self.arrival
-        )
+        e2e_s = time.monotonic() - self.arrival
+        self.metrics.observe_finished(self.num_prompt_tokens, self._num_tokens, e2e_s)
+        if self.span is not None:
+            self.span.finish(
+                self.last, self.num_prompt_tokens, self._num_tokens, self.ttft_s, e2e_s
+            )
 
 
 @dataclass
