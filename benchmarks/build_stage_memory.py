@@ -21,6 +21,7 @@ from llmc.compiler.backends.tensorrt.finish import TensorRTUnavailableError
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.stages.build_stats import BuildStats
+from llmc.compiler.stages.progress import BuildProgress
 
 BAR_EXTRA_BYTES = 2 << 30
 
@@ -29,17 +30,18 @@ def main(argv: list[str]) -> int:
     """Build as ``llmc build ARGV`` says (with ``-o``) and print each stage's wall time and
     peak RSS, the output's bytes and the bar."""
     args = build_parser().parse_args(["build", *argv])
-    skip = ("command", "config", "print_config", "from_stage")
+    skip = ("command", "config", "print_config", "from_stage", "log_format")
     flags = {k: v for k, v in vars(args).items() if k not in skip}
     config = BuildConfig.from_sources(args.config, flags)
     if config.destination.output is None:
         raise SystemExit("give -o: the output measured (an engine, or a GPU target's stage)")
     out = Path(config.destination.output)
-    stats = BuildStats()
-    try:
-        build(config, stats)
-    except TensorRTUnavailableError:
-        pass  # the portable stage is written to -o
+    with BuildProgress(args.log_format) as progress:  # a line per stage in a log
+        stats = BuildStats(progress.stage)
+        try:
+            build(config, stats)
+        except TensorRTUnavailableError:
+            pass  # the portable stage is written to -o
     print(f"host: {host_line()}; command: llmc build {' '.join(argv)}")
     print("| stage | wall s | peak RSS GB |")
     print("|---|---|---|")

@@ -41,6 +41,19 @@ def _add_build(sub) -> None:
         help="finish a portable stage (written by `llmc build --arch smXX` on a host without "
         "TensorRT or the GPU) into a TensorRT engine on this GPU builder",
     )
+    _add_log_format(p)
+
+
+def _add_log_format(p) -> None:
+    from llmc.compiler.stages.progress import LOG_FORMATS
+
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="auto",
+        help="progress: auto (bars on a terminal; elsewhere, e.g. in CI, one line per stage "
+        "and step with elapsed time and peak RSS, at least once a minute), text, or json lines",
+    )
 
 
 def _help(cls, name: str) -> str:
@@ -54,7 +67,7 @@ def _run_build(args: argparse.Namespace) -> int:
     from llmc.compiler.config.build_config import BuildConfig
     from llmc.compiler.stages.progress import BuildProgress
 
-    skip = ("command", "config", "print_config", "from_stage")
+    skip = ("command", "config", "print_config", "from_stage", "log_format")
     cli = {k: v for k, v in vars(args).items() if k not in skip}
     if args.from_stage is not None:
         from llmc.compiler.backends.tensorrt.finish import finish_stage
@@ -62,7 +75,7 @@ def _run_build(args: argparse.Namespace) -> int:
 
         target = read_stage(args.from_stage, verify=False).target
         print(backend_for(target).why(target), file=sys.stderr)
-        with BuildProgress() as progress:
+        with BuildProgress(args.log_format) as progress:
             result = finish_stage(args.from_stage, cli, progress.stage)
         print(f"engine: {result.engine_dir}")
         return 0
@@ -73,7 +86,7 @@ def _run_build(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
         return 0
     print(backend_for(config.target.arch).why(config.target.arch), file=sys.stderr)
-    with BuildProgress() as progress:
+    with BuildProgress(args.log_format) as progress:
         result = build(config, progress)
     print(result.format())
     return 0
@@ -220,6 +233,7 @@ def _add_verify(sub) -> None:
             default=f.default,
             help=f.metadata["help"] + ("" if f.default is None else f" (default: {f.default})"),
         )
+    _add_log_format(p)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -230,7 +244,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     from llmc.compiler.verify.verify import result_tables, verify_engine
 
     config = VerifyConfig(**{f.name: getattr(args, f.name) for f in fields(VerifyConfig)})
-    with BuildProgress() as progress:
+    with BuildProgress(args.log_format) as progress:
         result = verify_engine(args.engine, config, progress)
     console = Console()
     for part in result_tables(result):

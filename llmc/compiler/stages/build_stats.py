@@ -49,13 +49,13 @@ class BuildStats:
         # freed pages) is released here, so a stage's peak does not stack on it.
         release_freed_memory()
         proc = psutil.Process()
-        peak = _rss(proc)
+        peak = process_rss(proc)
         stop = threading.Event()
 
         def sample() -> None:
             nonlocal peak
             while not stop.wait(self.interval_s):
-                peak = max(peak, _rss(proc))
+                peak = max(peak, process_rss(proc))
 
         sampler = threading.Thread(target=sample, name=f"rss:{name}", daemon=True)
         sampler.start()
@@ -69,7 +69,7 @@ class BuildStats:
         finally:
             stop.set()
             sampler.join()
-            peak = max(peak, _rss(proc))
+            peak = max(peak, process_rss(proc))
             self.stages[name] = StageStats(time.perf_counter() - start, peak)
 
     @property
@@ -90,7 +90,7 @@ class BuildStats:
         }
 
 
-def _rss(proc) -> int:
+def process_rss(proc) -> int:
     """Resident bytes of ``proc`` (a ``psutil.Process``) and its living child processes."""
     import psutil
 

@@ -1,6 +1,7 @@
 """Build progress: the callback every stage takes (``Stage``: ``stage(name)`` opens a named step
-and yields ``tick(done, total)`` for its sub-steps), and its display on the terminal
-(``BuildProgress``, rich: one line per stage with its elapsed time)."""
+and yields ``tick(done, total)`` for its sub-steps), and its display (``BuildProgress``): rich's
+bars on a terminal, one line per stage with its elapsed time; elsewhere (a CI log, a file) plain
+or JSON lines with elapsed time and peak RSS, at least once a minute (``progress_lines``)."""
 
 from __future__ import annotations
 
@@ -27,14 +28,56 @@ def stage_of(progress: Any) -> Stage:
     return progress.stage if progress is not None else no_stage
 
 
-class BuildProgress:
-    """Shows each build stage as it runs; a stage may report sub-steps via the yielded tick."""
+#: ``--log-format`` choices: auto (rich on a terminal, text lines elsewhere), text, json.
+LOG_FORMATS = ("auto", "text", "json")
 
-    def __init__(self) -> None:
+
+class BuildProgress:
+    """Shows each build stage as it runs; a stage may report sub-steps via the yielded tick.
+
+    Args:
+        log_format: one of ``LOG_FORMATS``.
+        stream: where it writes (default: stderr); "auto" draws rich's bars only when it is a
+            terminal.
+        heartbeat_s: off a terminal, the longest silence before the running stage is named
+            again (seconds).
+    """
+
+    def __init__(self, log_format: str = "auto", stream=None, heartbeat_s: float = 60.0):
+        import sys
+
+        from llmc.compiler.stages.progress_lines import LineDisplay
+
+        if log_format not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
+        stream = stream if stream is not None else sys.stderr
+        terminal = log_format == "auto" and stream.isatty()
+        json_lines = log_format == "json"
+        self._display = (
+            _RichDisplay(stream) if terminal else LineDisplay(stream, json_lines, heartbeat_s)
+        )
+
+    def __enter__(self) -> BuildProgress:
+        self._display.start()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._display.stop()
+        return False
+
+    def stage(self, name: str):
+        """Context manager for one stage; yields ``tick(done, total)`` for sub-steps."""
+        return self._display.stage(name)
+
+
+class _RichDisplay:
+    """rich's progress bars: one per stage, its elapsed time once done."""
+
+    def __init__(self, stream) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
+        self.console = Console(file=stream)
         self._progress = Progress(
             "[progress.description]{task.description}",
             BarColumn(),
@@ -43,17 +86,14 @@ class BuildProgress:
             console=self.console,
         )
 
-    def __enter__(self) -> BuildProgress:
+    def start(self) -> None:
         self._progress.start()
-        return self
 
-    def __exit__(self, *exc) -> bool:
+    def stop(self) -> None:
         self._progress.stop()
-        return False
 
     @contextmanager
     def stage(self, name: str):
-        """Context manager for one stage; yields ``tick(done, total)`` for sub-steps."""
         task = self._progress.add_task(name, total=1)
         start = time.perf_counter()
 

@@ -2,10 +2,10 @@
 
 ``llmc serve --otlp-traces-endpoint URL`` (vLLM's flag) exports spans over OTLP/HTTP to a
 collector (Jaeger, Tempo, the OpenTelemetry Collector); without it OpenTelemetry's SDK and
-exporter are never imported (FastAPI imports its API itself). A caller's W3C ``traceparent`` (and ``tracestate``) header makes the request's span
-its child, so a trace runs from the client through llmc. The span is named
-``"{operation} {model}"`` with the GenAI semantic conventions' attributes
-(``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.response.id``,
+exporter are never imported (FastAPI imports its API itself). A caller's W3C ``traceparent``
+(and ``tracestate``) header makes the request's span its child, so a trace runs from the client
+through llmc. The span is named ``"{operation} {model}"`` with the GenAI semantic conventions'
+attributes (``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.response.id``,
 ``gen_ai.request.max_tokens`` / ``temperature`` / ``top_p``, ``gen_ai.usage.input_tokens`` /
 ``output_tokens``, ``gen_ai.response.finish_reasons``) and vLLM's latency attributes
 (``gen_ai.latency.time_in_queue``, ``gen_ai.latency.time_to_first_token``,
