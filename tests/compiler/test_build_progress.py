@@ -1,6 +1,7 @@
 """Build progress off a terminal (a CI log): a line when each stage starts and ends with its
 wall time and peak RSS, throttled sub-step lines, a heartbeat naming the running stage when a
-stage is silent, JSON lines with ``--log-format json``; the real CLI prints them into a pipe."""
+stage is silent, JSON lines with ``--log-format json``; the real CLI prints them into a pipe,
+and the engine it builds loads without a warning from ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_text_lines_name_each_stage_its_wall_time_and_peak_rss():
     lines = _lines(out)
     assert "start: load weights" in lines[0]
     assert lines[-1].split("] ", 1)[1].startswith("done: load weights in ")
-    assert "peak RSS" in lines[-1] and lines[-1].endswith("GB)")
+    assert "peak RSS" in lines[-1] and lines[-1].endswith(" GB")
     progress_lines = [line for line in lines if "load weights: " in line]
     # throttled to one per 10 s, and the last step always shown
     assert [line.split("load weights: ")[1].split(" ")[0] for line in progress_lines] == [
@@ -69,3 +70,12 @@ def test_the_cli_prints_stage_lines_into_a_pipe(tmp_path):
     assert len(starts) == len(ends) >= 5
     assert any("export to ONNX" in line for line in ends)
     assert all("peak RSS" in line for line in ends)
+    # A clean engine: no initializer that no node reads, so ONNX Runtime has nothing to warn of.
+    import onnx
+
+    engine = onnx.load(str(tmp_path / "e" / "engine.onnx"), load_external_data=False)
+    read = {name for node in engine.graph.node for name in node.input}
+    assert {t.name for t in engine.graph.initializer} <= read
+    cmd = [sys.executable, "-m", "llmc.cli", "generate", str(tmp_path / "e"), "Hello"]
+    run = subprocess.run([*cmd, "--max-tokens", "3"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "onnxruntime" not in run.stderr, run.stderr[-2000:]

@@ -106,7 +106,8 @@ class LineDisplay:
             record = {"event": event, "stage": stage, "elapsed_s": elapsed, "rss_gb": _gb(rss)}
             line = json.dumps(record | extra)
         else:
-            line = f"[{elapsed:8.1f} s] {_describe(event, stage, extra)} (RSS {_gb(rss)} GB)"
+            now_rss = "" if event == "done" else f" (RSS {_gb(rss)} GB)"
+            line = f"[{elapsed:8.1f} s] {_describe(event, stage, extra)}{now_rss}"
         with self._lock:
             self._last_line = now
             print(line, file=self.stream, flush=True)

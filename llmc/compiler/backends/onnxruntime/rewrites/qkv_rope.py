@@ -139,7 +139,8 @@ def fuse_qkv_rope(model: onnx.ModelProto) -> int:
 
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
     """Remove ONNX-domain nodes (no side effects) none of whose outputs is read, until none is
-    left: the shape arithmetic that fed the fused Reshapes."""
+    left (the shape arithmetic that fed the fused Reshapes), then the initializers only they
+    read (ONNX Runtime warns of each one left at every load)."""
     while True:
         used = {name for node in graph.node for name in node.input}
         used |= {o.name for o in graph.output}
@@ -149,6 +150,9 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
             if n.domain in ("", "ai.onnx") and not any(o in used for o in n.output if o)
         ]
         if not dead:
-            return
+            break
         for node in dead:
             graph.node.remove(node)
+    unread = [t for t in graph.initializer if t.name not in used]
+    for t in unread:
+        graph.initializer.remove(t)
