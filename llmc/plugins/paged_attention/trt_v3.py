@@ -25,12 +25,22 @@ from dataclasses import fields
 
 import numpy as np
 
-from llmc.engine.plugin import DOMAIN, OP_TYPE, PLUGIN_VERSION, PluginAttributes
+from llmc.engine.plugin import DOMAIN, INPUTS, OP_TYPE, PLUGIN_VERSION, PluginAttributes
 from llmc.plugins.paged_attention.trt_plugin import ALIASED_INPUTS, OUTPUTS
 
-#: The index of each input, by name (``llmc.engine.plugin.INPUTS`` order).
-_Q, _KEY_CACHE, _VALUE_CACHE = 0, 3, 4
-_INT_INPUTS = {5: "INT32", 6: "INT32", 7: "INT32", 8: "INT64"}
+#: Positions in TensorRT's (inputs, outputs) list, by name.
+_INPUT = {name: i for i, name in enumerate(INPUTS)}
+_Q, _KEY_CACHE, _VALUE_CACHE = _INPUT["q"], _INPUT["key_cache"], _INPUT["value_cache"]
+_CACHE_POSITIONS = frozenset(
+    (_KEY_CACHE, _VALUE_CACHE, *(len(INPUTS) + OUTPUTS.index(n) for n in OUTPUTS[1:]))
+)
+#: The metadata inputs' one type each.
+_INT_INPUTS = {
+    _INPUT["seq_lens"]: "INT32",
+    _INPUT["query_start_loc"]: "INT32",
+    _INPUT["block_tables"]: "INT32",
+    _INPUT["slot_mapping"]: "INT64",
+}
 _ACTIVATIONS = ("FLOAT", "HALF", "BF16")
 _CACHE_TYPES = {"fp8": "FP8", "int8": "INT8"}
 
@@ -41,7 +51,7 @@ def field_values(collection) -> dict[str, object]:
     values: dict[str, object] = {}
     for f in collection:
         data = np.asarray(f.data)
-        if data.dtype.kind in "iu" and data.dtype.itemsize == 1 or data.dtype.kind == "S":
+        if (data.dtype.kind in "iu" and data.dtype.itemsize == 1) or data.dtype.kind == "S":
             values[f.name] = bytes(data.tobytes()).decode().rstrip("\x00")
         elif data.dtype.kind == "f":
             values[f.name] = float(data.reshape(-1)[0])
@@ -65,9 +75,11 @@ def attributes_from_fields(collection) -> PluginAttributes:
 
 
 def plugin_fields(trt, attributes: PluginAttributes | None):
-    """A ``PluginFieldCollection`` of the attributes (empty values for the creator's list)."""
+    """(a ``PluginFieldCollection`` of the attributes, the arrays its fields point into):
+    empty values for the creator's list. A ``PluginField`` holds a pointer into its array, not
+    the array: the caller keeps the arrays alive as long as TensorRT may read the fields."""
     kinds = {"int": (np.int32, "INT32"), "float": (np.float32, "FLOAT32"), "str": (None, "CHAR")}
-    out = []
+    out, arrays = [], []
     for f in fields(PluginAttributes):
         dtype, kind = kinds[f.type]
         if attributes is None:
@@ -76,8 +88,9 @@ def plugin_fields(trt, attributes: PluginAttributes | None):
             data = np.frombuffer(getattr(attributes, f.name).encode() + b"\x00", dtype=np.int8)
         else:
             data = np.array([getattr(attributes, f.name)], dtype=dtype)
+        arrays.append(data)
         out.append(trt.PluginField(f.name, data, getattr(trt.PluginFieldType, kind)))
-    return trt.PluginFieldCollection(out)
+    return trt.PluginFieldCollection(out), arrays
 
 
 def expected_type(trt, pos: int, q_type, attributes: PluginAttributes):
@@ -87,8 +100,7 @@ def expected_type(trt, pos: int, q_type, attributes: PluginAttributes):
     dt = trt.DataType
     if pos in _INT_INPUTS:
         return getattr(dt, _INT_INPUTS[pos])
-    cache_positions = (_KEY_CACHE, _VALUE_CACHE, 9 + 1, 9 + 2)
-    if pos in cache_positions and attributes.kv_cache_dtype in _CACHE_TYPES:
+    if pos in _CACHE_POSITIONS and attributes.kv_cache_dtype in _CACHE_TYPES:
         return getattr(dt, _CACHE_TYPES[attributes.kv_cache_dtype])
     return q_type
 
@@ -123,7 +135,8 @@ def plugin_classes(trt):
             return PagedAttentionPlugin(self.attributes)
 
         def get_fields_to_serialize(self):
-            return plugin_fields(trt, self.attributes)
+            collection, self._field_arrays = plugin_fields(trt, self.attributes)
+            return collection
 
         def get_output_data_types(self, input_types):
             return [input_types[_Q], input_types[_KEY_CACHE], input_types[_VALUE_CACHE]]
@@ -171,7 +184,7 @@ def plugin_classes(trt):
             self.name = OP_TYPE
             self.plugin_namespace = DOMAIN
             self.plugin_version = PLUGIN_VERSION
-            self.field_names = plugin_fields(trt, None)
+            self.field_names, self._field_arrays = plugin_fields(trt, None)
 
         def create_plugin(self, name, field_collection, phase):
             return PagedAttentionPlugin(attributes_from_fields(field_collection))
