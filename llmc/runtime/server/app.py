@@ -28,6 +28,7 @@ from llmc.runtime.server.drain import Drain
 from llmc.runtime.server.errors import install_error_handlers
 from llmc.runtime.server.framing import FramingGuard
 from llmc.runtime.server.gate import RequestGate
+from llmc.runtime.server.kserve_v2 import add_v2_routes
 from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -94,6 +95,7 @@ def build_app(
     install_error_handlers(app)
 
     _add_routes(app, engine, model_name, serving, metrics, drain)
+    add_v2_routes(app, serving, model_name, engine, drain, _until_disconnect)
     _add_middleware(app, drain, api_key, limits, retry_after_s, allowed_origins)
     return app
 
