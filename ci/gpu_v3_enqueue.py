@@ -39,6 +39,7 @@ def desc_of(tensor) -> SimpleNamespace:
 
 
 def time_ms(fn, repeat: int = 20) -> float:
+    """Median of ``repeat`` CUDA-event timings of ``fn()`` after one warm-up call, ms."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -54,6 +55,8 @@ def time_ms(fn, repeat: int = 20) -> float:
 
 
 def main() -> int:
+    """Every acceptance case: error, cache equality, enqueue and launcher times; the exit
+    status (module docstring)."""
     import torch
 
     from llmc.engine.plugin import PluginAttributes

@@ -68,19 +68,19 @@ def add_v2_routes(app: FastAPI, serving, model_name: str, engine, drain, until_d
         ok = engine.is_running and not drain.draining
         return known(model) or JSONResponse({"name": model, "ready": ok}, 200 if ok else 503)
 
-    @app.post("/v2/models/{model}/generate")
-    async def generate(model: str, request: Request) -> Response:
+    async def serve(model: str, request: Request, stream: bool) -> Response:
         refused = known(model)
         if refused is not None:
             return refused
-        return await until_disconnect(request, _generate(serving, model, request, False))
+        return await until_disconnect(request, _generate(serving, model, request, stream))
+
+    @app.post("/v2/models/{model}/generate")
+    async def generate(model: str, request: Request) -> Response:
+        return await serve(model, request, stream=False)
 
     @app.post("/v2/models/{model}/generate_stream")
     async def generate_stream(model: str, request: Request) -> Response:
-        refused = known(model)
-        if refused is not None:
-            return refused
-        return await until_disconnect(request, _generate(serving, model, request, True))
+        return await serve(model, request, stream=True)
 
 
 def _metadata(model_name: str) -> dict:

@@ -62,6 +62,7 @@ def _tick(done: int, total: int) -> None:
 
 
 def main() -> int:
+    """Build the plan stdin asks for; the exit code (module docstring)."""
     request, capability, result = _request(sys.stdin.read())
     import onnxruntime_ep_nv_tensorrt_rtx  # noqa: F401  (makes the SONAME links)
     import tensorrt_rtx_bindings as trt
