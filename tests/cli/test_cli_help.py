@@ -29,7 +29,9 @@ def _dist_name(requirement: str) -> str:
 
 
 def extras_only_modules() -> list[str]:
-    """Top-level import names of the installed distributions that only an extra requires."""
+    """Top-level import names that only distributions an extra requires provide (a namespace
+    a base dependency shares is not one: ``opentelemetry`` holds the API FastAPI imports and the
+    SDK the ``[otel]`` extra adds)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = {_dist_name(r) for r in project["dependencies"]}
     extras = {_dist_name(r) for reqs in project["optional-dependencies"].values() for r in reqs}
@@ -37,7 +39,7 @@ def extras_only_modules() -> list[str]:
     modules = [
         module
         for module, dists in packages_distributions().items()
-        if any(_dist_name(d) in only for d in dists) and module.isidentifier()
+        if all(_dist_name(d) in only for d in dists) and module.isidentifier()
     ]
     return sorted(set(modules))
 
