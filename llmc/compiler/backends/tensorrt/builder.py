@@ -1,9 +1,10 @@
-"""Build a TensorRT plan from a portable stage's ONNX graph (TensorRT 11 Python API).
+"""Build a TensorRT plan from a portable stage's ONNX graph (TensorRT's Python API).
 
-NEVER RUN: no machine of ours has a GPU and ``import tensorrt`` is impossible here (DESIGN §6).
-This module is written against TensorRT's documented Python API; only its pure parts
-(``optimization_profile``, ``BuildPhases``) are tested. ``tensorrt`` is imported inside
-``build_plan``, so importing this module never needs it.
+``build_network_plan`` is the build both builders share (parse, configure, profile, timing
+cache, progress, cancel, write): it runs in the test suite on this CPU host with TensorRT for
+RTX's module (``rtx/child.py``). ``build_plan``, its TensorRT 11 front (QDP plugin registration,
+hardware compatibility), has NEVER RUN: ``import tensorrt`` is impossible here (DESIGN §6).
+``tensorrt`` is imported inside ``build_plan``, so importing this module never needs it.
 
 API used, per the TensorRT Python API reference (docs.nvidia.com/deeplearning/tensorrt, 11.x):
 - ``trt.Builder(logger)``; ``builder.create_network(flags)`` with
