@@ -203,6 +203,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(config.redacted().to_dict(), sort_keys=False), end="")
         return 0
     engine = _engine_dir(args)
+    if config.replicas.enabled:
+        from llmc.deploy.ray.run import serve_replicas as serve
     serve(
         engine.path,
         config,

@@ -116,6 +116,7 @@ def _running_server(
     shutdown_timeout_s: float | None = None,
     grammar_compile_timeout: float = 10.0,
     tracing=None,
+    grpc: bool = False,
 ) -> Iterator[LiveServer]:
     """Serve ``engine`` as ``model_name`` until the block ends, then stop the server and the
     engine thread. The options are ``llmc serve``'s (``api_server.serve``); with
@@ -143,6 +144,7 @@ def _running_server(
             allowed_origins=allowed_origins,
             limits=limits,
             tracing=tracing,
+            grpc_address="127.0.0.1:0" if grpc else None,
         )
         config = uvicorn.Config(app, log_level="warning")
         if shutdown_timeout_s is None:
@@ -175,7 +177,7 @@ ServerFactory = Callable[..., AbstractContextManager[LiveServer]]
 def running_server() -> ServerFactory:
     """``running_server(engine, model_name, *, max_waiting=64, max_consecutive_step_failures=3,
     api_key=None, allowed_origins=None, limits=None, shutdown_timeout_s=None,
-    grammar_compile_timeout=10.0, tracing=None)``: a context
+    grammar_compile_timeout=10.0, tracing=None, grpc=False)``: a context
     manager serving ``engine`` (an `LLMEngine`) on 127.0.0.1; yields a `LiveServer`."""
     return _running_server
 

@@ -47,33 +47,11 @@ def serve(
     """
     import uvicorn
 
-    from llmc.runtime.engine import LLMEngine
-
     config = config or ServeConfig()
-    http, limits, lifecycle = config.http, config.engine, config.lifecycle
+    http, lifecycle = config.http, config.lifecycle
     key = resolve_api_key(http.api_key, http.api_key_file, os.environ)
     name = http.served_model_name or model_id or Path(engine_dir).resolve().name
-    llm_engine = LLMEngine.from_engine_dir(
-        engine_dir,
-        kv_cache_memory=limits.kv_cache_bytes,
-        max_model_len=limits.max_model_len,
-        max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
-        max_num_forked_seqs=limits.max_num_forked_seqs,
-        max_decode_wait_steps=limits.max_decode_wait_steps,
-        enable_prefix_caching=limits.enable_prefix_caching,
-        expected_manifest_sha256=expected_manifest_sha256,
-        speculative_config=limits.speculative,
-    )
-    # before any request: built at the first constraint it would stall the engine thread
-    llm_engine.grammars.warm_up()
-    engine = AsyncLLMEngine(
-        llm_engine,
-        max_waiting=lifecycle.max_waiting,
-        max_consecutive_step_failures=lifecycle.max_consecutive_step_failures,
-        grammar_compile_workers=lifecycle.grammar_compile_workers,
-        grammar_compile_timeout=lifecycle.grammar_compile_timeout,
-    )
+    engine = start_engine(engine_dir, config, expected_manifest_sha256)
     try:
         app = build_app(
             engine,
@@ -82,7 +60,8 @@ def serve(
             owns_engine=True,
             allowed_origins=http.allowed_origins,
             limits=config.limits,
-            tracing=_tracing(config.tracing.otlp_traces_endpoint),
+            tracing=request_tracing(config.tracing.otlp_traces_endpoint),
+            grpc_address=None if http.grpc_port is None else f"{http.host}:{http.grpc_port}",
         )
         uvicorn_config = uvicorn.Config(
             app,
@@ -99,6 +78,48 @@ def serve(
         engine.shutdown()  # when uvicorn failed to start (e.g. the port is taken)
 
 
-def _tracing(endpoint: str | None) -> RequestTracing | None:
+def start_engine(
+    engine_dir: str | Path, config: ServeConfig, expected_manifest_sha256: str | None = None
+) -> AsyncLLMEngine:
+    """Load the engine directory with ``config``'s engine limits and start its thread.
+
+    Args:
+        engine_dir: the engine directory.
+        config: the options; its ``engine`` and ``lifecycle`` groups apply.
+        expected_manifest_sha256: as `serve`'s.
+
+    Returns:
+        The running engine, its grammar tables built (so that the first constraint does not
+        stall the engine thread).
+
+    Raises:
+        As ``LLMEngine.from_engine_dir``.
+    """
+    from llmc.runtime.engine import LLMEngine
+
+    limits, lifecycle = config.engine, config.lifecycle
+    llm_engine = LLMEngine.from_engine_dir(
+        engine_dir,
+        kv_cache_memory=limits.kv_cache_bytes,
+        max_model_len=limits.max_model_len,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_num_forked_seqs=limits.max_num_forked_seqs,
+        max_decode_wait_steps=limits.max_decode_wait_steps,
+        enable_prefix_caching=limits.enable_prefix_caching,
+        expected_manifest_sha256=expected_manifest_sha256,
+        speculative_config=limits.speculative,
+    )
+    llm_engine.grammars.warm_up()
+    return AsyncLLMEngine(
+        llm_engine,
+        max_waiting=lifecycle.max_waiting,
+        max_consecutive_step_failures=lifecycle.max_consecutive_step_failures,
+        grammar_compile_workers=lifecycle.grammar_compile_workers,
+        grammar_compile_timeout=lifecycle.grammar_compile_timeout,
+    )
+
+
+def request_tracing(endpoint: str | None) -> RequestTracing | None:
     """Request tracing to the OTLP endpoint, or None (OpenTelemetry not imported)."""
     return RequestTracing.otlp(endpoint) if endpoint else None

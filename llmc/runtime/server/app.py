@@ -23,8 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
-from llmc.runtime.server.async_engine import AsyncLLMEngine
-from llmc.runtime.server.drain import Drain
+from llmc.runtime.server.drain import ABORT_GRACE_S, Drain
+from llmc.runtime.server.engine_client import EngineClient
 from llmc.runtime.server.errors import install_error_handlers
 from llmc.runtime.server.framing import FramingGuard
 from llmc.runtime.server.gate import RequestGate
@@ -45,7 +45,7 @@ from llmc.version import __version__
 
 
 def build_app(
-    engine: AsyncLLMEngine,
+    engine: EngineClient,
     model_name: str,
     api_key: str | None = None,
     retry_after_s: int = 1,
@@ -53,6 +53,7 @@ def build_app(
     allowed_origins: list[str] | None = None,
     limits: RequestLimits | None = None,
     tracing: RequestTracing | None = None,
+    grpc_address: str | None = None,
 ) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine.
 
@@ -72,9 +73,13 @@ def build_app(
             defaults of `RequestLimits`.
         tracing: where request spans go (``tracing.RequestTracing``); None: no tracing. The
             app shuts it down (flushing its spans) with itself.
+        grpc_address: ``host:port`` to serve KServe v2 over gRPC on as well
+            (``grpc_service.py``; needs ``tritonclient[grpc]``), started and stopped with the
+            app (its bound port in ``app.state.grpc_port``); None: no gRPC.
 
     Returns:
-        The app; ``app.state.drain`` is its `Drain` (set ``draining`` to start a drain).
+        The app; ``app.state.drain`` is its `Drain` (set ``draining`` to start a drain),
+        ``app.state.metrics`` its `ServerMetrics` (a caller may register more collectors).
     """
     limits = limits or RequestLimits()
     metrics = ServerMetrics(engine, model_name)
@@ -82,8 +87,18 @@ def build_app(
     drain = Drain()
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        grpc_server = None
+        if grpc_address is not None:
+            from llmc.runtime.server.grpc_service import InferenceServicer, start_grpc_server
+
+            servicer = InferenceServicer(serving, model_name, engine, drain, api_key)
+            grpc_server, app.state.grpc_port = await start_grpc_server(
+                grpc_address, servicer, limits.max_request_body_bytes
+            )
         yield
+        if grpc_server is not None:
+            await grpc_server.stop(grace=ABORT_GRACE_S)
         serving.close()
         if tracing is not None:
             await asyncio.to_thread(tracing.shutdown)
@@ -92,6 +107,7 @@ def build_app(
 
     app = FastAPI(title="llmc", version=__version__, lifespan=lifespan)
     app.state.drain = drain
+    app.state.metrics = metrics
     install_error_handlers(app)
 
     _add_routes(app, engine, model_name, serving, metrics, drain)
@@ -102,7 +118,7 @@ def build_app(
 
 def _add_routes(
     app: FastAPI,
-    engine: AsyncLLMEngine,
+    engine: EngineClient,
     model_name: str,
     serving: OpenAIServing,
     metrics: ServerMetrics,

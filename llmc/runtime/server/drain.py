@@ -24,7 +24,7 @@ from types import FrameType
 
 import uvicorn
 
-from llmc.runtime.server.async_engine import AsyncLLMEngine
+from llmc.runtime.server.engine_client import EngineClient
 
 # uvicorn configures its own loggers only: drain messages go to its server log.
 logger = logging.getLogger("uvicorn.error")
@@ -60,7 +60,7 @@ class DrainingServer(uvicorn.Server):
         self,
         config: uvicorn.Config,
         drain: Drain,
-        engine: AsyncLLMEngine,
+        engine: EngineClient,
         shutdown_timeout_s: float,
     ) -> None:
         super().__init__(config)

@@ -61,7 +61,7 @@ def add_v2_routes(app: FastAPI, serving, model_name: str, engine, drain, until_d
 
     @app.get("/v2/models/{model}")
     async def model_metadata(model: str) -> Response:
-        return known(model) or JSONResponse(_metadata(model_name))
+        return known(model) or JSONResponse(model_metadata_fields(model_name))
 
     @app.get("/v2/models/{model}/ready")
     async def model_ready(model: str) -> Response:
@@ -83,7 +83,7 @@ def add_v2_routes(app: FastAPI, serving, model_name: str, engine, drain, until_d
         return await serve(model, request, stream=True)
 
 
-def _metadata(model_name: str) -> dict:
+def model_metadata_fields(model_name: str) -> dict:
     """The model's v2 metadata: Triton's generate tensors."""
     return {
         "name": model_name,
@@ -102,12 +102,12 @@ async def _generate(serving, model: str, request: Request, stream: bool) -> Resp
     """Serve one generate request as the ``/v1/completions`` request it spells."""
     try:
         body = json.loads(await request.body())  # read before the disconnect watch starts
-        completion = CompletionRequest.model_validate(_completion_fields(body, model, stream))
+        completion = CompletionRequest.model_validate(completion_fields(body, model, stream))
         response = await serving.completion(completion, request.headers)
     except ApiError as exc:
         return _error(exc.status, exc.message)
     except (ValueError, ValidationError) as exc:  # not JSON, or fields the request refuses
-        return _error(400, _first_error(exc))
+        return _error(400, first_error(exc))
     if isinstance(response, StreamingResponse):
         events = _v2_events(response.body_iterator, model)
         return StreamingResponse(events, media_type="text/event-stream")
@@ -115,7 +115,7 @@ async def _generate(serving, model: str, request: Request, stream: bool) -> Resp
     return JSONResponse(_output(model, choice["text"], choice["finish_reason"]))
 
 
-def _completion_fields(body: Any, model: str, stream: bool) -> dict:
+def completion_fields(body: Any, model: str, stream: bool) -> dict:
     """The ``/v1/completions`` fields of a generate body. Raises ValueError for a body that
     is not an object with a string ``text_input``."""
     if not isinstance(body, dict) or not isinstance(body.get("text_input"), str):
@@ -156,7 +156,7 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def _first_error(exc: Exception) -> str:
+def first_error(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmc.runtime.server.async_engine import AsyncLLMEngine
+from llmc.runtime.server.engine_client import EngineClient
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 # vLLM's inter-token latency buckets, seconds.
@@ -38,7 +38,7 @@ _ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
 class _EngineCollector(Collector):
     """Reads the engine's latest ``EngineStats`` (and the server's queue) at scrape time."""
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
 
@@ -121,7 +121,7 @@ class ServerMetrics:
         model_name: the ``model_name`` label of every metric.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: EngineClient, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model_name))
         labels = ["model_name"]

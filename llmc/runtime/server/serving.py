@@ -31,9 +31,9 @@ from llmc.runtime.chat_template import CHAT_ADD_SPECIAL_TOKENS, ChatTemplateErro
 from llmc.runtime.errors import InvalidRequestError
 from llmc.runtime.request_check import check_vocabulary
 from llmc.runtime.sampling_params import SamplingParams
-from llmc.runtime.server.async_engine import AsyncLLMEngine
 from llmc.runtime.server.bounded_encode import encode_bounded
 from llmc.runtime.server.chat_messages import ChatMessage, template_messages
+from llmc.runtime.server.engine_client import EngineClient
 from llmc.runtime.server.errors import ApiError, QueueFullError, bad_request
 from llmc.runtime.server.limits import RequestLimits
 from llmc.runtime.server.logprobs import TokenTexts
@@ -77,7 +77,7 @@ class OpenAIServing:
 
     def __init__(
         self,
-        engine: AsyncLLMEngine,
+        engine: EngineClient,
         model_name: str,
         metrics: ServerMetrics,
         limits: RequestLimits,
