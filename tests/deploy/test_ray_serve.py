@@ -104,24 +104,32 @@ def app(cluster: str, tiny_llama_engine: Path) -> str:
 
 @pytest.fixture(scope="module")
 def burst(app: str) -> tuple[int, list[dict], float]:
-    """Replicas before a burst of 6 long requests, their responses, and the seconds until a
-    second replica ran."""
+    """Replicas before a burst (6 clients sending long requests back to back until a second
+    replica runs, or 120 s), the burst's responses, and the seconds until the second replica
+    ran. Ray's autoscaler averages ongoing requests over seconds: the load must last."""
     before = _num_replicas(APP)
-    start = time.monotonic()
+    start, scaled = time.monotonic(), threading.Event()
+
+    def client(i: int) -> list[dict]:
+        responses = []
+        while not scaled.is_set() and time.monotonic() - start < 120:
+            responses.append(_complete(app, f"story {i}:", max_tokens=60, ignore_eos=True))
+        return responses
+
     with ThreadPoolExecutor(6) as pool:
-        body = {"max_tokens": 60, "ignore_eos": True}
-        futures = [pool.submit(_complete, app, f"story {i}:", **body) for i in range(6)]
+        clients = [pool.submit(client, i) for i in range(6)]
         while _num_replicas(APP) < 2 and time.monotonic() - start < 120:
             time.sleep(0.5)
         scaled_after = time.monotonic() - start
-        return before, [f.result() for f in futures], scaled_after
+        scaled.set()
+        return before, [r for c in clients for r in c.result()], scaled_after
 
 
 def test_a_burst_scales_one_replica_to_two(burst: tuple[int, list[dict], float]):
     before, responses, scaled_after = burst
     assert before == 1
     assert _num_replicas(APP) == 2, f"no second replica {scaled_after:.0f} s into the burst"
-    assert [r["choices"][0]["finish_reason"] for r in responses] == ["length"] * 6
+    assert responses and {r["choices"][0]["finish_reason"] for r in responses} == {"length"}
 
 
 def _replica_counts(url: str) -> dict[str, float]:
@@ -193,3 +201,23 @@ def test_shutdown_drains(app: str):
         deleting.start()
         assert late.result()["choices"][0]["finish_reason"] == "length"
         deleting.join(120)
+
+
+def test_the_router_keys_are_the_engine_prefix_cache_keys(tiny_llama_engine: Path):
+    """The hashes a request is placed by name the blocks its prompt leaves in the engine's
+    prefix cache (what the replica that served it holds)."""
+    from llmc.deploy.ray.request import prefix_hashes
+    from llmc.runtime.engine import LLMEngine
+    from llmc.runtime.sampling_params import SamplingParams
+
+    engine = LLMEngine.from_engine_dir(tiny_llama_engine, num_blocks=32)
+    ids = engine.tokenizer(PREFIXES[0]).input_ids
+    engine.add_request("r", ids, SamplingParams(max_tokens=1))
+    while engine.has_unfinished_requests():
+        engine.step()
+    block_size = engine.config.block_size
+    hashes = prefix_hashes(ids, block_size)
+    assert len(hashes) == len(ids) // block_size > 1
+    pool = engine.scheduler.kv_cache_manager.block_pool
+    assert all(pool.get_cached_block(h) is not None for h in hashes)
+    assert prefix_hashes(ids[:-block_size], block_size) == hashes[:-1]

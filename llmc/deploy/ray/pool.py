@@ -9,6 +9,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
@@ -134,11 +135,17 @@ class ReplicaPool:
 
 
 async def _outputs(response: DeploymentResponseGenerator) -> AsyncIterator[ReplicaOutput]:
+    """The replica's outputs; its exception re-raised as itself (Ray wraps it with the remote
+    traceback, which would end up in the client's error message)."""
     try:
         async for item in response:
             yield item
     except BackPressureError as exc:
         raise QueueFullError(f"every engine replica's queue is full ({exc}); retry later") from exc
+    except RayTaskError as exc:
+        if isinstance(exc.cause, Exception):
+            raise exc.cause from None
+        raise
 
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:
