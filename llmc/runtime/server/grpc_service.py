@@ -35,6 +35,7 @@ from llmc.runtime.server.errors import ApiError
 from llmc.runtime.server.grpc_tensors import TensorError, input_values, text_output
 from llmc.runtime.server.kserve_v2 import (
     MODEL_VERSION,
+    completion_events,
     completion_fields,
     first_error,
     model_metadata_fields,
@@ -213,16 +214,11 @@ async def _deltas(chunks: AsyncIterator) -> AsyncIterator[tuple[str, str | None]
     Raises:
         ApiError: 500 for an error event (the request failed mid-stream).
     """
-    async for chunk in chunks:
-        text = chunk.decode() if isinstance(chunk, bytes) else chunk
-        for line in text.split("\n"):
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line.removeprefix("data: "))
-            if "error" in event:
-                raise ApiError(500, event["error"].get("message", "failed"), "server_error")
-            for choice in event.get("choices", []):
-                yield choice.get("text", ""), choice.get("finish_reason")
+    async for event in completion_events(chunks):
+        if "error" in event:
+            raise ApiError(500, event["error"].get("message", "failed"), "server_error")
+        for choice in event.get("choices", []):
+            yield choice.get("text", ""), choice.get("finish_reason")
 
 
 def _response(

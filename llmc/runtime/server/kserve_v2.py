@@ -128,20 +128,25 @@ def completion_fields(body: Any, model: str, stream: bool) -> dict:
     return sampling | {"model": model, "prompt": body["text_input"], "stream": stream}
 
 
-async def _v2_events(chunks: AsyncIterator, model: str) -> AsyncIterator[str]:
-    """The OpenAI stream's chunks as v2 generate events: ``data: {"text_output": delta}``."""
+async def completion_events(chunks: AsyncIterator) -> AsyncIterator[dict]:
+    """The JSON events of an OpenAI completion stream's body chunks (``data: {...}`` lines;
+    ``[DONE]`` and comments skipped)."""
     async for chunk in chunks:
         text = chunk.decode() if isinstance(chunk, bytes) else chunk
         for line in text.split("\n"):
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line.removeprefix("data: "))
-            if "error" in event:
-                yield f"data: {json.dumps({'error': event['error'].get('message')})}\n\n"
-                continue
-            for choice in event.get("choices", []):
-                output = _output(model, choice.get("text", ""), choice.get("finish_reason"))
-                yield f"data: {json.dumps(output)}\n\n"
+            if line.startswith("data: {"):
+                yield json.loads(line.removeprefix("data: "))
+
+
+async def _v2_events(chunks: AsyncIterator, model: str) -> AsyncIterator[str]:
+    """The OpenAI stream's chunks as v2 generate events: ``data: {"text_output": delta}``."""
+    async for event in completion_events(chunks):
+        if "error" in event:
+            yield f"data: {json.dumps({'error': event['error'].get('message')})}\n\n"
+            continue
+        for choice in event.get("choices", []):
+            output = _output(model, choice.get("text", ""), choice.get("finish_reason"))
+            yield f"data: {json.dumps(output)}\n\n"
 
 
 def _output(model: str, text: str, finish_reason: str | None) -> dict:
