@@ -221,3 +221,17 @@ def test_the_router_keys_are_the_engine_prefix_cache_keys(tiny_llama_engine: Pat
     pool = engine.scheduler.kv_cache_manager.block_pool
     assert all(pool.get_cached_block(h) is not None for h in hashes)
     assert prefix_hashes(ids[:-block_size], block_size) == hashes[:-1]
+
+
+def test_replica_statistics_sum_as_one_pool():
+    from llmc.deploy.ray.pool import sum_stats
+    from llmc.runtime.stats import EngineStats
+
+    # running, waiting, KV usage, prefix queries, hits, preemptions, free blocks, blocks
+    half_used = EngineStats(1, 2, 0.5, 10, 5, 1, 50, 100)
+    idle = EngineStats(3, 0, 0.0, 20, 15, 0, 300, 300)
+    pooled = sum_stats([half_used, idle])
+    assert (pooled.num_running, pooled.num_waiting, pooled.num_preemptions) == (4, 2, 1)
+    assert (pooled.prefix_cache_queries, pooled.prefix_cache_hits) == (30, 20)
+    assert pooled.kv_cache_usage == pytest.approx(50 / 400)
+    assert sum_stats([]).kv_cache_usage == 0.0

@@ -97,6 +97,12 @@ def test_an_unknown_key_is_refused_naming_it(tmp_path: Path, capsys) -> None:
         ("max_decode_wait_steps: -1\n", "max_decode_wait_steps must be >= 0"),
         ("log_level: loud\n", "log_level must be one of"),
         ("- port\n", "must hold a mapping"),
+        ("grpc_port: -1\n", "grpc_port must be in 0..65535, got -1"),
+        ("num_replicas: 0\n", "replica counts must be >= 1, got num_replicas=0"),
+        ("num_replicas: 2\nmax_replicas: 4\n", "give num_replicas, or min_replicas/max_replicas"),
+        ("min_replicas: 3\nmax_replicas: 2\n", "min_replicas 3 is above max_replicas 2"),
+        ("target_ongoing_requests: 0\n", "target_ongoing_requests must be > 0, got 0.0"),
+        ("upscale_delay_s: -1\n", "must be >= 0: upscale_delay_s=-1.0"),
     ],
 )
 def test_bad_values_are_refused_naming_the_option(tmp_path: Path, text: str, message: str) -> None:

@@ -43,7 +43,7 @@ class HttpConfig:
     """Where the server listens and who may call it.
 
     Raises:
-        EngineConfigError: a port outside 0..65535.
+        EngineConfigError: a port (HTTP or gRPC) outside 0..65535.
     """
 
     host: str = _opt("127.0.0.1", "interface to bind; the default serves only this machine")
@@ -75,8 +75,10 @@ class HttpConfig:
     )
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise EngineConfigError(f"port must be in 0..65535, got {self.port}")
+        for name in ("port", "grpc_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                raise EngineConfigError(f"{name} must be in 0..65535, got {port}")
 
 
 @dataclass(frozen=True)
