@@ -5,7 +5,7 @@ llmc's prefix-aware router, on a workload whose prompts are half shared prefix.
     python benchmarks/bench_ray_replicas.py --engine engines/gemma-3-270m-cpu-int8-... \
         --json ray.json
 
-Workload: ``--num-requests`` (48) requests to ``/v1/completions``, each one of ``--groups`` (4)
+Workload: ``--num-requests`` (48) requests to ``/v1/completions``, each one of ``--groups`` (16)
 system prompts of ``--prefix-len`` (256) token ids and then ``--suffix-len`` (256) ids of its own
 (random words from llmc.bench's word list, tokenized with the engine's tokenizer and sent as
 token ids, so the lengths are exact), the groups interleaved; ``--output-len`` (16) greedy tokens
@@ -86,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", required=True, help="engine directory")
     parser.add_argument("--num-requests", type=int, default=48)
-    parser.add_argument("--groups", type=int, default=4, help="distinct shared prefixes")
+    parser.add_argument("--groups", type=int, default=16, help="distinct shared prefixes")
     parser.add_argument("--prefix-len", type=int, default=256, help="shared prefix, tokens")
     parser.add_argument("--suffix-len", type=int, default=256, help="own part of each prompt")
     parser.add_argument("--output-len", type=int, default=16)

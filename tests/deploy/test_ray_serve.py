@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 from llmc.deploy.ray.app import build_application  # noqa: E402
+from llmc.deploy.ray.run import PROXY_CHECK_ENV, start_serve  # noqa: E402
 from llmc.runtime.server.serve_config import ServeConfig  # noqa: E402
 
 if TYPE_CHECKING:
@@ -44,27 +45,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-#: Ray Serve's controller kills a proxy that misses 5 s ready checks: on 2 busy cores (the test
-#: suite beside it) its start alone can take longer.
-SLOW_HOST_ENV = {
-    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
-    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
-}
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A local Ray cluster with Serve's HTTP proxy on a free port; yields the proxy's URL."""
     port = _free_port()
-    saved = {k: os.environ.get(k) for k in SLOW_HOST_ENV}
-    os.environ.update(SLOW_HOST_ENV)  # read by the cluster's processes, started here
+    saved = {k: os.environ.get(k) for k in PROXY_CHECK_ENV}
+    os.environ.update(PROXY_CHECK_ENV)  # read by the cluster's processes, started here
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key)
         else:
             os.environ[key] = value
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    start_serve("127.0.0.1", port)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -99,7 +92,18 @@ def app(cluster: str, tiny_llama_engine: Path) -> str:
         tiny_llama_engine, ServeConfig.from_dict(options), model_name=MODEL
     )
     serve.run(application, name=APP, route_prefix="/llmc")
-    return f"{cluster}/llmc"
+    url, deadline = f"{cluster}/llmc", time.monotonic() + 180
+    while not _answers(f"{url}/health"):  # the HTTP proxy may still be starting (a busy host)
+        assert time.monotonic() < deadline, "Ray Serve's HTTP proxy did not answer in 180 s"
+        time.sleep(1)
+    return url
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture(scope="module")

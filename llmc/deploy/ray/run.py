@@ -4,6 +4,7 @@ until SIGINT or SIGTERM, which drains."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -18,6 +19,13 @@ logger = logging.getLogger(__name__)
 
 #: The Ray Serve application's name.
 APP_NAME = "llmc"
+#: Ray Serve's controller kills an HTTP proxy that misses a 5 s ready check, and on a busy
+#: 2-core host the proxy's start alone takes longer; a cluster started here gets these timeouts
+#: unless the environment sets them (seconds).
+PROXY_CHECK_ENV = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
+}
 
 
 def serve_replicas(
@@ -44,9 +52,12 @@ def serve_replicas(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if config.replicas.ray_address is None:  # read by the cluster's processes, started here
+        for key, value in PROXY_CHECK_ENV.items():
+            os.environ.setdefault(key, value)
     ray.init(address=config.replicas.ray_address, include_dashboard=False)
     try:
-        serve.start(http_options={"host": config.http.host, "port": config.http.port})
+        start_serve(config.http.host, config.http.port)
         application = build_application(
             engine_dir,
             config,
@@ -65,3 +76,16 @@ def serve_replicas(
         serve.shutdown()
     finally:
         ray.shutdown()
+
+
+def start_serve(host: str, port: int) -> None:
+    """Start Ray Serve (its controller and HTTP proxy on ``host:port``) in the connected cluster.
+
+    Ray waits 60 s for the proxy and then raises, while the proxy goes on starting; on a busy
+    host its start takes longer (imports on a loaded core), so a slow proxy is logged, not
+    fatal: the routes answer once it is up (``/health`` tells).
+    """
+    try:
+        serve.start(http_options={"host": host, "port": port})
+    except TimeoutError as exc:
+        logger.warning("Ray Serve's HTTP proxy is not up yet (%s); it goes on starting", exc)
