@@ -84,7 +84,7 @@ class AsyncLLMEngine:
             )
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
-        self.block_size: int = engine.config.block_size  # tokens per KV block (prefix hashes)
+        self.block_size: int = engine.config.block_size  # tokens per KV block
         self.max_waiting = max_waiting
         self.max_consecutive_step_failures = max_consecutive_step_failures
         self._engine = engine

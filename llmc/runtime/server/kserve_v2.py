@@ -162,6 +162,8 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def first_error(exc: Exception) -> str:
+    """A request's first validation error as one line (``field: message``), or the error's
+    text; for the protocol's 400 bodies."""
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
