@@ -124,6 +124,7 @@ def _running_server(
     import uvicorn
 
     from llmc.runtime.server import AsyncLLMEngine, build_app
+    from llmc.runtime.server.api_server import HTTP_PARSER
     from llmc.runtime.server.drain import DrainingServer
 
     aborted: list[str] = []
@@ -146,7 +147,7 @@ def _running_server(
             tracing=tracing,
             grpc_address="127.0.0.1:0" if grpc else None,
         )
-        config = uvicorn.Config(app, log_level="warning")
+        config = uvicorn.Config(app, log_level="warning", http=HTTP_PARSER)
         if shutdown_timeout_s is None:
             server = uvicorn.Server(config)
         else:

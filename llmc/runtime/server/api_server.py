@@ -15,6 +15,11 @@ from llmc.runtime.server.tracing import RequestTracing
 
 logger = logging.getLogger(__name__)
 
+#: uvicorn's HTTP/1.1 parser: h11, whichever else is installed (Ray Serve brings httptools, which
+#: uvicorn would pick), because ``framing.FramingGuard``'s answers are written for h11's reading
+#: of ambiguous framing (httptools answers some of them itself, in plain text).
+HTTP_PARSER = "h11"
+
 
 def serve(
     engine_dir: str | Path,
@@ -65,6 +70,7 @@ def serve(
         )
         uvicorn_config = uvicorn.Config(
             app,
+            http=HTTP_PARSER,
             host=http.host,
             port=http.port,
             log_level=lifecycle.log_level,

@@ -84,7 +84,6 @@ class AsyncLLMEngine:
             )
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.max_model_len
-        self.block_size: int = engine.config.block_size  # tokens per KV block
         self.max_waiting = max_waiting
         self.max_consecutive_step_failures = max_consecutive_step_failures
         self._engine = engine
@@ -131,6 +130,11 @@ class AsyncLLMEngine:
         """The model's vocabulary size (columns of its logits); token ids are below it. Read
         from the runner on demand: a constant, safe to read from any thread."""
         return self._engine.vocab_size
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block (the prefix cache's granularity); a constant."""
+        return self._engine.config.block_size
 
     @property
     def stats(self) -> EngineStats:
