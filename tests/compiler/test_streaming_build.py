@@ -204,18 +204,21 @@ def test_tied_embedding_is_stored_once(tmp_path):
 
 def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
     """The engine the in-memory path writes for a quantized ``config``: the model loaded whole,
-    the float graph exported and quantized in memory."""
+    the float graph exported and quantized in memory for this host (int8 weight pairs bound
+    where it has no VNNI, as ``build`` does)."""
     from llmc.compiler.backends.onnxruntime.backend import OnnxRuntimeBackend
     from llmc.compiler.stages.progress import no_stage
     from llmc.compiler.stages.quantize import Reference, quantize, read_texts
 
     texts = read_texts(config)
     model = load(resolve(config.source))
-    graph = quantize(Reference(model, export(model, config.export), texts), config)
+    backend = OnnxRuntimeBackend()
+    host = backend.plan_host(config)
+    reference = Reference(model, export(model, config.export), texts)
+    graph = quantize(reference, config, bound_pairs=host.bound_pairs)
     assert graph.weights_dir is None
     out.mkdir()
-    backend = OnnxRuntimeBackend()
-    backend.lower(graph, out, config, backend.plan_host(config), no_stage, memory=None)
+    backend.lower(graph, out, config, host, no_stage, memory=None)
     return out
 
 
