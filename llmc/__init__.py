@@ -1,11 +1,11 @@
 """llmc: an ahead-of-time compiler and engine builder for LLM inference.
 
-``from llmc import LLM, SamplingParams`` is the Python API; heavy modules load on first use.
+``from llmc import LLM, SamplingParams, LoRARequest`` is the Python API; heavy modules load on first use.
 """
 
 from llmc.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -17,4 +17,8 @@ def __getattr__(name: str):
         from llmc.runtime.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "LoRARequest":
+        from llmc.runtime.lora.lora_request import LoRARequest
+
+        return LoRARequest
     raise AttributeError(name)

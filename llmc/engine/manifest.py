@@ -103,6 +103,8 @@ class EngineManifest(ManifestCore):
     # "accuracy_report"}; the runtime loads it for speculative decoding only if its manifest
     # still has that digest.
     draft: dict | None = None
+    # LoRA adapter slots (--enable-lora): ``llmc.engine.lora.LoRALayout.to_dict``.
+    lora: dict | None = None
 
     @property
     def provider(self) -> ProviderChoice:
@@ -119,6 +121,7 @@ _OPTIONAL_FIELDS = {
     "build_stats",
     "draft",
     "execution_min_large_tokens",
+    "lora",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,10 @@ import numpy as np
 
 from llmc.errors import StepFailedError
 from llmc.runtime.engine_config import EngineConfig, engine_config_for
+from llmc.runtime.lora.adapter_table import AdapterTable, adapter_table
+from llmc.runtime.lora.errors import LoRAAdapterError, LoRANotFoundError
+from llmc.runtime.lora.lora_request import LoRARequest
+from llmc.runtime.lora.peft_adapter import PeftAdapter
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
@@ -38,6 +43,7 @@ class LLMEngine:
         config: limits; checked against the runner.
         eos_token_ids: the model's end-of-sequence token ids.
         speculator: speculative decoding (``speculator.py``); None decodes one token per step.
+        loras: a LoRA engine's adapters (``llmc.runtime.lora``); None: an engine without.
 
     Raises:
         ValueError: if ``config`` does not fit the runner (block size, cache size) or a limit is
@@ -51,6 +57,7 @@ class LLMEngine:
         config: EngineConfig,
         eos_token_ids: set[int],
         speculator: Speculator | None = None,
+        loras: AdapterTable | None = None,
     ) -> None:
         if config.block_size != runner.block_size:
             raise ValueError(
@@ -71,6 +78,7 @@ class LLMEngine:
         # structured outputs: grammars compiled for this tokenizer (tables built on first use)
         self.grammars = GrammarCompiler(tokenizer, runner.vocab_size, eos_token_ids)
         self.speculator = speculator
+        self.loras = loras
 
     @classmethod
     def from_engine_dir(
@@ -90,6 +98,7 @@ class LLMEngine:
         warmup: bool = True,
         expected_manifest_sha256: str | None = None,
         speculative_config: SpeculativeConfig | dict | None = None,
+        max_cpu_loras: int | None = None,
     ) -> LLMEngine:
         """Load an engine directory and serve it.
 
@@ -114,6 +123,8 @@ class LLMEngine:
                 ``"draft"`` loads the draft engine (``model``, else the ``draft/`` that
                 ``llmc build --draft`` wrote, checked against the digest this manifest
                 recorded) with this engine's KV blocks.
+            max_cpu_loras: a LoRA engine's adapters kept loaded in host memory (vLLM's
+                ``--max-cpu-loras``); None: its slots' number.
 
         Raises:
             ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``
@@ -142,7 +153,10 @@ class LLMEngine:
             seed=seed,
         )
         speculator = _load_speculator(speculative_config, path, loaded, config, threads)
-        engine = cls(loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids, speculator)
+        loras = adapter_table(loaded, max_cpu_loras)
+        engine = cls(
+            loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids, speculator, loras
+        )
         if warmup:
             engine.warm_up()
         return engine
@@ -176,12 +190,14 @@ class LLMEngine:
         params: SamplingParams,
         prompt: str | None = None,
         grammar: Any = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request; it starts at the next `step` that has room for it.
 
         ``grammar``: the compiled start state of ``params.structured_outputs``
         (``self.grammars.compile``, e.g. on another thread, as the server does); None compiles
-        it here.
+        it here. ``lora_request``: the LoRA adapter that serves it (added to the engine's
+        adapters if new, ``add_lora``); None: the base model.
 
         Raises:
             InvalidRequestError: (a ValueError) bad sampling parameters, an empty prompt, a
@@ -190,16 +206,53 @@ class LLMEngine:
                 (``grammar_compiler.py``); its ``field`` names which.
             ContextLengthError: (a ValueError) if the prompt plus ``max_tokens`` is longer than
                 ``max_model_len``; it carries ``limit`` and ``num_tokens``.
+            LoRAAdapterError: (an InvalidRequestError) an adapter the engine cannot serve, or
+                any adapter on an engine built without ``--enable-lora``.
             ValueError: for the id of an unfinished request.
         """
         check_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params, prompt=prompt)
+        if lora_request is not None:
+            seq.lora_name = lora_request.lora_name
+            seq.lora_digest = self.add_lora(lora_request).digest
         if params.structured_outputs is not None:
             constraint = params.structured_outputs
             start = grammar if grammar is not None else self.grammars.compile(constraint)
             seq.grammar = GrammarState(start)
         self.scheduler.add_request(seq)
         self.outputs.add_request(seq)
+
+    def add_lora(self, lora_request: LoRARequest) -> PeftAdapter:
+        """Load a LoRA adapter (``LoRARequest``) for requests to use; the adapter. Raises
+        LoRAAdapterError for one the engine cannot serve, or on an engine without LoRA
+        slots."""
+        if self.loras is None:
+            raise LoRAAdapterError(
+                f"adapter {lora_request.lora_name!r}: this engine has no LoRA slots; rebuild "
+                "it with `llmc build MODEL --enable-lora`"
+            )
+        return self.loras.add(lora_request)
+
+    def remove_lora(self, lora_name: str) -> None:
+        """Unload adapter ``lora_name``. Raises LoRANotFoundError if it is not loaded,
+        LoRAAdapterError while an unfinished request uses it."""
+        if self.loras is None or lora_name not in self.loras:
+            raise LoRANotFoundError(f"no LoRA adapter named {lora_name!r} is loaded")
+        in_use = [
+            request_id
+            for request_id, seqs in self.scheduler.requests.items()
+            if any(seq.lora_name == lora_name for seq in seqs)
+        ]
+        if in_use:
+            raise LoRAAdapterError(
+                f"adapter {lora_name!r} serves {len(in_use)} unfinished request(s); unload it "
+                "when they finish"
+            )
+        self.loras.remove(lora_name)
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The loaded adapters, in the order they were added."""
+        return self.loras.requests() if self.loras is not None else []
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request and free its blocks; unknown or finished ids are ignored."""
@@ -294,6 +347,12 @@ class LLMEngine:
         order, its sampled token, or for a sequence with drafts the tokens their verification
         accepted (``spec_decode.verify_greedy``). Changes no scheduler state."""
         step_inputs = build_step_inputs(scheduler_output, self.config.block_size)
+        if self.loras is not None:
+            planned = scheduler_output.scheduled
+            ids = self.loras.slot_ids(
+                [p.seq.lora_name for p in planned], [p.num_new_tokens for p in planned]
+            )
+            step_inputs = dataclasses.replace(step_inputs, lora_slot_ids=ids)
         try:
             logits = self.runner.execute(step_inputs)  # logits: [R, V], R = sum of rows
         except Exception as exc:

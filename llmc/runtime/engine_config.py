@@ -29,6 +29,8 @@ class EngineConfig:
             (vLLM's automatic prefix caching); False computes every prompt from scratch.
         max_decode_wait_steps: prefill-first scheduling, as `SchedulerConfig`; 0: decodes
             first.
+        max_loras: a LoRA engine's adapter slots (the most distinct adapters in one step);
+            None: an engine without LoRA.
     """
 
     block_size: int
@@ -40,6 +42,7 @@ class EngineConfig:
     seed: int | None = None
     enable_prefix_caching: bool = True
     max_decode_wait_steps: int = 0
+    max_loras: int | None = None
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -51,6 +54,7 @@ class EngineConfig:
             max_num_forked_seqs=self.max_num_forked_seqs,
             enable_prefix_caching=self.enable_prefix_caching,
             max_decode_wait_steps=self.max_decode_wait_steps,
+            max_loras=self.max_loras,
         )
 
 
@@ -79,6 +83,7 @@ def engine_config_for(
         max_decode_wait_steps=_or(max_decode_wait_steps, default_decode_wait(manifest)),
         seed=seed,
         enable_prefix_caching=enable_prefix_caching,
+        max_loras=manifest.lora["max_loras"] if manifest.lora else None,
     )
 
 

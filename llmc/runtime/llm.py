@@ -9,6 +9,7 @@ from typing import Any
 
 from llmc.runtime.chat_template import encode_chat
 from llmc.runtime.engine import LLMEngine
+from llmc.runtime.lora.lora_request import LoRARequest
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.sampling_params import SamplingParams
 
@@ -61,6 +62,7 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion, batched by the engine.
 
@@ -70,13 +72,16 @@ class LLM:
             sampling_params: one `SamplingParams` for all prompts, or one per prompt; None means
                 ``SamplingParams()``.
             use_tqdm: show a progress bar over finished requests.
+            lora_request: the LoRA adapter of every prompt (``LoRARequest``), or one per
+                prompt (None: the base model), on an engine built with ``--enable-lora``.
 
         Returns:
             One finished `RequestOutput` per prompt, in the order of ``prompts``.
 
         Raises:
-            ValueError: if the number of sampling params differs from the number of prompts, or
-                a request is invalid (nothing is left queued then).
+            ValueError: if the number of sampling params or LoRA requests differs from the
+                number of prompts, or a request is invalid, its adapter included (nothing is left
+                queued then).
             llmc.errors.StepFailedError: a model step failed; every request of this call is
                 aborted (see `LLMEngine.step`).
         """
@@ -92,12 +97,13 @@ class LLM:
                 "give one for all or one per prompt"
             )
 
+        loras = _per_prompt(lora_request, len(prompts))
         request_ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params, strict=True):
+            for prompt, params, lora in zip(prompts, sampling_params, loras, strict=True):
                 request_id = str(next(self._request_ids))
                 text, token_ids = self._tokenize(prompt)
-                self.engine.add_request(request_id, token_ids, params, prompt=text)
+                self.engine.add_request(request_id, token_ids, params, text, lora_request=lora)
                 request_ids.append(request_id)
         except Exception:
             for request_id in request_ids:
@@ -127,6 +133,7 @@ class LLM:
         conversations: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate the assistant's reply to each conversation (vLLM's ``LLM.chat``): its
         prompt is the model's chat template applied to the messages (`render_chat`).
@@ -164,3 +171,15 @@ def _progress_bar(total: int) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, desc="Processed prompts", unit="req")
+
+
+def _per_prompt(lora_request, num_prompts: int) -> list:
+    """One LoRA request (or None) per prompt; ValueError for a list of another length."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if len(lora_request) != num_prompts:
+        raise ValueError(
+            f"{len(lora_request)} LoRA requests for {num_prompts} prompts; give one for all or "
+            "one per prompt"
+        )
+    return list(lora_request)

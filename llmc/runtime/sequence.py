@@ -76,6 +76,10 @@ class Sequence:
             step (verified by that step, never part of the output until accepted).
         num_draft_computed: speculative decoding with a draft model: leading tokens whose KV
             is in the draft model's cache (same blocks as the target's). Reset by preemption.
+        lora_name: the LoRA adapter that serves it (``llmc.runtime.lora``); None: the base
+            model.
+        lora_digest: that adapter's digest (sha256 hex of its files): with the name, what
+            its prefix-cache hashes start from (``kv_cache_manager.root_hash``).
     """
 
     request_id: str
@@ -97,6 +101,8 @@ class Sequence:
     grammar: GrammarState | None = None
     draft_token_ids: list[int] = field(default_factory=list)
     num_draft_computed: int = 0
+    lora_name: str | None = None
+    lora_digest: str | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None and self.generator is None:
@@ -120,6 +126,8 @@ class Sequence:
             index=index,
             num_cached_tokens=self.num_cached_tokens,
             grammar=self.grammar.fresh() if self.grammar is not None else None,
+            lora_name=self.lora_name,
+            lora_digest=self.lora_digest,
         )
 
     @property

@@ -17,7 +17,7 @@ from typing import Any
 
 from llmc.compiler.config.calibration import CalibrationOptions
 from llmc.compiler.config.destination import DestinationOptions
-from llmc.compiler.config.export import ExportOptions
+from llmc.compiler.config.export import LORA_OPTIONS, ExportOptions
 from llmc.compiler.config.option import flag
 from llmc.compiler.config.quantization import QUANTS, QuantOptions
 from llmc.compiler.config.source import CPU_DTYPES, DTYPES, SourceOptions
@@ -146,6 +146,11 @@ class BuildConfig:
                 "--execution-provider cpu+openvino-runtime runs the CPU EP's float32 engine: use "
                 "it with --dtype float32; bfloat16 engines run on openvino or openvino-runtime"
             )
+        if self.export.enable_lora and not self.target.is_cpu:
+            raise BuildConfigError(
+                f"--enable-lora builds adapter slots for --arch cpu; {arch} engines have none "
+                "yet: build the LoRA engine with --arch cpu"
+            )
         if self.target.is_cpu and self.quantization.quantizes and dtype != "float32":
             raise BuildConfigError(
                 f"--quant {quant} builds run their unquantized parts in float32 on cpu; "
@@ -221,7 +226,8 @@ class BuildConfig:
         del d["destination"]
         skip = _UNHASHED_TARGET | (_TENSORRT_ONLY if self.target.is_cpu else set())
         d["target"] = {k: v for k, v in d["target"].items() if k not in skip}
-        d["export"] = {k: v for k, v in d["export"].items() if k not in _UNHASHED_EXPORT}
+        unhashed = _UNHASHED_EXPORT | (set() if self.export.enable_lora else set(LORA_OPTIONS))
+        d["export"] = {k: v for k, v in d["export"].items() if k not in unhashed}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 

@@ -7,6 +7,11 @@ from dataclasses import dataclass, replace
 from llmc.compiler.config.option import check_at_least, option
 from llmc.errors import BuildConfigError
 
+#: The Linear modules given LoRA slots by default: every projection of a decoder layer.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: ExportOptions' LoRA options: left out of the build's hash when LoRA is off.
+LORA_OPTIONS = ("enable_lora", "max_loras", "max_lora_rank", "lora_target_modules")
+
 #: ``--max-seq-len`` when it is not given and the model was trained on at least this many
 #: positions (else the model's ``max_position_embeddings``).
 DEFAULT_MAX_SEQ_LEN = 4096
@@ -29,11 +34,30 @@ class ExportOptions:
     max_num_tokens: int = option(2048, "most tokens in one step (the scheduler's token budget)")
     max_batch: int = option(16, "most sequences in one step")
     block_size: int = option(16, "tokens per KV-cache block")
+    enable_lora: bool = option(
+        False,
+        "reserve LoRA adapter slots in the engine (cpu): adapters from PEFT directories are "
+        "served per request, mixed in one step (vLLM's --enable-lora)",
+    )
+    max_loras: int = option(4, "with --enable-lora: adapter slots, the most distinct in one step")
+    max_lora_rank: int = option(16, "with --enable-lora: the largest adapter rank a slot holds")
+    lora_target_modules: str = option(
+        ",".join(LORA_TARGET_MODULES),
+        "with --enable-lora: comma-separated module names adapters may target (PEFT's names)",
+    )
 
     def validate(self) -> None:
-        """Raise BuildConfigError for a limit below 1."""
+        """Raise BuildConfigError for a limit below 1 or an empty LoRA target list."""
         given = ("max_seq_len",) if self.max_seq_len is not None else ()
         check_at_least(self, 1, *given, "max_num_tokens", "max_batch", "block_size")
+        check_at_least(self, 1, "max_loras", "max_lora_rank")
+        if self.enable_lora and not self.lora_targets:
+            raise BuildConfigError("--lora-target-modules names no module")
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """``--lora-target-modules`` as a tuple of module names."""
+        return tuple(m.strip() for m in self.lora_target_modules.split(",") if m.strip())
 
     def for_model(self, max_positions: int | None, source: str) -> ExportOptions:
         """These options with ``max_seq_len`` fitted to a model trained on ``max_positions``

@@ -8,15 +8,18 @@ rows S, blocks per sequence M, and the cache's block count.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
 import torch
 
 from llmc.compiler.frontend.attention import paged_attention_op
+from llmc.compiler.frontend.lora_slots import attach_lora_slots
 from llmc.compiler.frontend.packed_model import PackedCausalLM
 from llmc.engine.graph import LOGITS, STEP_INPUTS, cache_names
 from llmc.engine.kv_cache import cache_spec
+from llmc.engine.lora import NO_SLOT
 from llmc.engine.plugin import (
     DOMAIN,
     FPMATH_ATTRIBUTE,
@@ -49,24 +52,48 @@ def _translation():
     return with_node_signature(paged_attention)
 
 
-def export_onnx(model: torch.nn.Module, block_size: int) -> onnx.ModelProto:
+def export_onnx(
+    model: torch.nn.Module, block_size: int, lora: LoRASlots | None = None
+) -> onnx.ModelProto:
     """Export ``model`` (attention already routed to llmc, weights loaded) to an ONNX
     ``ModelProto`` holding its weights (``export_ir``, serialized: under protobuf's 2 GB)."""
-    return ir.to_proto(export_ir(model, block_size))
+    return ir.to_proto(export_ir(model, block_size, lora))
 
 
-def export_ir(model: torch.nn.Module, block_size: int) -> ir.Model:
+@dataclass(frozen=True)
+class LoRASlots:
+    """The adapter slots to reserve (``--enable-lora``): N slots of rank R on the Linear
+    layers named ``target_modules``."""
+
+    max_loras: int
+    max_lora_rank: int
+    target_modules: tuple[str, ...]
+
+
+def export_ir(model: torch.nn.Module, block_size: int, lora: LoRASlots | None = None) -> ir.Model:
     """Export ``model`` (attention already routed to llmc) to an ONNX IR model.
 
-    Inputs: ``STEP_INPUTS`` then ``cache_names(num_layers)``; output ``logits`` [S, vocab] float32.
+    Inputs: ``STEP_INPUTS`` then ``cache_names(num_layers)``, then with ``lora`` the slot
+    inputs of ``llmc.engine.lora`` (``LoRALayout.input_names``); output ``logits`` [S, vocab]
+    float32.
     A model on the meta device exports too (example inputs follow the parameters' device): its
     initializers then have shapes and no values, for ``checkpoint_weights.bind_initializers``.
-    Raises whatever ``torch.onnx.export`` raises when the model cannot be traced.
+    Raises whatever ``torch.onnx.export`` raises when the model cannot be traced, ValueError when
+    ``lora`` names no Linear layer of the model.
     """
+    if lora is None:
+        return _export(model, block_size, None)
+    layout, step = attach_lora_slots(model, lora.max_loras, lora.max_lora_rank, lora.target_modules)
+    try:
+        return _export(model, block_size, (layout, step))
+    finally:
+        step.detach()
 
+
+def _export(model: torch.nn.Module, block_size: int, lora) -> ir.Model:
     schema.register_schema()
     spec = cache_spec(model)
-    packed = PackedCausalLM(model).eval()
+    packed = PackedCausalLM(model, lora).eval()
     dev = next(model.parameters()).device
     num_tokens, num_seqs, max_blocks, num_blocks = 5, 2, 3, 8
     example = (
@@ -82,6 +109,7 @@ def export_ir(model: torch.nn.Module, block_size: int) -> ir.Model:
     caches = tuple(
         torch.zeros(cache_shape, dtype=spec.dtype, device=dev) for _ in range(2 * spec.num_layers)
     )
+    lora_inputs, lora_names = _lora_examples(lora, num_tokens, dev)
     t = torch.export.Dim("num_tokens", min=1, max=65536)
     b = torch.export.Dim("num_seqs", min=1, max=4096)
     s = torch.export.Dim("num_sampled", min=1, max=4096)
@@ -95,8 +123,9 @@ def export_ir(model: torch.nn.Module, block_size: int) -> ir.Model:
         {0: b + 1},
         {0: b, 1: m},
         {0: t},
-        # *kv_caches is one varargs entry in torch.export's input structure.
-        tuple({0: n} for _ in caches),
+        # *kv_caches (and the LoRA inputs after them) is one varargs entry in torch.export's
+        # input structure; the slot tensors are static [K, N*R] and [N*R, O].
+        tuple({0: n} for _ in caches) + (({0: t},) if lora else ()) + (None,) * len(lora_names[1:]),
     )
     with torch.no_grad(), warnings.catch_warnings():
         # Each dynamic dim is named once per input it appears in; the exporter warns for every
@@ -104,10 +133,10 @@ def export_ir(model: torch.nn.Module, block_size: int) -> ir.Model:
         warnings.filterwarnings("ignore", message=".*axis name.*will not be used")
         program = torch.onnx.export(
             packed,
-            example + caches,
+            example + caches + lora_inputs,
             dynamo=True,
             dynamic_shapes=dynamic_shapes,
-            input_names=[*STEP_INPUTS, *cache_names(spec.num_layers)],
+            input_names=[*STEP_INPUTS, *cache_names(spec.num_layers), *lora_names],
             output_names=[LOGITS],
             custom_translation_table={paged_attention_op._opoverload: _translation()},
             opset_version=23,
@@ -121,3 +150,15 @@ def export_ir(model: torch.nn.Module, block_size: int) -> ir.Model:
         if node.domain == DOMAIN and node.op_type == OP_TYPE:
             node.attributes.pop(FPMATH_ATTRIBUTE, None)
     return program.model
+
+
+def _lora_examples(lora, num_tokens: int, dev) -> tuple[tuple[torch.Tensor, ...], list[str]]:
+    """The LoRA inputs' example tensors and names (none without ``lora``)."""
+    if lora is None:
+        return (), []
+    layout, _ = lora
+    width = layout.slot_width
+    tensors = [torch.full((num_tokens,), NO_SLOT, dtype=torch.int64, device=dev)]
+    for k, o in layout.modules.values():
+        tensors += [torch.zeros(k, width, device=dev), torch.zeros(width, o, device=dev)]
+    return tuple(tensors), layout.input_names()

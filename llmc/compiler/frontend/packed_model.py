@@ -8,8 +8,13 @@ are exactly the plugin contract's: no padding, batch dimension 1, logits only fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from llmc.compiler.frontend.lora_slots import LoRAStepTensors
+    from llmc.engine.lora import LoRALayout
 
 
 @dataclass
@@ -29,12 +34,17 @@ class PagedMetadata:
 
 class PackedCausalLM(torch.nn.Module):
     """``forward(input_ids [T], positions [T], logits_indices [S], seq_lens [B],
-    query_start_loc [B+1], block_tables [B, M], slot_mapping [T], *kv_caches) -> logits [S, V]``
-    (float32)."""
+    query_start_loc [B+1], block_tables [B, M], slot_mapping [T], *kv_caches, *lora) -> logits
+    [S, V]`` (float32). With ``lora`` (a layout and the step tensors of the model's slot hooks,
+    ``lora_slots.attach_lora_slots``), the last inputs are ``LoRALayout.input_names``' tensors:
+    slot ids [T] int64, then A and B of each module."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(
+        self, model: torch.nn.Module, lora: tuple[LoRALayout, LoRAStepTensors] | None = None
+    ):
         super().__init__()
         self.model = model
+        self.lora = lora
 
     def forward(
         self,
@@ -47,6 +57,8 @@ class PackedCausalLM(torch.nn.Module):
         slot_mapping: torch.Tensor,
         *kv_caches: torch.Tensor,
     ) -> torch.Tensor:
+        if self.lora is not None:
+            kv_caches = self._bind_lora(kv_caches)
         meta = PagedMetadata(seq_lens, query_start_loc, block_tables, slot_mapping, list(kv_caches))
         out = self.model(
             input_ids=input_ids.unsqueeze(0),
@@ -56,3 +68,15 @@ class PackedCausalLM(torch.nn.Module):
             llmc_metadata=meta,
         )
         return out.logits[0].float()  # a Gather in the export; passes/no_op.py squeezes it
+
+    def _bind_lora(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Hand the trailing LoRA inputs of ``tensors`` to the slot hooks; the caches before."""
+        from llmc.compiler.frontend.lora_slots import slot_mask
+
+        layout, step = self.lora
+        n = 1 + 2 * len(layout.modules)
+        caches, lora = tensors[:-n], tensors[-n:]
+        step.mask = slot_mask(lora[0], layout.max_loras)
+        pairs = zip(lora[1::2], lora[2::2], strict=True)
+        step.weights = dict(zip(layout.modules, pairs, strict=True))
+        return caches

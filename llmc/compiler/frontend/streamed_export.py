@@ -86,8 +86,9 @@ def write_float_graph(
     in_flight_bytes: int,
     stage,
     optional_passes: frozenset[str] = frozenset(),
+    lora=None,
 ) -> tuple[Path, dict[str, int]]:
-    """Export ``meta``'s model, bind its weights to ``src``'s checkpoint as float32, run the
+    """Export ``meta``'s model (with the adapter slots ``lora``, an ``onnx_export.LoRASlots``), bind its weights to ``src``'s checkpoint as float32, run the
     graph passes, and write ``work_dir / FLOAT_GRAPH`` (+ ``.data``; weights of a bfloat16 or
     float16 checkpoint stored in that type, ``stored_weights``; ``load_float_graph`` reads
     it back with float32 weights) with at most
@@ -98,7 +99,7 @@ def write_float_graph(
     from llmc.compiler.passes import run_passes
 
     with stage("export to ONNX"):
-        model = export_ir(meta.model, block_size=block_size)
+        model = export_ir(meta.model, block_size=block_size, lora=lora)
         if src.gguf_file is not None:
             index = index_gguf(src.directory / src.gguf_file, meta.model)
         else:

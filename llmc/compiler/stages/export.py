@@ -9,7 +9,7 @@ from typing import Any
 import onnx
 
 from llmc.compiler.config.export import ExportOptions
-from llmc.compiler.frontend.onnx_export import export_onnx
+from llmc.compiler.frontend.onnx_export import LoRASlots, export_onnx
 from llmc.compiler.frontend.streamed_export import write_float_graph
 from llmc.compiler.passes import run_passes
 from llmc.compiler.stages.load import LoadedModel
@@ -43,8 +43,9 @@ def export(
     proto holds references to them, not the weights. ``share_tied``: run the ``tied_weights``
     pass (unquantized builds: a tied embedding table stored once)."""
     optional = frozenset({"tied_weights"}) if share_tied else frozenset()
+    lora = lora_slots(options)
     if model.streamed is None:
-        return FloatGraph(*float_graph(model.hf_model, options.block_size, stage, optional))
+        return FloatGraph(*float_graph(model.hf_model, options.block_size, stage, optional, lora))
     if work_dir is None:
         raise ValueError("a streamed model is exported into a work directory")
     path, pass_report = write_float_graph(
@@ -55,6 +56,7 @@ def export(
         in_flight_bytes,
         stage,
         optional,
+        lora,
     )
     return FloatGraph(onnx.load(str(path), load_external_data=False), pass_report, work_dir)
 
@@ -64,14 +66,15 @@ def float_graph(
     block_size: int,
     stage: Stage = no_stage,
     optional_passes: frozenset[str] = frozenset(),
+    lora: LoRASlots | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """The unquantized engine graph of a loaded transformers model: export with plugin nodes,
-    then the graph passes. Returns the graph and the pass report (rewrites per pass); also the
+    """The unquantized engine graph of a loaded transformers model: export with plugin nodes
+    (and the adapter slots ``lora``), then the graph passes. Returns the graph and the pass report (rewrites per pass); also the
     reference ``llmc verify`` compares an engine with."""
     import onnx_ir as ir
 
     with stage("export to ONNX"):
-        proto = export_onnx(hf_model, block_size=block_size)
+        proto = export_onnx(hf_model, block_size=block_size, lora=lora)
     with stage("graph passes"):
         graph = ir.from_proto(proto)
         del proto
@@ -79,3 +82,10 @@ def float_graph(
         proto = ir.to_proto(graph)
         del graph
     return proto, pass_report
+
+
+def lora_slots(options: ExportOptions) -> LoRASlots | None:
+    """The adapter slots ``--enable-lora`` reserves, None without it."""
+    if not options.enable_lora:
+        return None
+    return LoRASlots(options.max_loras, options.max_lora_rank, options.lora_targets)

@@ -49,3 +49,19 @@ def core_facts(
         pass_report=graph.pass_report,
         quantization=quantization,
     )
+
+
+def lora_record(config: BuildConfig, graph: EngineGraph) -> dict | None:
+    """The manifest's ``lora`` (``LoRALayout.to_dict``) of an engine graph built with
+    ``--enable-lora``, read from its slot inputs; None without."""
+    from llmc.engine.lora import layout_of_graph
+
+    options = config.export
+    if not options.enable_lora:
+        return None
+    inputs = [
+        (i.name, [d.dim_value for d in i.type.tensor_type.shape.dim])
+        for i in graph.proto.graph.input
+    ]
+    layout = layout_of_graph(options.max_loras, options.max_lora_rank, options.lora_targets, inputs)
+    return layout.to_dict() if layout is not None else None

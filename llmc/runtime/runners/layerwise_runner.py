@@ -29,6 +29,7 @@ import numpy as np
 
 from llmc.engine.kv_cache import kv_cache_numpy_dtype
 from llmc.engine.split import split_at_plugins
+from llmc.runtime.runners.lora_feed import lora_feed, zero_slots
 from llmc.runtime.runners.ort_runner import graph_session_options, run_plugin, step_feed
 from llmc.runtime.runners.step_inputs import StepInputs, single_prefill
 
@@ -110,6 +111,11 @@ class LayerwiseRunner:
         self.logits = self.plan.logits
         self.block_size = self.plan.plugins[0].block_size
         self._last_use = self._last_uses()
+        self._lora = zero_slots(  # a LoRA graph's slots, empty: calibrated on the base model
+            (i.name, [d.dim_value for d in i.type.tensor_type.shape.dim])
+            for segment in self._segments
+            for i in segment.graph.input
+        )
 
     @property
     def num_segments(self) -> int:
@@ -172,7 +178,7 @@ class LayerwiseRunner:
                 replace(step, logits_indices=np.asarray(rows, np.int64))
                 for step, rows in zip(steps, logits_indices, strict=True)
             ]
-        envs = [step_feed(step) for step in steps]
+        envs = [step_feed(step) | lora_feed(step, self._lora) for step in steps]
         max_blocks = max(int(s.block_tables.shape[1]) for s in steps)
         opts = graph_session_options(self._threads, self._external_data_dir)
         # No packed copies of the weights: ONNX Runtime's MatMul would keep a packed copy of

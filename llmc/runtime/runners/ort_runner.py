@@ -27,6 +27,7 @@ from llmc.engine.split import split_at_plugins
 from llmc.plugins.paged_attention import ort_op
 from llmc.plugins.paged_attention.cpu import paged_attention_cpu
 from llmc.runtime.runners.execution_provider import bind_provider
+from llmc.runtime.runners.lora_feed import lora_feed, zero_slots
 from llmc.runtime.runners.ort_env import session_options
 from llmc.runtime.runners.step_inputs import StepInputs
 
@@ -143,6 +144,11 @@ class OrtRunner:
         )
         logits_info = self._sessions[-1].get_outputs()[0]
         self.vocab_size = int(logits_info.shape[-1])
+        #: The adapter slot tensors of a LoRA engine (zeros until an adapter is loaded into
+        #: them, ``llmc.runtime.lora``), by input name; empty for an engine without LoRA.
+        self.lora_slots = zero_slots(
+            (i.name, i.shape) for session in sessions for i in session.get_inputs()
+        )
 
     def end_profiling(self) -> list[str]:
         """Stop ONNX Runtime's profiler (``profile_file_prefix``); the JSON trace files
@@ -162,7 +168,7 @@ class OrtRunner:
             ValueError: the step's attention metadata is inconsistent (a slot or block id
                 outside the cache, ...); nothing was written to the cache.
         """
-        env = step_feed(step)
+        env = step_feed(step) | lora_feed(step, self.lora_slots)
         if self.single_graph:
             return self._run_graph(env)
         return self._run_segments(step, env)

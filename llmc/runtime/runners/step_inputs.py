@@ -26,6 +26,8 @@ class StepInputs:
         logits_indices: [R] int64, rows of T whose logits are wanted: per sequence in step
             order, the positions whose logits give prompt logprobs, then its last token if it
             samples this step.
+        lora_slot_ids: [T] int64, the adapter slot of each token (``llmc.engine.lora``; -1:
+            the base model); None: every token on the base model.
     """
 
     input_ids: np.ndarray
@@ -35,6 +37,7 @@ class StepInputs:
     block_tables: np.ndarray
     slot_mapping: np.ndarray
     logits_indices: np.ndarray
+    lora_slot_ids: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -21,12 +21,23 @@ def hash_block_tokens(parent_hash: bytes, token_ids: list[int]) -> bytes:
     """The chained hash of a full block: SHA-256 of the parent block's hash and its token ids.
 
     Chaining makes the hash name the whole prefix up to and including the block, so equal hashes
-    mean equal prefixes (vLLM's ``hash_block_tokens``). Nothing else changes a block's KV here:
-    the KV cache dtype and scales are fixed per engine, and there are no LoRA adapters or images.
+    mean equal prefixes (vLLM's ``hash_block_tokens``). The only other thing that changes a
+    block's KV here is the LoRA adapter, which the first block's parent names (``root_hash``);
+    the KV cache dtype and scales are fixed per engine, and there are no images.
     SHA-256 rather than Python's ``hash`` so that a crafted prompt cannot collide with another
     user's prefix.
     """
     return hashlib.sha256(parent_hash + array("q", token_ids).tobytes()).digest()
+
+
+def root_hash(seq: Sequence) -> bytes:
+    """The parent hash of a sequence's first block: ``ROOT_HASH`` on the base model, a hash
+    of its adapter's name and digest under a LoRA adapter (whose KV differs from the base
+    model's and from another adapter's, or the same name's after a reload)."""
+    if seq.lora_name is None:
+        return ROOT_HASH
+    key = f"lora:{seq.lora_name}:{seq.lora_digest}".encode()
+    return hashlib.sha256(ROOT_HASH + key).digest()
 
 
 class KVCacheManager:
@@ -144,5 +155,5 @@ class KVCacheManager:
         bs = self.block_size
         hashes = seq.block_hashes
         for i in range(len(hashes), seq.num_tokens // bs):
-            parent = hashes[-1] if hashes else ROOT_HASH
+            parent = hashes[-1] if hashes else root_hash(seq)
             hashes.append(hash_block_tokens(parent, seq.token_ids(i * bs, (i + 1) * bs)))

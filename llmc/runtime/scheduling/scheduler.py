@@ -168,7 +168,19 @@ class Scheduler:
         may be admitted (a free slot; the block check is the admission's own)."""
         if any(seq.num_tokens - seq.num_computed_tokens > 1 for seq in self.running):
             return True
-        return len(self.running) < self.config.max_num_seqs and self._next_waiting() is not None
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        seq = self._next_waiting()
+        return seq is not None and self._adapter_fits(seq)
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may run beside the running sequences: its adapter is theirs, or
+        they use fewer than ``max_loras`` distinct adapters (the engine's slots)."""
+        limit = self.config.max_loras
+        if seq.lora_name is None or limit is None:
+            return True
+        active = {s.lora_name for s in self.running if s.lora_name is not None}
+        return seq.lora_name in active or len(active) < limit
 
     def _next_waiting(self, num_forks: int | None = None) -> Sequence | None:
         """The waiting sequence admission would take next: forks only while fewer than
@@ -204,13 +216,13 @@ class Scheduler:
         return budget
 
     def _admit(self, budget: int, scheduled: list[ScheduledSequence], preempted: list[str]) -> int:
-        """Admit waiting sequences while budget, slots and blocks last (FCFS; forks under
-        their cap); returns the budget left."""
+        """Admit waiting sequences while budget, slots and blocks last, and adapters fit the
+        LoRA slots (FCFS; forks under their cap); returns the budget left."""
         kv = self.kv_cache_manager
         num_forks = sum(seq.index > 0 for seq in self.running)
         while not preempted and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._next_waiting(num_forks)
-            if seq is None:
+            if seq is None or not self._adapter_fits(seq):
                 break
             new_request = seq.num_computed_tokens == 0
             cached = kv.get_computed_blocks(seq) if new_request else []

@@ -29,6 +29,8 @@ class SchedulerConfig:
             first tokens one step per prompt chunk instead of each step also carrying every
             earlier prompt's decode; the price is that running sequences' next token waits
             up to this many steps. 0: decodes always run first (vLLM v1).
+        max_loras: a LoRA engine's adapter slots: most distinct adapters among the running
+            sequences (a request of another adapter waits for one to finish); None: no LoRA.
 
     Raises:
         EngineConfigError: if a limit is < 1 (``max_decode_wait_steps`` < 0), or if the cache
@@ -44,6 +46,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     max_num_forked_seqs: int | None = None
     max_decode_wait_steps: int = 0
+    max_loras: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
