@@ -1,6 +1,7 @@
 """llmc: an ahead-of-time compiler and engine builder for LLM inference.
 
-``from llmc import LLM, SamplingParams, LoRARequest`` is the Python API; heavy modules load on first use.
+``from llmc import LLM, SamplingParams, LoRARequest`` is the Python API; heavy modules load
+on first use.
 """
 
 from llmc.version import __version__

@@ -88,13 +88,14 @@ def write_float_graph(
     optional_passes: frozenset[str] = frozenset(),
     lora=None,
 ) -> tuple[Path, dict[str, int]]:
-    """Export ``meta``'s model (with the adapter slots ``lora``, an ``onnx_export.LoRASlots``), bind its weights to ``src``'s checkpoint as float32, run the
-    graph passes, and write ``work_dir / FLOAT_GRAPH`` (+ ``.data``; weights of a bfloat16 or
-    float16 checkpoint stored in that type, ``stored_weights``; ``load_float_graph`` reads
-    it back with float32 weights) with at most
-    ``in_flight_bytes`` of weights read and not yet written. Returns the path and the pass
-    report. ``optional_passes``: as ``passes.run_passes``. Raises ModelSourceError when a graph
-    weight is not in the checkpoint (or a GGUF tensor's shape is not its weight's)."""
+    """Export ``meta``'s model (with the adapter slots ``lora``, an ``onnx_export.LoRASlots``),
+    bind its weights to ``src``'s checkpoint as float32, run the graph passes, and write
+    ``work_dir / FLOAT_GRAPH`` (+ ``.data``; weights of a bfloat16 or float16 checkpoint stored
+    in that type, ``stored_weights``; ``load_float_graph`` reads it back with float32 weights)
+    with at most ``in_flight_bytes`` of weights read and not yet written. Returns the path and
+    the pass report. ``optional_passes``: as ``passes.run_passes``. Raises ModelSourceError
+    when a graph weight is not in the checkpoint (or a GGUF tensor's shape is not its
+    weight's)."""
     from llmc.compiler.frontend.onnx_export import export_ir
     from llmc.compiler.passes import run_passes
 

@@ -69,8 +69,8 @@ def float_graph(
     lora: LoRASlots | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, int]]:
     """The unquantized engine graph of a loaded transformers model: export with plugin nodes
-    (and the adapter slots ``lora``), then the graph passes. Returns the graph and the pass report (rewrites per pass); also the
-    reference ``llmc verify`` compares an engine with."""
+    (and the adapter slots ``lora``), then the graph passes. Returns the graph and the pass
+    report (rewrites per pass); also the reference ``llmc verify`` compares an engine with."""
     import onnx_ir as ir
 
     with stage("export to ONNX"):
