@@ -41,6 +41,8 @@ def add_flag(group: Any, f: Field, hint: Any) -> None:
     if kind is bool:
         options["action"] = "store_false" if f.default else "store_true"
         help += "; this flag turns it off" if f.default else ""
+    elif typing.get_origin(kind) is list and meta.get("nargs"):  # vLLM's `--flag A B ...`
+        options |= {"action": "extend", "nargs": meta["nargs"], "metavar": meta.get("metavar")}
     elif typing.get_origin(kind) is list:
         options |= {"action": "append", "metavar": meta.get("metavar")}
     else:

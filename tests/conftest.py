@@ -117,6 +117,7 @@ def _running_server(
     grammar_compile_timeout: float = 10.0,
     tracing=None,
     grpc: bool = False,
+    allow_runtime_lora_updating: bool = False,
 ) -> Iterator[LiveServer]:
     """Serve ``engine`` as ``model_name`` until the block ends, then stop the server and the
     engine thread. The options are ``llmc serve``'s (``api_server.serve``); with
@@ -146,6 +147,7 @@ def _running_server(
             limits=limits,
             tracing=tracing,
             grpc_address="127.0.0.1:0" if grpc else None,
+            allow_runtime_lora_updating=allow_runtime_lora_updating,
         )
         config = uvicorn.Config(app, log_level="warning", http=HTTP_PARSER)
         if shutdown_timeout_s is None:
@@ -178,7 +180,8 @@ ServerFactory = Callable[..., AbstractContextManager[LiveServer]]
 def running_server() -> ServerFactory:
     """``running_server(engine, model_name, *, max_waiting=64, max_consecutive_step_failures=3,
     api_key=None, allowed_origins=None, limits=None, shutdown_timeout_s=None,
-    grammar_compile_timeout=10.0, tracing=None, grpc=False)``: a context
+    grammar_compile_timeout=10.0, tracing=None, grpc=False, allow_runtime_lora_updating=False)``:
+    a context
     manager serving ``engine`` (an `LLMEngine`) on 127.0.0.1; yields a `LiveServer`."""
     return _running_server
 

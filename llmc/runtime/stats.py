@@ -24,6 +24,9 @@ class EngineStats:
             and step that speculated).
         spec_decode_num_draft_tokens: cumulative tokens drafted and verified.
         spec_decode_num_accepted_tokens: cumulative drafted tokens the target agreed with.
+        running_lora_adapters: the LoRA adapters of the running sequences (sorted names).
+        waiting_lora_adapters: those of the waiting sequences (sorted names).
+        max_lora: the engine's adapter slots (0 without LoRA).
     """
 
     num_running: int
@@ -37,6 +40,9 @@ class EngineStats:
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    max_lora: int = 0
 
     @property
     def spec_decode_acceptance_rate(self) -> float:

@@ -15,6 +15,8 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from llmc.deploy.ray.replica import EngineFacts
 from llmc.deploy.ray.request import ReplicaOutput, ReplicaRequest, prefix_hashes
+from llmc.runtime.lora.errors import LoRAAdapterError, LoRANotFoundError
+from llmc.runtime.lora.lora_request import LoRARequest
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
 from llmc.runtime.sampling_params import SamplingParams
@@ -83,8 +85,10 @@ class ReplicaPool:
         params: SamplingParams,
         request_id: str,
         prompt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """As ``AsyncLLMEngine.generate``, on whichever replica the router picks.
+        """As ``AsyncLLMEngine.generate``, on whichever replica the router picks (the base
+        model: replicas serve no LoRA adapter, ``lora_request`` must be None).
 
         Raises:
             ValueError: ``check_request`` refused it (before any replica sees it).
@@ -93,6 +97,8 @@ class ReplicaPool:
             Whatever the replica's ``generate`` raised (Ray re-raises the same class).
         """
         check_request(prompt_token_ids, params, self._vocab_size, self.max_model_len)
+        if lora_request is not None:
+            raise LoRAAdapterError(_NO_LORA)
         hashes = prefix_hashes(prompt_token_ids, self._block_size)
         request = ReplicaRequest(list(prompt_token_ids), params, request_id, prompt, hashes)
         response = self._handle.remote(request)
@@ -123,6 +129,22 @@ class ReplicaPool:
                 response.cancel()  # the replica's generate is cancelled: it aborts the request
             if outcome is not None and not waiting:
                 self._num_finished[outcome] += 1
+
+    def lora_request(self, name: str) -> LoRARequest | None:
+        """None: replicas serve no LoRA adapter."""
+        return None
+
+    @property
+    def loras(self) -> list[LoRARequest]:
+        return []
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Refused (LoRAAdapterError): replicas serve no LoRA adapter."""
+        raise LoRAAdapterError(_NO_LORA)
+
+    async def remove_lora(self, lora_name: str) -> None:
+        """Refused (LoRANotFoundError): no adapter is loaded."""
+        raise LoRANotFoundError(f"no LoRA adapter named {lora_name!r} is loaded")
 
     def abort_all(self) -> None:
         """Cancel every open request (each replica aborts its own)."""
@@ -156,11 +178,16 @@ def sum_stats(stats: list[EngineStats]) -> EngineStats:
     total = {
         f.name: sum(getattr(s, f.name) for s in stats)
         for f in dataclasses.fields(EngineStats)
-        if f.name != "kv_cache_usage"
+        if f.name not in _NOT_SUMMED
     }
     blocks = total["num_total_blocks"]
     used = blocks - total["num_free_blocks"]
     return EngineStats(kv_cache_usage=used / blocks if blocks else 0.0, **total)
+
+
+#: EngineStats fields that are not counts (the KV usage is recomputed; replicas serve no LoRA).
+_NOT_SUMMED = {"kv_cache_usage", "running_lora_adapters", "waiting_lora_adapters", "max_lora"}
+_NO_LORA = "LoRA adapters are served by `llmc serve` without --num-replicas"
 
 
 class ReplicaCollector(Collector):

@@ -76,6 +76,18 @@ class Scheduler:
             spec_decode_num_drafts=self.num_spec_drafts,
             spec_decode_num_draft_tokens=self.num_spec_draft_tokens,
             spec_decode_num_accepted_tokens=self.num_spec_accepted_tokens,
+            **self._lora_stats(),
+        )
+
+    def _lora_stats(self) -> dict:
+        """The LoRA fields of `EngineStats` (none on an engine without LoRA)."""
+        if self.config.max_loras is None:
+            return {}
+        waiting = (s.lora_name for s in self.waiting if not s.is_finished)
+        return dict(
+            running_lora_adapters=tuple(sorted({s.lora_name for s in self.running} - {None})),
+            waiting_lora_adapters=tuple(sorted(set(waiting) - {None})),
+            max_lora=self.config.max_loras,
         )
 
     def add_request(self, seq: Sequence) -> None:

@@ -6,6 +6,7 @@ import logging
 import os
 from pathlib import Path
 
+from llmc.runtime.lora.lora_request import LoRARequest
 from llmc.runtime.server.api_key import resolve_api_key
 from llmc.runtime.server.app import build_app
 from llmc.runtime.server.async_engine import AsyncLLMEngine
@@ -67,6 +68,7 @@ def serve(
             limits=config.limits,
             tracing=request_tracing(config.tracing.otlp_traces_endpoint),
             grpc_address=None if http.grpc_port is None else f"{http.host}:{http.grpc_port}",
+            allow_runtime_lora_updating=config.lora.runtime_updating(os.environ),
         )
         uvicorn_config = uvicorn.Config(
             app,
@@ -99,7 +101,8 @@ def start_engine(
         stall the engine thread).
 
     Raises:
-        As ``LLMEngine.from_engine_dir``.
+        As ``LLMEngine.from_engine_dir``; LoRAAdapterError for a ``--lora-modules`` adapter the
+        engine cannot serve.
     """
     from llmc.runtime.engine import LLMEngine
 
@@ -115,7 +118,10 @@ def start_engine(
         enable_prefix_caching=limits.enable_prefix_caching,
         expected_manifest_sha256=expected_manifest_sha256,
         speculative_config=limits.speculative,
+        max_cpu_loras=config.lora.max_cpu_loras,
     )
+    for i, (name, path) in enumerate(config.lora.modules, start=1):
+        llm_engine.add_lora(LoRARequest(name, i, path))
     llm_engine.grammars.warm_up()
     return AsyncLLMEngine(
         llm_engine,

@@ -1,7 +1,8 @@
 """The FastAPI application: routes, middleware, client-disconnect handling.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, and vLLM's
-``POST /tokenize`` and ``POST /detokenize`` (behind the API key when one is set, like every
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (the model and
+its LoRA adapters), and vLLM's ``POST /tokenize``, ``POST /detokenize`` and, when allowed, LoRA
+``load``/``unload`` (``lora_routes.py``) (behind the API key when one is set, like every
 route but the public three); ``GET /health`` (liveness: the
 engine thread is alive), ``GET /ready`` (readiness: alive and not draining) and
 ``GET /metrics`` (Prometheus) are public, for load balancers and scrapers. ``HEAD`` works
@@ -30,6 +31,7 @@ from llmc.runtime.server.framing import FramingGuard
 from llmc.runtime.server.gate import RequestGate
 from llmc.runtime.server.kserve_v2 import add_v2_routes
 from llmc.runtime.server.limits import RequestLimits
+from llmc.runtime.server.lora_routes import adapter_cards, add_lora_routes
 from llmc.runtime.server.metrics import ServerMetrics
 from llmc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmc.runtime.server.responses import ModelCard, ModelList
@@ -54,6 +56,7 @@ def build_app(
     limits: RequestLimits | None = None,
     tracing: RequestTracing | None = None,
     grpc_address: str | None = None,
+    allow_runtime_lora_updating: bool = False,
 ) -> FastAPI:
     """Build the OpenAI-compatible app around a running engine.
 
@@ -76,6 +79,8 @@ def build_app(
         grpc_address: ``host:port`` to serve KServe v2 over gRPC on as well
             (``grpc_service.py``; needs ``tritonclient[grpc]``), started and stopped with the
             app (its bound port in ``app.state.grpc_port``); None: no gRPC.
+        allow_runtime_lora_updating: serve ``/v1/load_lora_adapter`` and
+            ``/v1/unload_lora_adapter`` (``lora_routes.py``); False: those routes are 404.
 
     Returns:
         The app; ``app.state.drain`` is its `Drain` (set ``draining`` to start a drain),
@@ -112,6 +117,8 @@ def build_app(
 
     _add_routes(app, engine, model_name, serving, metrics, drain)
     add_v2_routes(app, serving, model_name, engine, drain, _until_disconnect)
+    if allow_runtime_lora_updating:
+        add_lora_routes(app, engine, model_name)
     _add_middleware(app, drain, api_key, limits, retry_after_s, allowed_origins)
     return app
 
@@ -144,7 +151,8 @@ def _add_routes(
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model_name, max_model_len=engine.max_model_len)])
+        base = ModelCard(id=model_name, max_model_len=engine.max_model_len)
+        return ModelList(data=[base, *adapter_cards(engine, model_name)])
 
     @app.get("/health")
     async def health() -> Response:

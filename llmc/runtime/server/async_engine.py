@@ -26,6 +26,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from llmc.errors import StepFailedError
@@ -39,6 +40,7 @@ from llmc.runtime.server.request_stream import (
     AbortAll,
     Add,
     Command,
+    LoRAChange,
     RequestStream,
     StreamItem,
     finish_outcome,
@@ -47,6 +49,7 @@ from llmc.runtime.structured.grammar import GrammarError
 
 if TYPE_CHECKING:
     from llmc.runtime.engine import LLMEngine
+    from llmc.runtime.lora.lora_request import LoRARequest
     from llmc.runtime.sampling_params import SamplingParams
     from llmc.runtime.stats import EngineStats
 
@@ -99,6 +102,8 @@ class AsyncLLMEngine:
         self._num_in_flight = 0
         self._num_finished = dict.fromkeys(FINISH_OUTCOMES, 0)
         self._stats: EngineStats = engine.stats()  # replaced by the engine thread, never mutated
+        # The engine's LoRA adapters by name, replaced by the engine thread after a change.
+        self._loras: dict[str, LoRARequest] = {r.lora_name: r for r in engine.list_loras()}
         self._thread = threading.Thread(target=self._run, name="llmc-engine", daemon=True)
         self._thread.start()
 
@@ -142,6 +147,33 @@ class AsyncLLMEngine:
         preemptions); a snapshot, safe to read from any thread."""
         return self._stats
 
+    def lora_request(self, name: str) -> LoRARequest | None:
+        """The loaded LoRA adapter named ``name``, None if there is none."""
+        return self._loras.get(name)
+
+    @property
+    def loras(self) -> list[LoRARequest]:
+        """The loaded LoRA adapters, in the order they were added; a snapshot."""
+        return list(self._loras.values())
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load an adapter on the engine thread, between steps. Raises as
+        ``LLMEngine.add_lora`` (``LoRAAdapterError``), EngineDeadError when it has stopped."""
+        await self._change_lora(lora_request)
+
+    async def remove_lora(self, lora_name: str) -> None:
+        """Unload an adapter on the engine thread, between steps. Raises as
+        ``LLMEngine.remove_lora`` (``LoRANotFoundError``, ``LoRAAdapterError`` while in use)."""
+        await self._change_lora(lora_name)
+
+    async def _change_lora(self, change) -> None:
+        done: Future = Future()
+        with self._cond:
+            self._check_alive()
+            self._inbox.append(LoRAChange(change, done))
+            self._cond.notify()
+        await asyncio.wrap_future(done)
+
     @property
     def is_running(self) -> bool:
         """Whether the engine thread is alive and accepting requests."""
@@ -153,8 +185,10 @@ class AsyncLLMEngine:
         params: SamplingParams,
         request_id: str,
         prompt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request and yield its outputs until it finishes.
+        """Submit a request (served by the adapter ``lora_request``, None: the base model)
+        and yield its outputs until it finishes.
 
         Outputs are cumulative (``outputs[0].text`` is the whole text so far); when the consumer
         is slower than the engine, intermediate outputs are skipped (never the first). Stopping
@@ -186,7 +220,8 @@ class AsyncLLMEngine:
                 grammar = await self._grammars.compile(params.structured_outputs)
             with self._cond:
                 self._check_alive()  # it may have stopped while the constraint compiled
-                self._inbox.append(Add(stream, list(prompt_token_ids), params, prompt, grammar))
+                add = Add(stream, list(prompt_token_ids), params, prompt, grammar, lora_request)
+                self._inbox.append(add)
                 self._cond.notify()
         except BaseException:
             with self._cond:
@@ -319,6 +354,8 @@ class AsyncLLMEngine:
         for command in pending:
             if isinstance(command, Add):
                 command.stream.put(error)
+            elif isinstance(command, LoRAChange):
+                command.done.set_exception(error)
 
     def _fail_step(
         self, exc: Exception, streams: dict[str, tuple[RequestStream, Add]], num_failed: int
@@ -353,6 +390,9 @@ class AsyncLLMEngine:
         if isinstance(command, Abort):
             self._abort(command.request_id, streams)
             return
+        if isinstance(command, LoRAChange):
+            self._apply_lora(command)
+            return
         stream = command.stream
         if stream.request_id in streams:
             stream.put(ValueError(f"request id {stream.request_id!r} is already in use"))
@@ -364,11 +404,25 @@ class AsyncLLMEngine:
                 command.params,
                 prompt=command.prompt,
                 grammar=command.grammar,
+                lora_request=command.lora_request,
             )
         except Exception as exc:  # refused (ValueError) or an engine bug: fail this request only
             stream.put(exc)
             return
         streams[stream.request_id] = (stream, command)
+
+    def _apply_lora(self, command: LoRAChange) -> None:
+        """Load or unload an adapter (on the engine thread); the outcome to ``command.done``."""
+        try:
+            if isinstance(command.change, str):
+                self._engine.remove_lora(command.change)
+            else:
+                self._engine.add_lora(command.change)
+        except Exception as exc:
+            command.done.set_exception(exc)
+            return
+        self._loras = {r.lora_name: r for r in self._engine.list_loras()}
+        command.done.set_result(None)
 
     def _abort(self, request_id: str, streams: dict[str, tuple[RequestStream, Add]]) -> None:
         if streams.pop(request_id, None) is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from llmc.runtime.lora.lora_request import LoRARequest
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.stats import EngineStats
@@ -68,9 +69,29 @@ class EngineClient(Protocol):
         params: SamplingParams,
         request_id: str,
         prompt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit a request; yield its cumulative outputs until it finishes. Raises as
-        ``AsyncLLMEngine.generate`` (``QueueFullError``, ``ValueError``, ...)."""
+        """Submit a request (served by the adapter ``lora_request``; None: the base model);
+        yield its cumulative outputs until it finishes. Raises as ``AsyncLLMEngine.generate``
+        (``QueueFullError``, ``ValueError``, ...)."""
+        ...
+
+    def lora_request(self, name: str) -> LoRARequest | None:
+        """The loaded LoRA adapter named ``name``, None if there is none."""
+        ...
+
+    @property
+    def loras(self) -> list[LoRARequest]:
+        """The loaded LoRA adapters, in the order they were added."""
+        ...
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load an adapter. Raises ``LoRAAdapterError`` for one the engine cannot serve."""
+        ...
+
+    async def remove_lora(self, lora_name: str) -> None:
+        """Unload an adapter. Raises ``LoRANotFoundError`` (not loaded) or
+        ``LoRAAdapterError`` (in use)."""
         ...
 
     def abort_all(self) -> None:

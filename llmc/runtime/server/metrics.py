@@ -6,7 +6,8 @@ Names and types follow vLLM v1's metrics (https://docs.vllm.ai/en/v0.12.0/design
 ``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits`` (in tokens), ``vllm:num_preemptions``,
 ``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
 ``vllm:spec_decode_num_accepted_tokens``, ``vllm:prompt_tokens``, ``vllm:generation_tokens``,
-``vllm:request_success`` (Prometheus adds ``_total`` to counters); histograms
+``vllm:request_success`` (Prometheus adds ``_total`` to counters), ``vllm:lora_requests_info``
+(a LoRA engine's adapters running and waiting); histograms
 ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds``,
 ``vllm:e2e_request_latency_seconds``.
 
@@ -22,6 +23,7 @@ process-global state).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -111,6 +113,21 @@ class _EngineCollector(Collector):
         for reason, count in self.engine.num_finished.items():
             finished.add_metric([self.model_name, reason], float(count))
         yield finished
+        if stats.max_lora:
+            yield _lora_info(stats)
+
+
+def _lora_info(stats) -> GaugeMetricFamily:
+    """vLLM's ``vllm:lora_requests_info``: the adapters running and waiting (comma-separated
+    label values) and the slots, valued with the scrape's Unix time, as vLLM sets it."""
+    gauge = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "LoRA adapters of the running and waiting requests, and the engine's adapter slots.",
+        labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+    )
+    waiting, running = ",".join(stats.waiting_lora_adapters), ",".join(stats.running_lora_adapters)
+    gauge.add_metric([str(stats.max_lora), waiting, running], time.time())
+    return gauge
 
 
 class ServerMetrics:

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, TypeAlias
 from llmc.runtime.outputs import CompletionOutput, RequestOutput
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from llmc.runtime.lora.lora_request import LoRARequest
     from llmc.runtime.sampling_params import SamplingParams
 
 # What a request's queue carries: its outputs, or the exception that ended it.
@@ -67,6 +70,16 @@ class Add:
     params: SamplingParams
     prompt: str | None
     grammar: object = None  # the compiled start state of params.structured_outputs, or None
+    lora_request: LoRARequest | None = None  # the adapter that serves it, None: the base model
+
+
+@dataclass(frozen=True)
+class LoRAChange:
+    """Load an adapter (a ``LoRARequest``) or unload one (its name) on the engine thread,
+    between steps; the outcome (None or the error) is set on ``done``."""
+
+    change: LoRARequest | str
+    done: Future
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,7 @@ class AbortAll:
     """End every unfinished request with finish_reason "abort" (the drain's deadline)."""
 
 
-Command: TypeAlias = "Add | Abort | AbortAll"
+Command: TypeAlias = "Add | Abort | AbortAll | LoRAChange"
 
 
 def finish_outcome(output: RequestOutput) -> str:

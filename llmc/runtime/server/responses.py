@@ -163,12 +163,15 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
-    """One entry of ``/v1/models``; ``max_model_len`` is vLLM's extension."""
+    """One entry of ``/v1/models``; ``root``, ``parent`` and ``max_model_len`` are vLLM's
+    extensions (a LoRA adapter: its directory, and the base model it runs on)."""
 
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now)
     owned_by: str = "llmc"
+    root: str | None = None
+    parent: str | None = None
     max_model_len: int | None = None
 
 

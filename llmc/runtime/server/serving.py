@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmc.errors import ContextLengthError
 from llmc.runtime.chat_template import CHAT_ADD_SPECIAL_TOKENS, ChatTemplateError, render_chat
 from llmc.runtime.errors import InvalidRequestError
+from llmc.runtime.lora.lora_request import LoRARequest
 from llmc.runtime.request_check import check_vocabulary
 from llmc.runtime.sampling_params import SamplingParams
 from llmc.runtime.server.bounded_encode import encode_bounded
@@ -103,7 +104,7 @@ class OpenAIServing:
         self, request: CompletionRequest, headers: Mapping[str, str] | None = None
     ) -> JSONResponse | StreamingResponse:
         """``POST /v1/completions``; ``headers``: the HTTP request's (a ``traceparent``)."""
-        self._check(request)
+        lora = self._check(request)
         prompt, tokenizer = request.prompt, self.engine.tokenizer
         if isinstance(prompt, str):
             prompt_ids, text = await self._encode_off_loop(prompt, True, "prompt"), prompt
@@ -118,32 +119,32 @@ class OpenAIServing:
             prefix = await self._off_loop(tokenizer.decode, prompt_ids)
         renderer = CompletionRenderer(
             f"cmpl-{uuid.uuid4().hex}",
-            self.model_name,
+            request.model,
             self._ids if request.return_tokens_as_token_ids else self._texts,
             logprobs=request.logprobs,
             prefix=prefix,
             prompt_token_ids=prompt_ids,
         )
         trace = ("completion", headers or {})
-        return await self._serve(request, renderer, prompt_ids, text, "prompt", trace)
+        return await self._serve(request, renderer, prompt_ids, text, ("prompt", lora), trace)
 
     async def chat(
         self, request: ChatCompletionRequest, headers: Mapping[str, str] | None = None
     ) -> JSONResponse | StreamingResponse:
         """``POST /v1/chat/completions``: the prompt is the tokenizer's chat template applied
         to ``messages`` with ``add_generation_prompt=True``; ``headers`` as ``completion``'s."""
-        self._check(request)
+        lora = self._check(request)
         text = await self._off_loop(self._render_chat, request)
         prompt_ids = await self._encode_off_loop(text, CHAT_ADD_SPECIAL_TOKENS, "messages")
         renderer = ChatRenderer(
             f"chatcmpl-{uuid.uuid4().hex}",
-            self.model_name,
+            request.model,
             self._ids if request.return_tokens_as_token_ids else self._texts,
             logprobs=request.sampled_logprobs,
             tool_format=self.tool_format if request.tool_plan is not None else None,
         )
         trace = ("chat", headers or {})
-        return await self._serve(request, renderer, prompt_ids, text, "messages", trace)
+        return await self._serve(request, renderer, prompt_ids, text, ("messages", lora), trace)
 
     async def _serve(
         self,
@@ -151,18 +152,20 @@ class OpenAIServing:
         renderer: Renderer,
         prompt_ids: list[int],
         prompt: str | None,
-        param: str,
+        source: tuple[str, LoRARequest | None],
         trace: tuple[str, Mapping[str, str]],
     ) -> JSONResponse | StreamingResponse:
         """Submit the request, wait for its first output, then answer whole or streamed.
+        ``source``: (the prompt's field name, the LoRA adapter serving it or None);
         ``trace``: (route, HTTP headers) of its span."""
+        param, lora = source
         arrival = time.monotonic()
         params = self._sampling_params(request, len(prompt_ids))
         span = None
         if self.tracing is not None:
             route, headers = trace
-            span = self.tracing.start(headers, route, self.model_name, renderer.request_id, params)
-        submission = (request, renderer, prompt_ids, prompt, param, params, arrival)
+            span = self.tracing.start(headers, route, request.model, renderer.request_id, params)
+        submission = (request, renderer, prompt_ids, prompt, source, params, arrival)
         try:
             return await self._answer(submission, span)
         except BaseException as exc:
@@ -174,8 +177,9 @@ class OpenAIServing:
         self, submission: tuple, span: RequestSpan | None
     ) -> JSONResponse | StreamingResponse:
         """``_serve`` once its span is open: ``submission`` is (request, renderer, prompt ids,
-        prompt text, the prompt's field name, sampling params, arrival time)."""
-        request, renderer, prompt_ids, prompt, param, params, arrival = submission
+        prompt text, (the prompt's field name, its LoRA adapter), sampling params, arrival
+        time)."""
+        request, renderer, prompt_ids, prompt, (param, lora), params, arrival = submission
         constraint_field = request.constraint[1]
         if params.structured_outputs is not None:  # its form, then its size, then compiled
             try:
@@ -184,7 +188,7 @@ class OpenAIServing:
                 raise _invalid_request(exc, request, param) from exc
             self.limits.check_constraint(params.structured_outputs, constraint_field)
         request_id = renderer.request_id
-        outputs = self.engine.generate(prompt_ids, params, request_id, prompt=prompt)
+        outputs = self.engine.generate(prompt_ids, params, request_id, prompt, lora)
         try:
             first = await anext(outputs)
         except QueueFullError as exc:
@@ -259,12 +263,14 @@ class OpenAIServing:
             prompt=await self._off_loop(self.engine.tokenizer.decode, request.tokens)
         )
 
-    def _check(self, request: Request) -> None:
-        """404 for another model; 400 past a limit of this server (`RequestLimits.check`),
-        before any tokenizing. Whether the engine can run the request is its own check
-        (`check_request`), when the request reaches it."""
-        self._check_model(request.model)
+    def _check(self, request: Request) -> LoRARequest | None:
+        """The LoRA adapter ``model`` names (None: the served model); 404 for another model;
+        400 past a limit of this server (`RequestLimits.check`), before any tokenizing.
+        Whether the engine can run the request is its own check (`check_request`), when the
+        request reaches it."""
+        lora = self._check_model(request.model)
         self.limits.check(request)
+        return lora
 
     def _check_vocabulary(self, param: str, token_ids: list[int]) -> None:
         """400 naming ``param`` for a token id outside the vocabulary (before it is decoded:
@@ -274,15 +280,25 @@ class OpenAIServing:
         except InvalidRequestError as exc:
             raise bad_request(str(exc), param) from exc
 
-    def _check_model(self, model: str) -> None:
-        """404 unless ``model`` is the served model's name."""
-        if model != self.model_name:
+    def _check_model(self, model: str) -> LoRARequest | None:
+        """The LoRA adapter named ``model``, None for the served model's name; 404 for any
+        other name."""
+        if model == self.model_name:
+            return None
+        lora = self.engine.lora_request(model)
+        if lora is None:
+            served = ", ".join(f"`{n}`" for n in [self.model_name, *self.lora_names()])
             raise ApiError(
                 404,
-                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                f"The model `{model}` does not exist; this server serves {served}.",
                 param="model",
                 code="model_not_found",
             )
+        return lora
+
+    def lora_names(self) -> list[str]:
+        """The names of the loaded LoRA adapters (each a ``model`` requests may give)."""
+        return [r.lora_name for r in self.engine.loras]
 
     async def _off_loop(self, work: Callable[..., T], *args: object) -> T:
         """``work(*args)`` on the tokenizer thread; cancelled with the request."""
