@@ -90,9 +90,10 @@ class RequestResult:
 
 
 def request_body(target: Target, request: BenchRequest) -> dict:
-    """The JSON body: streamed, with usage; ``max_tokens`` = ``request.output_len``."""
+    """The JSON body: streamed, with usage; ``max_tokens`` = ``request.output_len``; ``model``
+    the request's own when it has one, else the target's."""
     body: dict = {
-        "model": target.model,
+        "model": request.model or target.model,
         "max_tokens": request.output_len,
         "temperature": target.temperature,
         "stream": True,

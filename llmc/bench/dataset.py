@@ -49,12 +49,15 @@ class BenchRequest:
         output_len: ``max_tokens``.
         disconnect_after: close the stream after this many content chunks (a client that hangs
             up); None: read to the end.
+        model: the ``model`` field of this request (a LoRA adapter's name); None: the
+            target's.
     """
 
     prompt: str | list[int]
     prompt_len: int | None
     output_len: int
     disconnect_after: int | None = None
+    model: str | None = None
 
 
 def _lengths(rng: random.Random, length: int, ratio: float, n: int) -> list[int]:
