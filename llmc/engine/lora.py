@@ -3,7 +3,8 @@ the runtime that fills them (``llmc build --enable-lora``).
 
 A LoRA engine has, besides ``STEP_INPUTS`` and the caches, one input ``lora_slot_ids`` [T] int64
 (the slot of each packed token's adapter, -1 for the base model) and per target module ``m``
-two float32 inputs: ``lora_a.<m>`` [K, N * R] and ``lora_b.<m>`` [N * R, O], N slots of rank R.
+two inputs of the compute dtype (float32 on cpu): ``lora_a.<m>`` [K, N * R] and ``lora_b.<m>``
+[N * R, O], N slots of rank R.
 Slot s holds adapter A^T in columns ``s*R : s*R + r`` of ``lora_a`` and (scaling * B)^T in rows
 ``s*R : s*R + r`` of ``lora_b`` (zeros past its rank r). The graph adds to the module's output
 ``Y = X W``::
@@ -70,13 +71,14 @@ class LoRALayout:
             names += [lora_a_name(module), lora_b_name(module)]
         return names
 
-    def to_dict(self) -> dict:
-        """The manifest's record (JSON types)."""
+    def to_dict(self, dtype: str = "float32") -> dict:
+        """The manifest's record (JSON types); ``dtype``: the slot tensors' (float32 on cpu,
+        the compute dtype of a GPU engine)."""
         return {
             "max_loras": self.max_loras,
             "max_lora_rank": self.max_lora_rank,
             "target_modules": list(self.target_modules),
-            "dtype": "float32",
+            "dtype": dtype,
             "modules": {m: list(shape) for m, shape in self.modules.items()},
         }
 

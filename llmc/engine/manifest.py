@@ -60,6 +60,7 @@ class ManifestCore:
     build_config_hash: str
     pass_report: dict[str, int] = field(default_factory=dict)  # pass name -> rewrites made
     quantization: dict | None = None  # quantized builds: what was quantized how, fast-path counts
+    lora: dict | None = None  # --enable-lora: the adapter slots (``lora.LoRALayout.to_dict``)
     files: dict[str, str] = field(default_factory=dict)
     created_at: str = field(default_factory=_utc_now)  # ISO 8601, UTC
 
@@ -103,8 +104,6 @@ class EngineManifest(ManifestCore):
     # "accuracy_report"}; the runtime loads it for speculative decoding only if its manifest
     # still has that digest.
     draft: dict | None = None
-    # LoRA adapter slots (--enable-lora): ``llmc.engine.lora.LoRALayout.to_dict``.
-    lora: dict | None = None
 
     @property
     def provider(self) -> ProviderChoice:

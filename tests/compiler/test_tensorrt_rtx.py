@@ -87,6 +87,9 @@ def plugin_layers(plan: bytes) -> list[int]:
 def test_build_writes_a_tensorrt_rtx_plan(inputs, tmp_path, family, arch, quant, flags):
     if family == "llama" and (arch, quant) not in {("sm86", "int8"), ("sm89", "fp8")}:
         pytest.skip("Llama: one build per target family is enough beside Gemma 3's matrix")
+    lora = family == "llama" and arch == "sm89"  # LoRA slots: the same graph form as on cpu
+    if lora:
+        flags = [*flags, "--enable-lora", "--max-loras", "2", "--max-lora-rank", "4"]
     out = tmp_path / "engine"
     code, err = _build(inputs, family, arch, quant, flags, out)
     assert code == 0, err[-3000:]
@@ -101,6 +104,11 @@ def test_build_writes_a_tensorrt_rtx_plan(inputs, tmp_path, family, arch, quant,
     assert len(plan) > 100_000
     assert plugin_layers(plan) == list(range(m.num_layers))
     assert plan.count(b"llmc") >= m.num_layers  # the creator's namespace, per record
+    if lora:  # the slot inputs are the plan's: the slot ids in its profile, A/B static
+        assert (m.lora["max_loras"], m.lora["dtype"]) == (2, "bfloat16")
+        assert len(m.lora["modules"]) == 7 * m.num_layers
+        assert "lora_slot_ids" in record["profiles"][0]
+        assert plan.count(b"lora_a.model.layers.") >= len(m.lora["modules"])
 
 
 def _stage(inputs, out: Path, arch: str, quant: str) -> Path:

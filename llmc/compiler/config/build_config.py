@@ -146,11 +146,6 @@ class BuildConfig:
                 "--execution-provider cpu+openvino-runtime runs the CPU EP's float32 engine: use "
                 "it with --dtype float32; bfloat16 engines run on openvino or openvino-runtime"
             )
-        if self.export.enable_lora and not self.target.is_cpu:
-            raise BuildConfigError(
-                f"--enable-lora builds adapter slots for --arch cpu; {arch} engines have none "
-                "yet: build the LoRA engine with --arch cpu"
-            )
         if self.target.is_cpu and self.quantization.quantizes and dtype != "float32":
             raise BuildConfigError(
                 f"--quant {quant} builds run their unquantized parts in float32 on cpu; "

@@ -22,8 +22,8 @@ def core_facts(
 ) -> dict[str, Any]:
     """The ``ManifestCore`` fields of a build (every one but the format, llmc version, files
     and creation time), by name: the model and its digests, the target, dtypes and limits, the
-    KV geometry, the plugin versions, the build config and its hash, the pass report and
-    ``quantization`` (the report as the manifest records it, or None)."""
+    KV geometry, the plugin versions, the build config and its hash, the pass report,
+    ``quantization`` (the report as the manifest records it, or None) and the LoRA slots."""
     resolved = model.resolved
     limits = config.export
     return dict(
@@ -48,6 +48,7 @@ def core_facts(
         build_config_hash=config.hash(),
         pass_report=graph.pass_report,
         quantization=quantization,
+        lora=lora_record(config, graph),
     )
 
 
@@ -64,4 +65,6 @@ def lora_record(config: BuildConfig, graph: EngineGraph) -> dict | None:
         for i in graph.proto.graph.input
     ]
     layout = layout_of_graph(options.max_loras, options.max_lora_rank, options.lora_targets, inputs)
-    return layout.to_dict() if layout is not None else None
+    if layout is None:
+        return None
+    return layout.to_dict("float32" if config.target.is_cpu else str(config.source.dtype))

@@ -8,7 +8,7 @@ from llmc.compiler.backends.onnxruntime.report import chosen_provider
 from llmc.compiler.backends.protocol import BuildRecord
 from llmc.compiler.memory.plan import MemoryPlan
 from llmc.compiler.stages.build_stats import BuildStats
-from llmc.compiler.stages.manifest import core_facts, lora_record
+from llmc.compiler.stages.manifest import core_facts
 from llmc.compiler.stages.progress import Stage, no_stage
 from llmc.compiler.stages.tokenizer import write_tokenizer_files
 from llmc.engine import manifest as mf
@@ -45,7 +45,6 @@ def write_cpu_manifest(record: BuildRecord, stage: Stage = no_stage) -> mf.Engin
             accuracy_report=report.accuracy.to_dict() if report.accuracy is not None else None,
             files=mf.file_digests(engine.engine_dir),
             build_stats=_build_stats(record.stats, record.memory),
-            lora=lora_record(record.config, record.graph),
         )
         mf.write_manifest(manifest, engine.engine_dir)
     return manifest

@@ -39,6 +39,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llmc.engine.lora import LORA_SLOT_IDS, is_lora_input
 from llmc.errors import LlmcError
 from llmc.plugins.paged_attention import trt_register
 
@@ -87,7 +88,8 @@ def optimization_profile(
 ) -> dict[str, ShapeRange]:
     """The one optimization profile of an engine, by graph input (DESIGN §3 names):
 
-    - T packed tokens (``input_ids``, ``positions``, ``slot_mapping``): 1 .. max_num_tokens,
+    - T packed tokens (``input_ids``, ``positions``, ``slot_mapping``, a LoRA engine's
+      ``lora_slot_ids``): 1 .. max_num_tokens,
       opt min(max_num_tokens, 256) (a mixed step of decodes and a prefill chunk);
     - B sequences (``seq_lens``; ``query_start_loc`` has B+1), S sampled rows
       (``logits_indices``): 1 .. max_batch, opt max_batch (full decode batches);
@@ -104,7 +106,7 @@ def optimization_profile(
 
     profile = {
         name: r((1,), (t_opt,), (max_num_tokens,))
-        for name in ("input_ids", "positions", "slot_mapping")
+        for name in ("input_ids", "positions", "slot_mapping", LORA_SLOT_IDS)
     }
     profile["logits_indices"] = r((1,), (max_batch,), (max_batch,))
     profile["seq_lens"] = r((1,), (max_batch,), (max_batch,))
@@ -312,10 +314,13 @@ def _set_timing_cache(config, cache_path: Path | None) -> None:
 
 
 def _trt_profile(builder, network, profile: dict[str, ShapeRange]):
-    """The network's one optimization profile: ``profile``'s shapes for every input."""
+    """The network's one optimization profile: ``profile``'s shapes for every input (but the
+    static LoRA slot tensors)."""
     trt_profile = builder.create_optimization_profile()
     for i in range(network.num_inputs):
         name = network.get_input(i).name
+        if name not in profile and is_lora_input(name) and min(network.get_input(i).shape) > 0:
+            continue  # a LoRA engine's slot tensors: static shapes need no profile
         if name not in profile:
             raise TensorRTBuildError(f"network input {name!r} has no optimization profile")
         shapes = profile[name]
