@@ -18,12 +18,32 @@ MatMuls over all slots: N * R is small beside K and O). A token of slot -1 gets 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 #: The per-token slot input of a LoRA engine ([T] int64; -1: no adapter).
 LORA_SLOT_IDS = "lora_slot_ids"
 #: The slot index of a token served by the base model.
 NO_SLOT = -1
+
+
+#: Where an engine directory keeps the adapters stored with it: ``lora/<name>/`` holding PEFT's
+#: two files (``llmc lora add``; the registry signs and ships them with the engine).
+ADAPTERS_DIR = "lora"
+#: PEFT's files of an adapter: its LoraConfig and its weights.
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+#: What an adapter's name may hold (a registry path part and a ``model`` value).
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def stored_adapters(engine_dir: str | Path) -> dict[str, Path]:
+    """The adapters stored with an engine: {name: its directory under ``lora/``}, sorted by
+    name; {} when there is none."""
+    root = Path(engine_dir) / ADAPTERS_DIR
+    if not root.is_dir():
+        return {}
+    return {d.name: d for d in sorted(root.iterdir()) if d.is_dir()}
 
 
 def lora_a_name(module: str) -> str:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from llmc.engine.files import MANIFEST_NAME, sha256_file, verify_engine_files
+from llmc.engine.lora import ADAPTERS_DIR
 from llmc.engine.provider import ProviderChoice
 from llmc.errors import EngineCorruptError, EngineMismatchError, EngineNotFoundError
 from llmc.version import __version__
@@ -221,14 +222,15 @@ def verify_files(m: EngineManifest, engine_dir: str | Path, hash_files: bool = T
     """Check that ``engine_dir`` holds exactly the files ``m.files`` lists, each inside it and,
     with ``hash_files``, of its sha256 (``llmc.engine.files.verify_engine_files``). A recorded
     draft engine's folder (``m.draft["path"]``) is left to its own manifest, which is checked
-    against the recorded digest when the draft is loaded.
+    against the recorded digest when the draft is loaded; a LoRA engine's stored adapters
+    (``lora/``) are checked when loaded (and by the registry, which signs them).
 
     Raises:
         EngineCorruptError: the manifest lists no files; a listed path leaves the directory; a
             file is missing, unlisted, or differs from its digest (the message names the file,
             both digests, and what to rebuild).
     """
-    nested = (m.draft["path"],) if m.draft else ()
+    nested = ((m.draft["path"],) if m.draft else ()) + ((ADAPTERS_DIR,) if m.lora else ())
     verify_engine_files(m.files, engine_dir, damaged_hint(m), hash_files, nested)
 
 

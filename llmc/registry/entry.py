@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 
 from llmc.engine.files import DRAFT_DIR, MANIFEST_NAME
+from llmc.engine.lora import ADAPTERS_DIR
 from llmc.engine.manifest import parse_manifest
 from llmc.errors import EngineCorruptError, RegistryError
 from llmc.registry.integrity import is_digest
@@ -42,6 +43,8 @@ MAX_VERSION = 2**53 - 1
 #: Where a draft engine's files sit in an engine directory and in ``draft_files``.
 DRAFT_PREFIX = f"{DRAFT_DIR}/"
 DRAFT_MANIFEST = f"{DRAFT_DIR}/{MANIFEST_NAME}"
+#: Where the adapters stored with a LoRA engine sit in its directory and in ``lora_files``.
+ADAPTERS_PREFIX = f"{ADAPTERS_DIR}/"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +56,9 @@ class IndexEntry:
     exactly as the manifest lists them. ``draft_files`` does the same for the draft engine built
     beside it (``llmc build --draft``), under ``draft/``, its ``draft/manifest.json`` included
     (the manifest records that one's digest, ``check_entry_agrees`` checks the link, the loader
-    checks the draft's files against it). ``version`` is the release's number among its
+    checks the draft's files against it). ``lora_files`` does the same for the LoRA adapters
+    stored with the engine (``llmc lora add``), under ``lora/<name>/``. ``version`` is the
+    release's number among its
     model's releases in the registry (1, 2, ...; None: released before registries numbered
     them), ``expires`` the time after which a verifying host refuses it (ISO 8601 with its UTC
     offset; None: never); see rollback.py. ``signature`` is an Ed25519 signature (base64) of
@@ -82,6 +87,7 @@ class IndexEntry:
     manifest_digest: str
     files: dict[str, str] = field(default_factory=dict)
     draft_files: dict[str, str] = field(default_factory=dict)
+    lora_files: dict[str, str] = field(default_factory=dict)
     size_bytes: int = 0
     created_at: str
     version: int | None = None
@@ -107,6 +113,9 @@ class IndexEntry:
         _check_files(self.draft_files, "draft_files")
         if any(not p.startswith(DRAFT_PREFIX) for p in self.draft_files):
             _refuse("draft_files", list(self.draft_files), f"paths under {DRAFT_PREFIX}")
+        _check_files(self.lora_files, "lora_files")
+        if any(not p.startswith(ADAPTERS_PREFIX) for p in self.lora_files):
+            _refuse("lora_files", list(self.lora_files), f"paths under {ADAPTERS_PREFIX}")
         if type(self.size_bytes) is not int or self.size_bytes < 0:
             _refuse("size_bytes", self.size_bytes, "a byte count (an integer >= 0)")
         _check_time("created_at", self.created_at)
@@ -154,11 +163,15 @@ class IndexEntry:
 
     @property
     def blobs(self) -> list[str]:
-        """Every blob the entry needs: its manifest first, then its files' and its draft's."""
-        return [
-            self.manifest_digest,
-            *dict.fromkeys([*self.files.values(), *self.draft_files.values()]),
-        ]
+        """Every blob the entry needs: its manifest first, then its files', its draft's and
+        its adapters'."""
+        return [self.manifest_digest, *dict.fromkeys(self.stored_files.values())]
+
+    @property
+    def stored_files(self) -> dict[str, str]:
+        """Every file of the engine directory but its manifest: its own, its draft's and its
+        adapters', by path."""
+        return {**self.files, **self.draft_files, **self.lora_files}
 
     def matches(self, ref: str) -> bool:
         """Whether ``ref`` names this entry: its model id, a prefix (6+ hex digits) of its
@@ -176,10 +189,11 @@ class IndexEntry:
         release's version and expiry, so the same bytes come from the engine directory and those
         two alone."""
         data = {k: v for k, v in self.to_dict().items() if k not in _UNSIGNED}
-        # Absent fields are left out so entries without a draft or a version (signed before
-        # either existed) sign as they always did.
-        if not data["draft_files"]:
-            del data["draft_files"]
+        # Absent fields are left out so entries without a draft, adapters or a version (signed
+        # before they existed) sign as they always did.
+        for name in ("draft_files", "lora_files"):
+            if not data[name]:
+                del data[name]
         for name in _RELEASE:
             if data[name] is None:
                 del data[name]
@@ -210,9 +224,11 @@ def entry_from_manifest(
     size_bytes: int,
     signature: str | None = None,
     draft_files: dict[str, str] | None = None,
+    lora_files: dict[str, str] | None = None,
 ) -> IndexEntry:
     """The index entry of an engine, from its ``EngineManifest`` and manifest blob digest, with
-    its draft engine's ``draft_files`` (see ``IndexEntry``) when it has one.
+    its draft engine's ``draft_files`` and its stored adapters' ``lora_files`` (see
+    ``IndexEntry``) when it has them.
 
     Raises:
         RegistryError: a manifest field is not valid in an entry (see ``IndexEntry``).
@@ -235,6 +251,7 @@ def entry_from_manifest(
         manifest_digest=manifest_digest,
         files=dict(manifest.files),
         draft_files=dict(draft_files or {}),
+        lora_files=dict(lora_files or {}),
         size_bytes=size_bytes,
         created_at=manifest.created_at,
         signature=signature,
@@ -251,7 +268,7 @@ def check_entry_agrees(entry: IndexEntry, manifest_raw: bytes, what: str) -> Non
 
     manifest = parse_manifest(manifest_raw, what)
     for name in (f.name for f in fields(IndexEntry)):
-        if name in ("manifest_digest", "draft_files", *_RELEASE, *_UNSIGNED):
+        if name in ("manifest_digest", "draft_files", "lora_files", *_RELEASE, *_UNSIGNED):
             continue  # not manifest fields; the draft's link is checked below
         ours, theirs = getattr(entry, name), getattr(manifest, name)
         if ours != theirs:
@@ -262,6 +279,11 @@ def check_entry_agrees(entry: IndexEntry, manifest_raw: bytes, what: str) -> Non
     # An entry without draft files (published before they were kept) checks out without the
     # draft, which the loader then refuses to speculate with; one with them must name the
     # draft manifest the engine's manifest records.
+    if entry.lora_files and not manifest.lora:
+        raise EngineCorruptError(
+            f"{what}: the entry lists LoRA adapters but its engine has no LoRA slots; the entry "
+            "was edited. Refusing it: `llmc registry rm` it and re-publish or re-pull"
+        )
     recorded = (manifest.draft or {}).get("manifest_sha256")
     listed = entry.draft_files.get(DRAFT_MANIFEST)
     if entry.draft_files and listed != recorded:

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from llmc.engine.files import DRAFT_DIR, verify_engine_files
+from llmc.engine.files import DRAFT_DIR, sha256_file, verify_engine_files
+from llmc.engine.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTERS_DIR, stored_adapters
 from llmc.engine.manifest import MANIFEST_NAME, parse_manifest, read_manifest
 from llmc.errors import BlobCorruptError, EngineCorruptError, EngineError, RegistryError
 from llmc.registry.blobs import BlobStore
@@ -116,7 +117,8 @@ class LocalRegistry:
 
         Only the files the manifest lists are stored, each checked against its digest while it
         is copied, and the draft engine's (``llmc build --draft``), checked against the digest
-        the manifest records for the draft's manifest and against that manifest.
+        the manifest records for the draft's manifest and against that manifest, and the LoRA
+        adapters stored with it (``llmc lora add``: ``lora/<name>/``, PEFT's two files each).
 
         Raises:
             EngineNotFoundError, EngineCorruptError, EngineMismatchError: no valid manifest.
@@ -130,8 +132,9 @@ class LocalRegistry:
         manifest = parse_manifest(raw, str(engine_dir / MANIFEST_NAME))
         digest = hashlib.sha256(raw).hexdigest()
         draft = draft_files(engine_dir, manifest)
-        entry = entry_from_manifest(manifest, digest, 0, None, draft)  # validates first
-        for relative, file_digest in {**entry.files, **entry.draft_files}.items():
+        lora = adapter_files(engine_dir, manifest)
+        entry = entry_from_manifest(manifest, digest, 0, None, draft, lora)  # validates first
+        for relative, file_digest in entry.stored_files.items():
             self.blobs.put_file(engine_dir / relative, file_digest)
         self._put_manifest(raw)
         return entry
@@ -186,7 +189,7 @@ class LocalRegistry:
             raise RegistryError(f"cannot index {entry.model_id}: blobs {missing} are not stored")
         size = sum(
             self.blobs.path(d).stat().st_size
-            for d in [entry.manifest_digest, *entry.files.values(), *entry.draft_files.values()]
+            for d in [entry.manifest_digest, *entry.stored_files.values()]
         )
         return replace(entry, size_bytes=size)
 
@@ -220,6 +223,8 @@ class LocalRegistry:
         blobs by hard links (copies across file systems), renamed into place when complete.
 
         Digests are not re-checked here: the loader checks every file against the manifest.
+        The stored LoRA adapters, which no manifest lists, are re-hashed against the entry at
+        every checkout (EngineCorruptError for one edited in the checkout).
 
         Raises:
             BlobCorruptError: a blob of the entry is missing.
@@ -228,11 +233,12 @@ class LocalRegistry:
 
         final = confined(self.root / CHECKOUTS / checkout_name(entry), self.root)
         if (final / MANIFEST_NAME).is_file():
+            _verify_adapters(entry, final)
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
-            links = {**entry.files, **entry.draft_files, MANIFEST_NAME: entry.manifest_digest}
+            links = {**entry.stored_files, MANIFEST_NAME: entry.manifest_digest}
             for relative, digest in links.items():
                 target = staging / _safe_relative(relative, staging)
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -312,9 +318,11 @@ class LocalRegistry:
         try:
             confined(checkout, self.root)
             check_checkout(checkout, entry.manifest_digest, f"{entry.model_id}@{entry.short_id}")
-            verify_engine_files(
-                entry.files, checkout, todo, nested=(DRAFT_DIR,) if entry.draft_files else ()
+            nested = ((DRAFT_DIR,) if entry.draft_files else ()) + (
+                (ADAPTERS_DIR,) if entry.lora_files else ()
             )
+            verify_engine_files(entry.files, checkout, todo, nested=nested)
+            _verify_adapters(entry, checkout)
             if entry.draft_files:
                 draft = {p.removeprefix(DRAFT_PREFIX): d for p, d in entry.draft_files.items()}
                 check_checkout(
@@ -382,6 +390,48 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
+
+
+def adapter_files(engine_dir: Path, manifest) -> dict[str, str]:
+    """The LoRA adapters stored with an engine (``IndexEntry.lora_files``): PEFT's two files of
+    each ``lora/<name>/``, by path, hashed; {} without any. Whether an adapter fits the engine
+    was checked when it was stored and is checked again when the engine loads it.
+
+    Raises:
+        EngineCorruptError: adapters on an engine without LoRA slots, or an adapter without
+            its two files.
+    """
+    adapters = stored_adapters(engine_dir)
+    if not adapters:
+        return {}
+    if not manifest.lora:
+        raise EngineCorruptError(
+            f"{engine_dir / ADAPTERS_DIR} holds adapters, but the engine has no LoRA slots; "
+            "remove it, or rebuild the engine with --enable-lora"
+        )
+    files = {}
+    for name, path in adapters.items():
+        for file in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+            if not (path / file).is_file():
+                raise EngineCorruptError(
+                    f"adapter {name!r} has no {path / file}; store it with `llmc lora add`"
+                )
+            files[f"{ADAPTERS_DIR}/{name}/{file}"] = sha256_file(path / file)
+    return files
+
+
+def _verify_adapters(entry: IndexEntry, engine_dir: Path) -> None:
+    """Re-hash the adapters of ``entry`` in its engine directory; EngineCorruptError naming an
+    adapter file missing or edited."""
+    todo = f"delete {engine_dir}: it is assembled again from the registry's blobs"
+    for relative, digest in entry.lora_files.items():
+        path = engine_dir / relative
+        found = sha256_file(path) if path.is_file() else "missing"
+        if found != digest:
+            raise EngineCorruptError(
+                f"adapter file {path} is {found}, the signed entry lists {digest}: it was edited "
+                f"after the engine was published; {todo}"
+            )
 
 
 def draft_files(engine_dir: Path, manifest) -> dict[str, str]:

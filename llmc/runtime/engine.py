@@ -14,6 +14,7 @@ from llmc.runtime.lora.adapter_table import AdapterTable, adapter_table
 from llmc.runtime.lora.errors import LoRAAdapterError, LoRANotFoundError
 from llmc.runtime.lora.lora_request import LoRARequest
 from llmc.runtime.lora.peft_adapter import PeftAdapter
+from llmc.runtime.lora.stored import stored_lora_requests
 from llmc.runtime.output_processor import OutputProcessor
 from llmc.runtime.outputs import RequestOutput
 from llmc.runtime.request_check import check_request
@@ -124,7 +125,8 @@ class LLMEngine:
                 ``llmc build --draft`` wrote, checked against the digest this manifest
                 recorded) with this engine's KV blocks.
             max_cpu_loras: a LoRA engine's adapters kept loaded in host memory (vLLM's
-                ``--max-cpu-loras``); None: its slots' number.
+                ``--max-cpu-loras``); None: its slots' number. The adapters stored with the
+                engine (``lora/``, ``llmc lora add``) are added under their names.
 
         Raises:
             ValueError: if ``max_model_len`` exceeds the engine's ``max_seq_len``
@@ -157,6 +159,8 @@ class LLMEngine:
         engine = cls(
             loaded.runner, loaded.tokenizer, config, loaded.eos_token_ids, speculator, loras
         )
+        for lora_request in stored_lora_requests(path):  # ``llmc lora add``'s
+            engine.add_lora(lora_request)
         if warmup:
             engine.warm_up()
         return engine

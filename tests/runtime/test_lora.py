@@ -202,3 +202,44 @@ def test_server_serves_adapters_by_model_name(lora, running_server):
         assert _post(unload, {"lora_name": "a"})[0] == 404
         status, _ = _post(f"{live.url}/v1/completions", {"model": "a", "prompt": "hi"})
         assert status == 404
+
+
+def test_adapters_ship_signed_with_the_engine_through_the_registry(lora, tmp_path):
+    from dataclasses import replace
+
+    from llmc.errors import EngineCorruptError, SignatureError
+    from llmc.registry.local import LocalRegistry
+    from llmc.registry.signing import generate_keypair, sign_entry, verify_entry
+    from llmc.runtime.lora.stored import store_adapter
+
+    _, engine_dir, _, adapters = lora
+    engine = tmp_path / "engine"
+    shutil.copytree(engine_dir, engine)
+    store_adapter(engine, "a", adapters["a"])
+    with pytest.raises(LoRAAdapterError, match="rank 8"):
+        store_adapter(engine, "r8", adapters["rank8"])
+    registry = LocalRegistry(tmp_path / "registry")
+    public = generate_keypair(tmp_path / "key.pem")
+    entry = registry.release(registry.store(engine), lambda e: sign_entry(e, tmp_path / "key.pem"))
+    assert sorted(entry.lora_files) == [
+        "lora/a/adapter_config.json",
+        "lora/a/adapter_model.safetensors",
+    ]
+    verify_entry(entry, public, "the engine")
+    forged = dict(entry.lora_files, **{"lora/a/adapter_model.safetensors": "0" * 64})
+    with pytest.raises(SignatureError):
+        verify_entry(replace(entry, lora_files=forged), public, "the engine")
+    checkout = registry.checkout(entry)
+    llm = LLM(checkout)  # the stored adapter is loaded under its name
+    assert [r.lora_name for r in llm.engine.list_loras()] == ["a"]
+    expected = _tokens(LLM(engine_dir), [PROMPTS[1]], [_request(adapters, "a")])
+    served = LoRARequest("a", 1, str(checkout / "lora" / "a"))
+    assert _tokens(llm, [PROMPTS[1]], [served]) == expected
+    weights = checkout / "lora" / "a" / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.unlink()  # a hard link to the blob: replaced, not written through
+    weights.write_bytes(bytes(data))
+    with pytest.raises(EngineCorruptError, match="edited after the engine was published"):
+        registry.checkout(entry)
+    assert registry.verify()  # the tampered checkout is reported

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc.engine.lora import LoRALayout
+from llmc.engine.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoRALayout
 from llmc.runtime.lora.errors import LoRAAdapterError
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE, WEIGHTS_FILE = ADAPTER_CONFIG, ADAPTER_WEIGHTS
 _PREFIX = "base_model.model."
 # Options of LoraConfig whose adapters compute something other than x A^T B^T * scaling.
 _UNSUPPORTED = {
