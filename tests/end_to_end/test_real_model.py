@@ -215,15 +215,15 @@ class Person(BaseModel):
     height_cm: Annotated[int, Field(ge=50, le=250)] | None
 
 
-def test_fifty_sampled_structured_outputs_validate(engine):
-    """Temperature 1.0, 50 completions of the strict schema of a pydantic model: every one
+def test_sampled_structured_outputs_validate(engine):
+    """Temperature 1.0, 24 completions of the strict schema of a pydantic model: every one
     parses and validates (jsonschema and pydantic)."""
     import jsonschema
     from openai.lib._pydantic import to_strict_json_schema
 
     schema = to_strict_json_schema(Person)
     prompt = engine.tokenizer("A JSON description of a fictional person:").input_ids
-    for i in range(50):
+    for i in range(24):
         params = SamplingParams(
             temperature=1.0, seed=i, max_tokens=160, structured_outputs=SO(json=schema)
         )
@@ -234,46 +234,53 @@ def test_fifty_sampled_structured_outputs_validate(engine):
             if out.finished:
                 assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
                 texts[out.request_id] = out.outputs[0].text
-    assert len(texts) == 50
+    assert len(texts) == 24
     for text in texts.values():
         jsonschema.validate(json.loads(text), schema)
         Person.model_validate_json(text)
 
 
-def test_openai_parse_regex_and_choice_on_the_real_model(engine_dir, running_server):
-    import openai
-
+@pytest.fixture(scope="module")
+def served(engine_dir, running_server):
+    """``llmc serve`` of the real engine on 127.0.0.1 as model "gemma" (one engine, one
+    grammar table build, for the server tests)."""
     with running_server(
         LLMEngine.from_engine_dir(engine_dir), "gemma", grammar_compile_timeout=REAL_COMPILE_S
-    ) as served:
-        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
-        completion = client.chat.completions.parse(
-            model="gemma",
-            messages=[{"role": "user", "content": "Describe a fictional person as JSON."}],
-            response_format=Person,
-            temperature=0,
-            max_tokens=200,
-        )
-        assert isinstance(completion.choices[0].message.parsed, Person)
-        date = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
-        c = client.completions.create(
-            model="gemma",
-            prompt="The first moon landing happened on (YYYY-MM-DD):",
-            max_tokens=16,
-            temperature=0,
-            extra_body={"structured_outputs": {"regex": date}},
-        ).choices[0]
-        assert c.finish_reason == "stop" and re.fullmatch(date, c.text), c.text
-        cities = ["Paris", "London", "Rome"]
-        c = client.completions.create(
-            model="gemma",
-            prompt="The capital of France is",
-            max_tokens=8,
-            temperature=1.0,
-            seed=3,
-            extra_body={"structured_outputs": {"choice": cities}},
-        ).choices[0]
-        assert c.finish_reason == "stop" and c.text in cities, c.text
+    ) as live:
+        yield live
+
+
+def test_openai_parse_regex_and_choice_on_the_real_model(served):
+    import openai
+
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    completion = client.chat.completions.parse(
+        model="gemma",
+        messages=[{"role": "user", "content": "Describe a fictional person as JSON."}],
+        response_format=Person,
+        temperature=0,
+        max_tokens=200,
+    )
+    assert isinstance(completion.choices[0].message.parsed, Person)
+    date = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
+    c = client.completions.create(
+        model="gemma",
+        prompt="The first moon landing happened on (YYYY-MM-DD):",
+        max_tokens=16,
+        temperature=0,
+        extra_body={"structured_outputs": {"regex": date}},
+    ).choices[0]
+    assert c.finish_reason == "stop" and re.fullmatch(date, c.text), c.text
+    cities = ["Paris", "London", "Rome"]
+    c = client.completions.create(
+        model="gemma",
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=1.0,
+        seed=3,
+        extra_body={"structured_outputs": {"choice": cities}},
+    ).choices[0]
+    assert c.finish_reason == "stop" and c.text in cities, c.text
 
 
 WEATHER_TOOL = {
@@ -294,9 +301,7 @@ WEATHER_TOOL = {
 }
 
 
-def test_required_tool_call_on_the_real_model_parses_and_streams_the_same(
-    engine_dir, running_server
-):
+def test_required_tool_call_on_the_real_model_parses_and_streams_the_same(served):
     import jsonschema
     import openai
 
@@ -309,15 +314,12 @@ def test_required_tool_call_on_the_real_model_parses_and_streams_the_same(
         temperature=0,
         max_tokens=64,
     )
-    with running_server(
-        LLMEngine.from_engine_dir(engine_dir), "gemma", grammar_compile_timeout=REAL_COMPILE_S
-    ) as served:
-        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
-        choice = client.chat.completions.create(**body).choices[0]
-        with client.chat.completions.stream(**body) as stream:
-            for _ in stream:
-                pass
-            streamed = stream.get_final_completion().choices[0]
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    choice = client.chat.completions.create(**body).choices[0]
+    with client.chat.completions.stream(**body) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion().choices[0]
     assert choice.finish_reason == streamed.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
