@@ -243,3 +243,13 @@ def test_adapters_ship_signed_with_the_engine_through_the_registry(lora, tmp_pat
     with pytest.raises(EngineCorruptError, match="edited after the engine was published"):
         registry.checkout(entry)
     assert registry.verify()  # the tampered checkout is reported
+
+
+def test_lora_builds_refuse_a_provider_that_cannot_feed_the_slots():
+    from llmc.errors import BuildConfigError
+
+    for options in (dict(dtype="bfloat16"), dict(execution_provider="openvino")):
+        config = BuildConfig.of(model="x", enable_lora=True, **options)
+        with pytest.raises(BuildConfigError, match="CPU EP in float32"):
+            config.validate()
+    BuildConfig.of(model="x", enable_lora=True, arch="sm89").validate()  # GPU stages: bf16 slots

@@ -146,6 +146,13 @@ class BuildConfig:
                 "--execution-provider cpu+openvino-runtime runs the CPU EP's float32 engine: use "
                 "it with --dtype float32; bfloat16 engines run on openvino or openvino-runtime"
             )
+        lora_provider = self.target.execution_provider in ("auto", "cpu") and dtype == "float32"
+        if self.export.enable_lora and self.target.is_cpu and not lora_provider:
+            raise BuildConfigError(
+                "--enable-lora cpu engines run on ONNX Runtime's CPU EP in float32, the runner "
+                "that feeds their adapter slots: use --dtype float32 and --execution-provider "
+                "auto or cpu"
+            )
         if self.target.is_cpu and self.quantization.quantizes and dtype != "float32":
             raise BuildConfigError(
                 f"--quant {quant} builds run their unquantized parts in float32 on cpu; "

@@ -69,9 +69,16 @@ def choose_provider(
     return select_provider(
         engine_dir,
         config.source.dtype,
-        config.target.execution_provider,
+        _provider_mode(config),
         probe,
         config.target.threads,
         quantized=config.quantization.quantizes,
         memory_allowed=memory_allowed,
     )
+
+
+def _provider_mode(config: BuildConfig) -> str:
+    """``--execution-provider``; ``auto`` is the CPU EP for a LoRA engine (the runner that
+    feeds the adapter slots, ``OrtRunner``)."""
+    mode = config.target.execution_provider
+    return "cpu" if mode == "auto" and config.export.enable_lora else mode
