@@ -253,3 +253,11 @@ def test_lora_builds_refuse_a_provider_that_cannot_feed_the_slots():
         with pytest.raises(BuildConfigError, match="CPU EP in float32"):
             config.validate()
     BuildConfig.of(model="x", enable_lora=True, arch="sm89").validate()  # GPU stages: bf16 slots
+
+
+def test_lora_options_leave_an_engine_without_lora_as_it_was():
+    """Without --enable-lora the slot options change nothing: not the build's hash (so not the
+    engine's identity in the registry), not the graph (``test_base_output_equals...``)."""
+    plain = BuildConfig.of(model="x").hash()
+    assert BuildConfig.of(model="x", max_loras=8, max_lora_rank=64).hash() == plain
+    assert BuildConfig.of(model="x", enable_lora=True).hash() != plain
