@@ -23,14 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from llmc.engine.files import DRAFT_DIR, sha256_file, verify_engine_files
-from llmc.engine.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTERS_DIR, stored_adapters
+from llmc.engine.files import DRAFT_DIR, verify_engine_files
+from llmc.engine.lora import ADAPTERS_DIR
 from llmc.engine.manifest import MANIFEST_NAME, parse_manifest, read_manifest
 from llmc.errors import BlobCorruptError, EngineCorruptError, EngineError, RegistryError
 from llmc.registry.blobs import BlobStore
 from llmc.registry.entry import DRAFT_PREFIX, check_entry_agrees
 from llmc.registry.index import Index, IndexEntry, entry_from_manifest
 from llmc.registry.integrity import check_checkout, check_digest, write_stream_atomic
+from llmc.registry.nested_files import adapter_files, draft_files, verify_adapters
 from llmc.registry.paths import confined, remove_tree
 
 DEFAULT_ROOT = "engines"
@@ -233,7 +234,7 @@ class LocalRegistry:
 
         final = confined(self.root / CHECKOUTS / checkout_name(entry), self.root)
         if (final / MANIFEST_NAME).is_file():
-            _verify_adapters(entry, final)
+            verify_adapters(entry, final)
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
@@ -322,7 +323,7 @@ class LocalRegistry:
                 (ADAPTERS_DIR,) if entry.lora_files else ()
             )
             verify_engine_files(entry.files, checkout, todo, nested=nested)
-            _verify_adapters(entry, checkout)
+            verify_adapters(entry, checkout)
             if entry.draft_files:
                 draft = {p.removeprefix(DRAFT_PREFIX): d for p, d in entry.draft_files.items()}
                 check_checkout(
@@ -390,76 +391,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
-
-
-def adapter_files(engine_dir: Path, manifest) -> dict[str, str]:
-    """The LoRA adapters stored with an engine (``IndexEntry.lora_files``): PEFT's two files of
-    each ``lora/<name>/``, by path, hashed; {} without any. Whether an adapter fits the engine
-    was checked when it was stored and is checked again when the engine loads it.
-
-    Raises:
-        EngineCorruptError: adapters on an engine without LoRA slots, or an adapter without
-            its two files.
-    """
-    adapters = stored_adapters(engine_dir)
-    if not adapters:
-        return {}
-    if not manifest.lora:
-        raise EngineCorruptError(
-            f"{engine_dir / ADAPTERS_DIR} holds adapters, but the engine has no LoRA slots; "
-            "remove it, or rebuild the engine with --enable-lora"
-        )
-    files = {}
-    for name, path in adapters.items():
-        for file in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
-            if not (path / file).is_file():
-                raise EngineCorruptError(
-                    f"adapter {name!r} has no {path / file}; store it with `llmc lora add`"
-                )
-            files[f"{ADAPTERS_DIR}/{name}/{file}"] = sha256_file(path / file)
-    return files
-
-
-def _verify_adapters(entry: IndexEntry, engine_dir: Path) -> None:
-    """Re-hash the adapters of ``entry`` in its engine directory; EngineCorruptError naming an
-    adapter file missing or edited."""
-    todo = f"delete {engine_dir}: it is assembled again from the registry's blobs"
-    for relative, digest in entry.lora_files.items():
-        path = engine_dir / relative
-        found = sha256_file(path) if path.is_file() else "missing"
-        if found != digest:
-            raise EngineCorruptError(
-                f"adapter file {path} is {found}, the signed entry lists {digest}: it was edited "
-                f"after the engine was published; {todo}"
-            )
-
-
-def draft_files(engine_dir: Path, manifest) -> dict[str, str]:
-    """The draft engine's files of ``engine_dir`` (``IndexEntry.draft_files``): its manifest,
-    which must have the digest ``manifest`` records for it, and the files that one lists; {}
-    without a draft.
-
-    Raises:
-        EngineCorruptError: the draft's manifest is missing, not one, or not the one recorded.
-    """
-    if manifest.draft is None:
-        return {}
-    path = engine_dir / DRAFT_DIR / MANIFEST_NAME
-    todo = f"rebuild the engine with `llmc build ... --draft {manifest.draft.get('quant')}`"
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise EngineCorruptError(
-            f"the draft engine's manifest {path} cannot be read ({error}); {todo}"
-        ) from error
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != manifest.draft.get("manifest_sha256"):
-        raise EngineCorruptError(
-            f"the draft engine's manifest {path} has sha256 {digest}, but "
-            f"{engine_dir / MANIFEST_NAME} records {manifest.draft.get('manifest_sha256')}; {todo}"
-        )
-    files = parse_manifest(raw, str(path)).files
-    return {
-        f"{DRAFT_PREFIX}{MANIFEST_NAME}": digest,
-        **{DRAFT_PREFIX + k: v for k, v in files.items()},
-    }

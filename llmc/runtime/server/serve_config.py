@@ -19,25 +19,13 @@ from llmc.config_file import read_config_file, short_repr
 from llmc.errors import EngineConfigError
 from llmc.option_flags import alternatives
 from llmc.runtime.server.limits import RequestLimits
+from llmc.runtime.server.lora_config import LoRAConfig
+from llmc.runtime.server.replica_config import ReplicaConfig
+from llmc.runtime.server.serve_option import opt
 from llmc.runtime.spec_decode.speculative_config import SpeculativeConfig
 
 #: uvicorn's log levels.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-
-
-def _opt(
-    default: Any,
-    help: str,
-    *,
-    choices: tuple[str, ...] | None = None,
-    flag: str | None = None,
-    metavar: str | None = None,
-    nargs: str | None = None,
-) -> Any:
-    """A documented option; ``flag`` replaces the derived ``--name-with-dashes``; ``nargs``
-    ("+") lets a list option take several values after one flag, as vLLM's do."""
-    metadata = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "nargs": nargs}
-    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -48,29 +36,29 @@ class HttpConfig:
         EngineConfigError: a port (HTTP or gRPC) outside 0..65535.
     """
 
-    host: str = _opt("127.0.0.1", "interface to bind; the default serves only this machine")
-    port: int = _opt(8000, "TCP port (0: any free port)")
-    grpc_port: int | None = _opt(
+    host: str = opt("127.0.0.1", "interface to bind; the default serves only this machine")
+    port: int = opt(8000, "TCP port (0: any free port)")
+    grpc_port: int | None = opt(
         None,
         "also serve KServe v2 over gRPC (GRPCInferenceService, Triton's generate tensors) on "
         'this port of the same host (pip install "llmc[grpc]"); default: no gRPC',
         metavar="PORT",
     )
-    served_model_name: str | None = _opt(
+    served_model_name: str | None = opt(
         None,
         "the model name clients send (default: the registry's model id, else the engine "
         "directory's name)",
         metavar="NAME",
     )
-    api_key: str | None = _opt(
+    api_key: str | None = opt(
         None,
         "require this bearer token on every route but /health, /ready, /metrics (default: "
         "$LLMC_API_KEY; the command line is visible to other users, the file and the variable "
         "are not)",
         metavar="KEY",
     )
-    api_key_file: str | None = _opt(None, "read the API key from this file", metavar="PATH")
-    allowed_origins: list[str] | None = _opt(
+    api_key_file: str | None = opt(None, "read the API key from this file", metavar="PATH")
+    allowed_origins: list[str] | None = opt(
         None,
         "a CORS origin allowed to call the API ('*' for any; repeatable); default: CORS off",
         metavar="ORIGIN",
@@ -94,32 +82,32 @@ class EngineLimits:
             ``max_decode_wait_steps``.
     """
 
-    max_num_seqs: int | None = _opt(
+    max_num_seqs: int | None = opt(
         None, "most sequences per step (default: the engine's max_batch)"
     )
-    max_num_batched_tokens: int | None = _opt(
+    max_num_batched_tokens: int | None = opt(
         None, "token budget per step (default: the engine's max_num_tokens; at most 384 on cpu)"
     )
-    max_num_forked_seqs: int | None = _opt(
+    max_num_forked_seqs: int | None = opt(
         None,
         "most running completions 1..n-1 of n > 1 requests, so one large-n request cannot "
         "crowd out new ones (default: half of --max-num-seqs)",
     )
-    max_decode_wait_steps: int | None = _opt(
+    max_decode_wait_steps: int | None = opt(
         None,
         "prefill first: most consecutive steps running requests' decodes wait while new "
         "prompts are prefilled; 0: decodes always first (default: 8 on cpu, 0 otherwise)",
     )
-    max_model_len: int | None = _opt(
+    max_model_len: int | None = opt(
         None, "longest prompt + output, tokens (default: the engine's max_seq_len)"
     )
-    kv_cache_memory: float | None = _opt(None, "KV-cache budget in GiB (default 2)", metavar="GIB")
-    enable_prefix_caching: bool = _opt(
+    kv_cache_memory: float | None = opt(None, "KV-cache budget in GiB (default 2)", metavar="GIB")
+    enable_prefix_caching: bool = opt(
         True,
         "share the KV blocks of common prompt prefixes between requests",
         flag="--no-prefix-caching",
     )
-    speculative_config: str | None = _opt(
+    speculative_config: str | None = opt(
         None,
         'speculative decoding as vLLM\'s JSON: {"method": "ngram", "num_speculative_tokens": '
         '4, "prompt_lookup_max": 4} or {"method": "draft", "num_speculative_tokens": 3, '
@@ -173,28 +161,28 @@ class LifecycleConfig:
             grammar compile worker or a timeout that is not positive.
     """
 
-    max_waiting: int = _opt(64, "requests waiting for their first token before new ones get 503")
-    max_consecutive_step_failures: int = _opt(
+    max_waiting: int = opt(64, "requests waiting for their first token before new ones get 503")
+    max_consecutive_step_failures: int = opt(
         3,
         "engine steps in a row whose model runner failed after which the server reports itself "
         "dead (/health 503); a single failed step only fails the requests it carried, and a "
         "request's own failure (its constraint) never counts",
     )
-    grammar_compile_workers: int = _opt(
+    grammar_compile_workers: int = opt(
         2, "threads compiling structured-output constraints, off the engine thread"
     )
-    grammar_compile_timeout: float = _opt(
+    grammar_compile_timeout: float = opt(
         10.0,
         "seconds a request may wait for its constraint to compile: past it a 400 (503 when no "
         "worker was free)",
         metavar="SECONDS",
     )
-    shutdown_timeout: float = _opt(
+    shutdown_timeout: float = opt(
         30.0,
         "seconds in-flight requests may run after SIGTERM; then they are aborted",
         metavar="SECONDS",
     )
-    log_level: str = _opt("info", "uvicorn's log level", choices=LOG_LEVELS)
+    log_level: str = opt("info", "uvicorn's log level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
         for name in ("max_waiting", "shutdown_timeout"):
@@ -216,150 +204,13 @@ class LifecycleConfig:
 class TracingConfig:
     """Where request spans go (OpenTelemetry; ``tracing.py``)."""
 
-    otlp_traces_endpoint: str | None = _opt(
+    otlp_traces_endpoint: str | None = opt(
         None,
         "export one OpenTelemetry span per request to this OTLP/HTTP traces URL (e.g. "
         "http://collector:4318/v1/traces); a caller's traceparent header is its parent. Needs "
         'pip install "llmc[otel]"; default: no tracing',
         metavar="URL",
     )
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    """Engine replicas on Ray Serve (``llmc.deploy.ray``; Ray's key names). None set: one
-    engine in this process.
-
-    Raises:
-        EngineConfigError: a count below 1, ``min_replicas`` above ``max_replicas``, a target
-            that is not positive, or ``num_replicas`` with autoscaling bounds.
-    """
-
-    num_replicas: int | None = _opt(
-        None,
-        "run this many engine replicas on Ray Serve behind one OpenAI app (pip install "
-        '"llmc[ray]"); default: one engine in this process',
-        metavar="N",
-    )
-    min_replicas: int | None = _opt(
-        None, "autoscale the engine replicas on Ray Serve from this many", metavar="N"
-    )
-    max_replicas: int | None = _opt(None, "... up to this many", metavar="N")
-    target_ongoing_requests: float = _opt(
-        8.0,
-        "autoscaling's target of requests in each replica's engine (queued or running): more "
-        "adds replicas, fewer removes them",
-        metavar="N",
-    )
-    upscale_delay_s: float = _opt(
-        30.0, "autoscaling: seconds of load above target before replicas are added", metavar="S"
-    )
-    downscale_delay_s: float = _opt(
-        600.0, "autoscaling: seconds of load below target before replicas are removed", metavar="S"
-    )
-    replica_num_cpus: float = _opt(1.0, "CPUs Ray reserves per engine replica", metavar="N")
-    prefix_routing: bool = _opt(
-        True,
-        "route a request to the replica holding its prompt's prefix in its prefix cache (else "
-        "Ray's power of two choices)",
-        flag="--no-prefix-routing",
-    )
-    ray_address: str | None = _opt(
-        None,
-        "Ray cluster to join (ray.init's address, e.g. auto); default: start one here",
-        metavar="ADDRESS",
-    )
-
-    def __post_init__(self) -> None:
-        counts = {n: getattr(self, n) for n in ("num_replicas", "min_replicas", "max_replicas")}
-        low = [f"{n}={v}" for n, v in counts.items() if v is not None and v < 1]
-        if low:
-            raise EngineConfigError(f"replica counts must be >= 1, got {', '.join(low)}")
-        if self.num_replicas is not None and self.autoscaling:
-            raise EngineConfigError(
-                "give num_replicas, or min_replicas/max_replicas to autoscale, not both"
-            )
-        lo, hi = self.min_replicas or 1, self.max_replicas
-        if hi is not None and lo > hi:
-            raise EngineConfigError(f"min_replicas {lo} is above max_replicas {hi}")
-        if not self.target_ongoing_requests > 0:
-            raise EngineConfigError(
-                f"target_ongoing_requests must be > 0, got {self.target_ongoing_requests}"
-            )
-        negative = [
-            f"{n}={getattr(self, n)}"
-            for n in ("upscale_delay_s", "downscale_delay_s", "replica_num_cpus")
-            if getattr(self, n) < 0
-        ]
-        if negative:
-            raise EngineConfigError(f"must be >= 0: {', '.join(negative)}")
-
-    @property
-    def autoscaling(self) -> bool:
-        """Whether min_replicas or max_replicas is set."""
-        return self.min_replicas is not None or self.max_replicas is not None
-
-    @property
-    def enabled(self) -> bool:
-        """Whether the engines run as Ray Serve replicas."""
-        return self.num_replicas is not None or self.autoscaling
-
-
-@dataclass(frozen=True)
-class LoRAConfig:
-    """LoRA adapters on an engine built with ``--enable-lora`` (vLLM's names).
-
-    Raises:
-        EngineConfigError: a module that is not ``name=path`` or vLLM's JSON form, a name given
-            twice, ``max_cpu_loras`` below 1.
-    """
-
-    lora_modules: list[str] | None = _opt(
-        None,
-        "LoRA adapters served from the start, as name=path (a PEFT directory) or vLLM's JSON "
-        '{"name": ..., "path": ...}; requests choose one by its name as model',
-        metavar="NAME=PATH",
-        nargs="+",
-    )
-    max_cpu_loras: int | None = _opt(
-        None, "adapters kept loaded in host memory (default: the engine's LoRA slots)"
-    )
-    allow_runtime_lora_updating: bool = _opt(
-        False,
-        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also on with "
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)",
-    )
-
-    def __post_init__(self) -> None:
-        if self.max_cpu_loras is not None and self.max_cpu_loras < 1:
-            raise EngineConfigError(f"max_cpu_loras must be >= 1, got {self.max_cpu_loras}")
-        names = [name for name, _ in self.modules]
-        if len(set(names)) != len(names):
-            raise EngineConfigError(f"lora_modules names an adapter twice: {names}")
-
-    @property
-    def modules(self) -> list[tuple[str, str]]:
-        """``lora_modules`` as (name, path) pairs. Raises EngineConfigError for one that is
-        neither form."""
-        pairs = []
-        for spec in self.lora_modules or []:
-            if spec.lstrip().startswith("{"):
-                try:
-                    d = json.loads(spec)
-                    pairs.append((str(d["name"]), str(d["path"])))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise EngineConfigError(f"lora_modules: {spec!r} is not valid: {exc}") from exc
-                continue
-            name, sep, path = spec.partition("=")
-            if not sep or not name or not path:
-                raise EngineConfigError(f"lora_modules: {spec!r} is not name=path")
-            pairs.append((name, path))
-        return pairs
-
-    def runtime_updating(self, environ) -> bool:
-        """Whether the load/unload routes are served: the option, or vLLM's variable."""
-        flag = environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true")
-        return self.allow_runtime_lora_updating or flag
 
 
 def _group(cls: type, title: str, description: str | None = None) -> Any:
