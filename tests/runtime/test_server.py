@@ -269,6 +269,7 @@ class ScriptedEngine:
         params: SamplingParams,
         prompt=None,
         grammar=None,
+        lora_request=None,
     ) -> None:
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"longer than max_model_len {self.max_model_len}")
@@ -277,6 +278,9 @@ class ScriptedEngine:
     def abort_request(self, request_id: str) -> None:
         self.aborted.append(request_id)
         self.requests.pop(request_id, None)
+
+    def list_loras(self) -> list:
+        return []  # no LoRA slots
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
