@@ -133,6 +133,8 @@ def test_signature_covers_every_field_but_the_recomputed_size(tmp_path, key):
             changed = "2030-01-01T00:00:00+00:00"
         elif f.name == "draft_files":
             changed = {"draft/manifest.json": "e" * 64}
+        elif f.name == "lora_files":
+            changed = {"lora/a/adapter_config.json": "e" * 64}
         with pytest.raises(SignatureError, match="does not verify"):
             verify_entry(replace(signed, **{f.name: changed}), f"{key}.pub", f.name)
     assert reg.add(replace(signed, size_bytes=1)).size_bytes == entry.size_bytes
