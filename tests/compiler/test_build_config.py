@@ -88,5 +88,9 @@ def test_build_help_groups_the_flags_by_concern():
         "max_num_tokens",
         "max_batch",
         "block_size",
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
+        "lora_target_modules",
     ]
     assert "quant" in groups["quantization"] and "output" in groups["destination"]
