@@ -53,12 +53,15 @@ class _Segment:
         self._request.infer(feed)
         return [np.array(self._request.get_tensor(self._outputs[n]).data) for n in names]
 
+    def get_inputs(self) -> list:
+        return [_Output(i) for i in self._compiled.inputs]
+
     def get_outputs(self) -> list:
         return [_Output(o) for o in self._compiled.outputs]
 
 
 class _Output:
-    """``onnxruntime.NodeArg``'s ``shape`` for an OpenVINO output port."""
+    """``onnxruntime.NodeArg``'s ``name`` and ``shape`` for an OpenVINO input or output port."""
 
     def __init__(self, port):
         shape = port.get_partial_shape()

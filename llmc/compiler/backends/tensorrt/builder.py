@@ -85,11 +85,12 @@ def optimization_profile(
     max_num_tokens: int,
     max_batch: int,
     max_seq_len: int,
+    lora: bool = False,
 ) -> dict[str, ShapeRange]:
     """The one optimization profile of an engine, by graph input (DESIGN §3 names):
 
-    - T packed tokens (``input_ids``, ``positions``, ``slot_mapping``, a LoRA engine's
-      ``lora_slot_ids``): 1 .. max_num_tokens,
+    - T packed tokens (``input_ids``, ``positions``, ``slot_mapping``, and with ``lora`` the
+      LoRA engine's ``lora_slot_ids``): 1 .. max_num_tokens,
       opt min(max_num_tokens, 256) (a mixed step of decodes and a prefill chunk);
     - B sequences (``seq_lens``; ``query_start_loc`` has B+1), S sampled rows
       (``logits_indices``): 1 .. max_batch, opt max_batch (full decode batches);
@@ -106,7 +107,7 @@ def optimization_profile(
 
     profile = {
         name: r((1,), (t_opt,), (max_num_tokens,))
-        for name in ("input_ids", "positions", "slot_mapping", LORA_SLOT_IDS)
+        for name in ("input_ids", "positions", "slot_mapping", *((LORA_SLOT_IDS,) if lora else ()))
     }
     profile["logits_indices"] = r((1,), (max_batch,), (max_batch,))
     profile["seq_lens"] = r((1,), (max_batch,), (max_batch,))

@@ -44,6 +44,7 @@ def write_engine(
         limits.max_num_tokens,
         limits.max_batch,
         limits.max_seq_len,
+        lora=bool(m.lora),
     )
     with staged_dir(out) as tmp:
         request = PlanRequest(
