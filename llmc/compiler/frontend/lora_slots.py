@@ -17,7 +17,7 @@ from llmc.engine.lora import LoRALayout
 
 @dataclass
 class LoRAStepTensors:
-    """What the wrappers read during one forward: the slot mask [T, N] (1.0 where a token's
+    """What the hooks read during one forward: the slot mask [T, N] (1.0 where a token's
     adapter is the slot, 0.0 elsewhere) and each module's (A [K, N*R], B [N*R, O]) float32."""
 
     mask: torch.Tensor | None = None
