@@ -134,7 +134,7 @@ def build_draft(config: BuildConfig, engine_dir: Path, progress: BuildProgress |
     (against the unquantized model), in the engine's manifest."""
     quantization = dataclasses.replace(
         config.quantization, quant=config.quantization.draft, draft=None, exclude=None,
-        weight_only8=None, accuracy_target=None,
+        weight_only8=None, accuracy_target=None, recipe=None, weight_only8_block_size=None,
     )  # fmt: skip
     destination = dataclasses.replace(
         config.destination, output=str(engine_dir / DRAFT_DIR), registry=None

@@ -11,9 +11,9 @@ As gpt-fast's quantization handlers, it has two halves:
   to what ONNX Runtime's CPU EP or TensorRT runs, ``cpu_kernel`` names the fused ONNX Runtime
   kernel each quantized MatMul must become, ``min_sm`` and ``target_error`` the TensorRT rules.
 
-Defaults (observer, modules kept float, modules given 8-bit weight-only weights) come with the
-format. This module and ``grids`` import numpy and ml_dtypes only (torch where a torch twin is
-called), so calibration algorithms can depend on them without depending on the compiler.
+Recipes (observer, modules kept float, modules given 8-bit weight-only weights, by name) come
+with the format. This module and ``grids`` import numpy and ml_dtypes only (torch where a torch
+twin is called), so calibration algorithms can depend on them without depending on the compiler.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class QuantSpec:
     int4_block_size: int = 128
     int4_method: str = "awq"  # "awq" | "rtn"
     weight_only8: tuple[str, ...] = ()
+    weight_only8_block_size: int = 32  # input channels per 8-bit weight-only scale
     exclude: tuple[str, ...] = ()
     kv_cache_dtype: str = "auto"
     weight_rounding: str = "nearest"  # "nearest" | "gptq"
@@ -89,15 +90,33 @@ class QuantizedLinear:
 
 @dataclass(frozen=True)
 class FormatDefaults:
-    """A format's defaults: the activation observer (``--calib-method``), the module patterns
-    given 8-bit weight-only weights (``--weight-only8``) or kept float (``--exclude``),
-    comma-separated as on the command line, and what ``--kv-cache-dtype auto`` stores ("auto":
-    the compute dtype; or "fp8", "int8")."""
+    """What a recipe sets of a format's options: the activation observer (``--calib-method``),
+    the module patterns given 8-bit weight-only weights (``--weight-only8``) or kept float
+    (``--exclude``), comma-separated as on the command line, what ``--kv-cache-dtype auto``
+    stores ("auto": the compute dtype; or "fp8", "int8"), and the input channels per 8-bit
+    weight-only scale (``--weight-only8-block-size``; 32, llama.cpp's Q8_0 block)."""
 
     calib_method: str = "max"
     weight_only8: str = ""
     exclude: str = ""
     kv_cache_dtype: str = "auto"
+    weight_only8_block_size: int = 32
+
+
+#: The name of the one recipe of a format that names none.
+DEFAULT_RECIPE = "default"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One named way to build a format (``--recipe``), as ModelOpt's quantization configs and
+    llama.cpp's named types are: ``defaults`` are the options it sets, ``summary`` the phrase of
+    ``--recipe``'s help. Which recipe a build gets by default is measured, not declared
+    (``llmc.compiler.quantize.front``)."""
+
+    name: str
+    summary: str
+    defaults: FormatDefaults = FormatDefaults()
 
 
 def sm_of(name: str) -> int | None:
@@ -118,6 +137,8 @@ class QuantFormat(Protocol):
     offered: bool = True  # a --quant choice (else chosen per module, as --weight-only8's)
     quantizes: bool = True  # False for "none": no calibration, no Q/DQ
     needs_stats: bool = True  # activation statistics of every module it quantizes
+    # The named recipes; a format that names none has one, ``DEFAULT_RECIPE``, of ``defaults``.
+    recipes: tuple[Recipe, ...] = ()
     defaults: FormatDefaults = FormatDefaults()
     cpu_kernel: str | None = None  # ONNX Runtime op each quantized MatMul fuses into (CPU)
     weight_bytes: float = 4.0  # engine bytes per weight of a module in this format, scales in
@@ -129,6 +150,21 @@ class QuantFormat(Protocol):
     # ``quantize`` reads its weight a slice of output channels at a time (``weight[:, a:b]``),
     # so it may be given an array-like that widens each slice when read (``WeightColumns``)
     reads_column_slices: bool = False
+
+    def recipe_list(self) -> tuple[Recipe, ...]:
+        """The format's recipes: ``recipes``, or the one recipe ``DEFAULT_RECIPE`` of
+        ``defaults`` for a format that names none."""
+        return self.recipes or (Recipe(DEFAULT_RECIPE, self.summary, self.defaults),)
+
+    def recipe(self, name: str | None) -> Recipe:
+        """Recipe ``name`` (None: the first). Raises KeyError for a name the format lacks."""
+        listed = self.recipe_list()
+        if name is None:
+            return listed[0]
+        for recipe in listed:
+            if recipe.name == name:
+                return recipe
+        raise KeyError(name)
 
     def quantize(
         self, weight: np.ndarray, stats: ActivationStats | None, spec: QuantSpec

@@ -90,6 +90,21 @@ def test_quantized_build_records_report_and_serves(setup, quant):
     assert len(out[0].outputs[0].token_ids) == 8
 
 
+def test_weight_only_recipe_runs_every_projection_8_bit_in_blocks_of_32(setup):
+    root, ckpt, data = setup
+    result = build(_config(root, ckpt, data, "int8", "wo", recipe="weight-only"))
+    m = read_manifest(result.engine_dir)
+    q = m.quantization
+    assert m.build_config["quantization"]["recipe"] == "weight-only"
+    assert set(q["counts"]) == {"int8_weight_only"} and not q["excluded"]
+    graph = onnx.load(str(result.engine_dir / "engine.onnx"), load_external_data=False)
+    eight_bit = [n for n in graph.graph.node if n.op_type in ("MatMulNBits", BLOCK_INT8)]
+    assert len(eight_bit) == q["counts"]["int8_weight_only"]
+    blocks = {a.i for n in eight_bit for a in n.attribute if a.name == "block_size"}
+    assert blocks == {32}
+    assert not [n for n in graph.graph.node if n.op_type == "MatMulIntegerToFloat"]
+
+
 def test_second_build_reuses_cached_statistics(setup):
     root, ckpt, data = setup
     first = RecordingProgress()

@@ -24,6 +24,7 @@ from llmc.compiler.config.source import CPU_DTYPES, DTYPES, SourceOptions
 from llmc.compiler.config.target import CPU_TARGET, GPU_TARGETS, TARGETS, TargetOptions
 from llmc.compiler.frontend.model_dims import ModelDims
 from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.front import default_recipe
 from llmc.config_file import read_config_file
 from llmc.engine import targets as tg
 from llmc.errors import BuildConfigError
@@ -65,7 +66,9 @@ _UNHASHED_EXPORT = {"allow_long_max_seq_len"}
 class BuildConfig:
     """Options of one engine build, by concern (see each group and each option's help).
 
-    An unset ``source.dtype`` becomes the target's default: float32 on cpu, bfloat16 on GPUs.
+    An unset ``source.dtype`` becomes the target's default: float32 on cpu, bfloat16 on GPUs;
+    an unset ``--recipe`` of a quantizing ``--quant`` the one the recorded front names for the
+    target (``llmc.compiler.quantize.front``).
     """
 
     source: SourceOptions = field(default_factory=SourceOptions)
@@ -80,6 +83,11 @@ class BuildConfig:
             known = tg.TARGETS.get(self.target.arch)  # an unknown arch: validate() names it
             dtype = known.default_dtype if known is not None else None
             object.__setattr__(self, "source", replace(self.source, dtype=dtype))
+        q = self.quantization
+        if q.recipe is None and q.quant in QUANTS and FORMATS[q.quant].quantizes:
+            if self.target.arch in tg.TARGETS:  # an unknown arch: validate() names it
+                recipe = default_recipe(FORMATS[q.quant], self.target.arch)
+                object.__setattr__(self, "quantization", replace(q, recipe=recipe))
 
     @classmethod
     def of(cls, **options: Any) -> BuildConfig:
@@ -171,7 +179,7 @@ class BuildConfig:
     @property
     def calib_method(self) -> str:
         """The activation range observer: ``--calib-method``, or the default of ``--quant``."""
-        return self.calibration.method_for(self.quantization.quant)
+        return self.calibration.method_for(self.quantization.defaults)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -202,6 +210,7 @@ class BuildConfig:
             int4_method=q.int4_method,
             weight_rounding=q.weight_rounding,
             weight_only8=q.weight_only8_patterns,
+            weight_only8_block_size=q.weight_only8_blocks,
             exclude=q.exclude_patterns,
             kv_cache_dtype=self.kv_cache_dtype,
             bound_pairs=bound_pairs,

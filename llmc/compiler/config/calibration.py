@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmc.compiler.config.option import check_at_least, check_choices, option
-from llmc.compiler.config.quantization import format_defaults, per_quant
+from llmc.compiler.config.quantization import per_quant
 from llmc.errors import BuildConfigError
+from llmc.quant.protocol import FormatDefaults
 
 CALIB_METHODS = ("max", "percentile", "mse")
 
@@ -24,8 +25,8 @@ class CalibrationOptions:
     calib_seq_len: int = option(256, "tokens per calibration window")
     calib_method: str | None = option(
         None,
-        "activation range observer: max, percentile (99.99th), mse; default per --quant: "
-        + per_quant("calib_method"),
+        "activation range observer: max, percentile (99.99th), mse; default per --quant "
+        "--recipe: " + per_quant("calib_method"),
         CALIB_METHODS,
     )
     eval_data: str | None = option(
@@ -42,9 +43,9 @@ class CalibrationOptions:
     )
     cache_dir: str = option("~/.cache/llmc", "where calibration statistics are cached")
 
-    def method_for(self, quant: str) -> str:
-        """The activation range observer: ``--calib-method``, or the default of ``quant``."""
-        return self.calib_method or format_defaults(quant).calib_method
+    def method_for(self, recipe: FormatDefaults) -> str:
+        """The activation range observer: ``--calib-method``, or ``recipe``'s."""
+        return self.calib_method or recipe.calib_method
 
     def stats_path(self, key: str) -> Path:
         """The directory of the cached calibration statistics of cache key ``key``

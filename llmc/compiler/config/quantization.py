@@ -1,7 +1,10 @@
-"""``QuantOptions``: the quantization format (``--quant``) and its knobs.
+"""``QuantOptions``: the quantization format (``--quant``), its recipe (``--recipe``) and its
+knobs.
 
-Unset pattern options (``--exclude``, ``--weight-only8``) take the format's defaults
-(``FormatDefaults``), resolved by the properties below.
+Unset options a recipe sets (``--exclude``, ``--weight-only8``, ``--weight-only8-block-size``,
+``--calib-method``) take the recipe's values (``FormatDefaults``), resolved by the properties
+below; an unset ``--recipe`` is the one the recorded front names for the target
+(``BuildConfig`` resolves it, ``llmc.compiler.quantize.front``).
 """
 
 from __future__ import annotations
@@ -13,24 +16,52 @@ from llmc.compiler.quantize.formats import FORMATS, QuantChoices
 from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.config_file import short_repr
 from llmc.errors import BuildConfigError
-from llmc.quant.protocol import FormatDefaults
+from llmc.quant.protocol import FormatDefaults, Recipe
 
 QUANTS = QuantChoices()  # the offered formats of the registry, llmc.compiler.quantize.formats
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 INT4_METHODS = ("awq", "rtn")
 WEIGHT_ROUNDINGS = ("gptq", "nearest")
 INT4_BLOCK_SIZES = (32, 64, 128)
+WEIGHT_ONLY8_BLOCK_SIZES = (32, 64, 128)
 
 
-def format_defaults(quant: str) -> FormatDefaults:
-    """The defaults of format ``quant`` (empty ones for a name the registry lacks)."""
-    return FORMATS[quant].defaults if quant in FORMATS else FormatDefaults()
+def recipe_of(quant: str, name: str | None) -> Recipe | None:
+    """Recipe ``name`` of format ``quant`` (None: its first), None when the registry lacks
+    the format or the format the recipe."""
+    if quant not in FORMATS:
+        return None
+    try:
+        return FORMATS[quant].recipe(name)
+    except KeyError:
+        return None
+
+
+def format_defaults(quant: str, recipe: str | None = None) -> FormatDefaults:
+    """What recipe ``recipe`` (None: the first) of format ``quant`` sets (empty defaults for a
+    name the registry lacks)."""
+    found = recipe_of(quant, recipe)
+    return found.defaults if found is not None else FormatDefaults()
 
 
 def per_quant(default: str) -> str:
-    """``default``'s value of every quantizing --quant choice, for an option's help."""
-    values = [(q, getattr(format_defaults(q), default)) for q in QUANTS if FORMATS[q].quantizes]
+    """``default``'s value in every recipe of every quantizing --quant choice, for an
+    option's help."""
+    values = [
+        (f"{q} {r.name}", getattr(r.defaults, default))
+        for q in QUANTS
+        if FORMATS[q].quantizes
+        for r in FORMATS[q].recipe_list()
+    ]
     return "; ".join(f"{q}: {v or 'none'}" for q, v in values)
+
+
+def _recipes_help() -> str:
+    return "; ".join(
+        f"{q}: " + ", ".join(f"{r.name} ({r.summary})" for r in FORMATS[q].recipe_list())
+        for q in QUANTS
+        if FORMATS[q].quantizes
+    )
 
 
 def _kv_auto() -> str:
@@ -56,12 +87,24 @@ class QuantOptions:
         + ", ".join(f"{q} ({FORMATS[q].summary})" for q in QUANTS if FORMATS[q].quantizes),
         QUANTS,
     )
+    recipe: str | None = option(
+        None,
+        "the named recipe of --quant (the modules it quantizes otherwise or keeps float, its "
+        "observer and blocks): " + _recipes_help() + ". Default: the recipe the measured "
+        "accuracy-versus-speed front names for the target (README's quantization guide)",
+    )
     kv_cache_dtype: str = option(
         "auto",
         f"KV cache storage: fp8, int8, or auto: the compute dtype ({_kv_auto()})",
         KV_CACHE_DTYPES,
     )
     int4_block_size: int = option(128, "int4: input channels per weight scale", INT4_BLOCK_SIZES)
+    weight_only8_block_size: int | None = option(
+        None,
+        "8-bit weight-only: input channels per weight scale; default: the recipe's "
+        "(32, llama.cpp's Q8_0 block)",
+        WEIGHT_ONLY8_BLOCK_SIZES,
+    )
     int4_method: str = option("awq", "int4: AWQ activation-aware scales or plain RTN", INT4_METHODS)
     weight_rounding: str = option(
         "gptq",
@@ -114,8 +157,15 @@ class QuantOptions:
 
     @property
     def defaults(self) -> FormatDefaults:
-        """The defaults of ``--quant``'s format."""
-        return format_defaults(self.quant)
+        """What ``--recipe`` of ``--quant`` sets (unset: the format's first recipe; a
+        ``BuildConfig`` resolves it for its target)."""
+        return format_defaults(self.quant, self.recipe)
+
+    @property
+    def weight_only8_blocks(self) -> int:
+        """``--weight-only8-block-size``; unset means the recipe's."""
+        block = self.weight_only8_block_size
+        return self.defaults.weight_only8_block_size if block is None else block
 
     @property
     def weight_only8_patterns(self) -> tuple[str, ...]:
@@ -153,6 +203,12 @@ class QuantOptions:
     def validate(self) -> None:
         """Raise BuildConfigError for an unknown choice or an alpha outside [0, 1]."""
         check_choices(self)
+        if self.recipe is not None and recipe_of(self.quant, self.recipe) is None:
+            names = [r.name for r in FORMATS[self.quant].recipe_list()]
+            raise BuildConfigError(
+                f"--recipe {short_repr(self.recipe)} is not a recipe of --quant {self.quant}; "
+                f"its recipes: {', '.join(names)}"
+            )
         _ = self.smoothquant_alphas  # BuildConfigError if the grid does not parse
         if self.target is not None and not self.quantizes:
             raise BuildConfigError(

@@ -7,10 +7,11 @@ ONNX Runtime runs the pattern as ``MatMulNBits`` with int8 compute (accuracy lev
 activations quantized per block to int8, so the weights run on VNNI; level 0, float compute,
 was 3-8x slower here). TensorRT takes INT4 blocks of 64 or 128 input channels.
 
-Defaults, measured on Gemma 3 270M (benchmarks/RESULTS.md): the vocabulary projection 8-bit
-weight-only (4-bit blocks of a 262,144-row projection flip the argmax) and ``*.down_proj`` too,
-as llama.cpp's Q4_K_M gives ffn_down more bits: KL 0.105 -> 0.076, top-1 80.9% -> 82.8% at the
-same decode speed.
+Recipes (``--recipe``): ``awq``, every decoder projection 4-bit and the vocabulary projection
+8-bit weight-only (4-bit blocks of a 262,144-row projection flip the argmax); ``awq-down8``,
+``*.down_proj`` 8-bit weight-only too, as llama.cpp's Q4_K_M gives ffn_down more bits (Gemma 3
+270M: KL 0.105 -> 0.076, top-1 80.9% -> 82.8% at the same decode speed, benchmarks/RESULTS.md).
+Which one a build gets is measured (``llmc.compiler.quantize.front``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from llmc.quant.protocol import (
     QuantFormat,
     QuantizedLinear,
     QuantSpec,
+    Recipe,
     sm_of,
 )
 
@@ -38,7 +40,18 @@ class Int4(QuantFormat):
     name = "int4"
     label = "int4_weight_only"
     summary = "weight-only, block-wise, AWQ"
-    defaults = FormatDefaults("max", weight_only8="lm_head,*.down_proj")
+    recipes = (
+        Recipe(
+            "awq-down8",
+            "4-bit AWQ blocks; the vocabulary and down projections 8-bit weight-only",
+            FormatDefaults("max", weight_only8="lm_head,*.down_proj"),
+        ),
+        Recipe(
+            "awq",
+            "every decoder projection 4-bit AWQ blocks; the vocabulary projection 8-bit",
+            FormatDefaults("max", weight_only8="lm_head"),
+        ),
+    )
     cpu_kernel = "MatMulNBits"
     weight_bytes = 0.5 + 4 / 128  # 4 bits, a float32 scale per 128
     ort_session_config = {"session.qdq_matmulnbits_accuracy_level": str(MATMULNBITS_ACCURACY_LEVEL)}

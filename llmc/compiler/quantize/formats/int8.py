@@ -1,5 +1,14 @@
-"""``--quant int8``: W8A8 with SmoothQuant,
-``X / s -> Q/DQ(int8, per-tensor) -> MatMul <- DQ(int8 W * s, per-channel)``.
+"""``--quant int8``: 8-bit integer weights, in one of two recipes (``--recipe``):
+
+- ``smoothquant``: W8A8 with SmoothQuant,
+  ``X / s -> Q/DQ(int8, per-tensor) -> MatMul <- DQ(int8 W * s, per-channel)``, the vocabulary
+  projection 8-bit weight-only and ``*.down_proj`` float (below): the arithmetic of int8 tensor
+  cores;
+- ``weight-only``: every projection 8-bit weight-only in blocks of 32
+  (``int8_weight_only``: llama.cpp's Q8_0 arithmetic, activations quantized per block at run
+  time).
+
+Which one a build gets is measured (``llmc.compiler.quantize.front``).
 
 SmoothQuant's factors s (Xiao et al., 2023) use ``--smoothquant-alpha``, or the best of
 ``--smoothquant-alpha-grid`` per layer. ONNX Runtime fuses the pattern into
@@ -7,7 +16,7 @@ SmoothQuant's factors s (Xiao et al., 2023) use ``--smoothquant-alpha``, or the 
 128 (``bound_pairs``, ``llmc.quant.grids``), so engines built there run exactly anywhere, and
 engines built with VNNI require it.
 
-Defaults, measured on Gemma 3 270M (benchmarks/RESULTS.md):
+The ``smoothquant`` recipe's choices, measured on Gemma 3 270M (benchmarks/RESULTS.md):
 - the vocabulary projection 8-bit weight-only: MatMulNBits quantizes its input per block of 32
   instead of one per-tensor scale: top-1 92.13% -> 93.26%, S1 decode 2.07x -> 2.48x float32,
   S16 4.87x -> 4.28x HF eager on an AVX-512 VNNI host (``--weight-only8 ''`` gives back W8A8);
@@ -34,6 +43,7 @@ from llmc.quant.protocol import (
     QuantFormat,
     QuantizedLinear,
     QuantSpec,
+    Recipe,
 )
 
 VNNI = "avx512-vnni"
@@ -45,7 +55,18 @@ class Int8(QuantFormat):
     name = "int8"
     label = "int8_w8a8"
     summary = "W8A8, SmoothQuant"
-    defaults = FormatDefaults("percentile", weight_only8="lm_head", exclude="*.down_proj")
+    recipes = (
+        Recipe(
+            "smoothquant",
+            "W8A8 SmoothQuant; the vocabulary projection 8-bit weight-only, down_proj float",
+            FormatDefaults("percentile", weight_only8="lm_head", exclude="*.down_proj"),
+        ),
+        Recipe(
+            "weight-only",
+            "every projection 8-bit weight-only in blocks of 32, llama.cpp's Q8_0 arithmetic",
+            FormatDefaults("max", weight_only8="*"),
+        ),
+    )
     cpu_kernel = "MatMulIntegerToFloat"
     weight_bytes = 1.0
 

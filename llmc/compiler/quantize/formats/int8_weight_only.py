@@ -3,9 +3,10 @@
 Not a ``--quant`` choice: the format ``--weight-only8`` gives the modules whose activations or
 weights lose too much in the build's format (by default the vocabulary projection of every
 ``--quant``, and int4's ``*.down_proj``; llama.cpp's Q4_K_M likewise keeps its output tensor at
-~6 bits). Blocks of ``--int4-block-size`` input channels. ONNX Runtime runs it as
-``MatMulNBits``; TensorRT dequantizes block-wise only FP4, FP8 and INT4, so its lowering makes
-the weights per-channel INT8 (``llmc.compiler.quantize.formats.int8_weights``).
+~6 bits), or every module (``--quant int8 --recipe weight-only``). Blocks of
+``--weight-only8-block-size`` input channels (32 by default, as llama.cpp's Q8_0). ONNX Runtime
+runs it as ``MatMulNBits``; TensorRT dequantizes block-wise only FP4, FP8 and INT4, so its
+lowering makes the weights per-channel INT8 (``llmc.compiler.quantize.formats.int8_weights``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Int8WeightOnly(QuantFormat):
     offered = False
     needs_stats = False
     cpu_kernel = "MatMulNBits"
-    weight_bytes = 1.0 + 4 / 128  # a float32 scale per 128
+    weight_bytes = 1.0 + 4 / 32  # a float32 scale per 32 (the smallest block)
     fallbacks = ()
     reads_column_slices = True
 
@@ -53,7 +54,7 @@ class Int8WeightOnly(QuantFormat):
         # instead of several copies of it, and a ``WeightColumns`` weight is widened a slice
         # at a time.
         k, n = weight.shape
-        block = spec.int4_block_size
+        block = spec.weight_only8_block_size
         data = np.empty((k, n), INT8.dtype)
         scale = np.empty((-(-k // block), n), np.float32)
         rounding = "nearest"
