@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from pathlib import Path
 
 from llmc.compiler.backends.onnxruntime.text_sampler import sampling_model
@@ -19,7 +20,7 @@ from llmc.compiler.backends.protocol import BuildRecord, HostPlan
 from llmc.compiler.backends.registry import backend_for
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.memory.plan import MemoryPlan, plan_memory
-from llmc.compiler.quantize.search.path_search import AccuracyTargetError
+from llmc.compiler.quantize.search.recheck import EngineMissedTarget, check_engine_accuracy
 from llmc.compiler.stages.build_stats import BuildStats
 from llmc.compiler.stages.export import export
 from llmc.compiler.stages.load import ResolvedModel, load, resolve
@@ -68,13 +69,27 @@ def _build(config: BuildConfig, progress: BuildProgress | None) -> BuildResult:
         model = load(resolved, stage, memory)
         graph = export(model, config.export, stage, work, memory.in_flight_bytes, host.share_tied)
         reference = Reference(model, graph, texts, sampling_model(model, graph, texts, config))
-        engine_graph = quantize(reference, config, stage, host.bound_pairs, work)
-        with staged_dir(out) as tmp:
-            engine = backend.lower(engine_graph, tmp, config, host, stage, memory)
-            report = backend.report(engine, reference, config, stage, _headroom(stats))
-            check_accuracy_target(config, report.accuracy)
-            record = BuildRecord(config, model, engine_graph, engine, report, host, stats, memory)
-            backend.write_manifest(record, stage)
+        resume = None
+        for rechecks in itertools.count():
+            engine_graph = quantize(reference, config, stage, host.bound_pairs, work, resume)
+            try:
+                with staged_dir(out) as tmp:
+                    engine = backend.lower(engine_graph, tmp, config, host, stage, memory)
+                    report = backend.report(engine, reference, config, stage, _headroom(stats))
+                    check_engine_accuracy(
+                        config.quantization.target, report.accuracy, _search(engine_graph), rechecks
+                    )
+                    record = BuildRecord(
+                        config, model, engine_graph, engine, report, host, stats, memory
+                    )
+                    backend.write_manifest(record, stage)
+                break
+            except EngineMissedTarget as missed:
+                if missed.resume is None:
+                    raise
+                with stage(str(missed)):  # a line in the build's log
+                    resume = missed.resume
+                del engine_graph, engine, report
     out = backend.finish(out, config, host, stage)
     if config.quantization.draft is not None:
         build_draft(config, out, progress)
@@ -115,17 +130,10 @@ def _headroom(stats: BuildStats) -> int:
     return max(0, stats.peak_rss_bytes - psutil.Process().memory_info().rss)
 
 
-def check_accuracy_target(config: BuildConfig, accuracy) -> None:
-    """Raise AccuracyTargetError when the engine's own accuracy report (``accuracy``) misses
-    ``--accuracy-target`` (the search scored the Q/DQ graph, the report the fused engine)."""
-    target = config.quantization.target
-    if target is None or accuracy is None or target.met(accuracy):
-        return
-    raise AccuracyTargetError(
-        f"the engine's accuracy report gives {target.metric} {target.measure(accuracy):.4g}, "
-        f"missing --accuracy-target {target} that its Q/DQ graph kept in the search; rebuild "
-        "with a stricter target (the fused kernels lost the margin)"
-    )
+def _search(engine_graph) -> dict | None:
+    """The ``--accuracy-target`` search's record of ``engine_graph``'s quantization, if any."""
+    report = engine_graph.quant_report
+    return None if report is None else report.spec.get("accuracy_target")
 
 
 def build_draft(config: BuildConfig, engine_dir: Path, progress: BuildProgress | None) -> None:

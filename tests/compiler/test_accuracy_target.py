@@ -12,7 +12,12 @@ from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.search.assignment import Unit, make_units, upgrade_path
-from llmc.compiler.quantize.search.path_search import AccuracyTargetError, search
+from llmc.compiler.quantize.search.path_search import AccuracyTargetError, Resume, search
+from llmc.compiler.quantize.search.recheck import (
+    MAX_RECHECKS,
+    EngineMissedTarget,
+    check_engine_accuracy,
+)
 from llmc.engine.manifest import read_manifest
 from llmc.errors import BuildConfigError
 from tests.tiny_models import calibration_text, make_tiny_gemma3, quant_config
@@ -45,7 +50,7 @@ def test_target_direction():
 
 
 def _units() -> list[Unit]:
-    # Three layers of 100 weights; fp8 costs 1 byte a weight, 8-bit weight-only 1.03125, float 4.
+    # Three layers of 100 weights; fp8 costs 1 byte a weight, 8-bit weight-only 1.125, float 4.
     params = {f"model.layers.{i}.mlp.down_proj": 100 for i in range(3)}
     return make_units(params, dict.fromkeys(params, "fp8"), LADDER)
 
@@ -63,7 +68,7 @@ def test_units_group_layers_and_start_where_the_default_is():
 
 
 def test_upgrade_path_takes_most_kl_per_byte_first():
-    # Moving a layer fp8 -> w8 adds 3.125 bytes; -> float adds 300.
+    # Moving a layer fp8 -> w8 adds 12.5 bytes; -> float adds 300.
     sens = {
         "model.layers.0": {"fp8": 0.10, "int8_weight_only": 0.001},  # w8 removes 0.099
         "model.layers.1": {"fp8": 0.02, "int8_weight_only": 0.019},  # w8 removes 0.001
@@ -71,8 +76,8 @@ def test_upgrade_path_takes_most_kl_per_byte_first():
     }
     path = upgrade_path(_units(), sens, 4.0)
     steps = [(m.unit, m.new) for m in path]
-    # Per byte: layer 0 to w8 (0.0317), layer 2 to w8 (0.016), layer 1 to w8 (0.00032); then
-    # float: layer 1 (0.019/296.9), layer 0 (0.001/296.9); layer 2's float removes nothing.
+    # Per byte: layer 0 to w8 (0.0079), layer 2 to w8 (0.004), layer 1 to w8 (0.00008); then
+    # float: layer 1 (0.019/287.5), layer 0 (0.001/287.5); layer 2's float removes nothing.
     assert steps == [
         ("model.layers.0", "int8_weight_only"),
         ("model.layers.2", "int8_weight_only"),
@@ -81,7 +86,7 @@ def test_upgrade_path_takes_most_kl_per_byte_first():
         ("model.layers.0", "none"),
         ("model.layers.2", "none"),
     ]
-    assert path[0].weight_bytes == pytest.approx(300 + 3.125)
+    assert path[0].weight_bytes == pytest.approx(300 + 12.5)
     assert path[-1].weight_bytes == pytest.approx(1200)
 
 
@@ -143,6 +148,51 @@ def test_search_fails_naming_the_best_reached():
         search(AccuracyTarget("kl", 0.01), _units(), 4.0, scores.sensitivity, scores.heldout)
 
 
+def test_a_resumed_search_goes_past_the_missed_engine_without_scoring_sensitivities():
+    kl = {
+        "model.layers.0": {"fp8": 0.10, "int8_weight_only": 0.001},
+        "model.layers.1": {"fp8": 0.02, "int8_weight_only": 0.019},
+        "model.layers.2": {"fp8": 0.05, "int8_weight_only": 0.0},
+    }
+    first = _Additive(kl)
+    target = AccuracyTarget("kl", 0.075)
+    result = search(target, _units(), 4.0, first.sensitivity, first.heldout)
+    assert (result.moves, result.path_moves) == (1, 5)  # 0.071 after layer 0 -> w8
+    # Its engine gave KL 0.08 (its kernels lose 0.009): the search goes on past move 1 for
+    # KL <= 0.066, which move 2 (0.021) keeps, and scores no sensitivity again.
+    missed = {"moves": 1, "search_value": 0.071, "engine_value": 0.08}
+    resume = Resume(1, target.tightened(0.009), result.sensitivity, (missed,))
+    again = _Additive(kl)
+    resumed = search(target, _units(), 4.0, again.sensitivity, again.heldout, resume=resume)
+    assert again.sensitivity_calls == 0
+    assert resumed.moves == 2 and resumed.report.mean_kl == pytest.approx(0.021)
+    assert resumed.target == AccuracyTarget("kl", 0.066)
+    assert resumed.to_dict()["rechecks"] == [missed]
+    # Past the last candidate there is nothing to resume to: only float would keep it.
+    last = Resume(5, target, result.sensitivity, (missed,))
+    with pytest.raises(AccuracyTargetError, match="only float keeps it"):
+        search(target, _units(), 4.0, again.sensitivity, again.heldout, resume=last)
+
+
+def test_an_engine_that_misses_resumes_the_search_a_bounded_number_of_times():
+    target = AccuracyTarget("top1", 0.95)
+    record = {"value": 0.955, "moves": 4, "sensitivity_kl": {"u": {"fp8": 0.1}}, "rechecks": []}
+    check_engine_accuracy(target, _report(0.01, top1=0.951), record, 0)  # kept: returns
+    with pytest.raises(EngineMissedTarget, match="searching past 4 moves for top1 >= 0.96") as e:
+        check_engine_accuracy(target, _report(0.01, top1=0.945), record, 0)
+    resume = e.value.resume
+    assert resume.moves == 4 and resume.target.value == pytest.approx(0.96)  # 0.95 + 0.01
+    assert resume.missed == ({"moves": 4, "search_value": 0.955, "engine_value": 0.945},)
+    # The largest loss seen so far is kept on top of the target.
+    record2 = {"value": 0.955, "moves": 6, "sensitivity_kl": {}, "rechecks": list(resume.missed)}
+    with pytest.raises(EngineMissedTarget) as e2:
+        check_engine_accuracy(target, _report(0.01, top1=0.949), record2, 1)  # loses 0.006
+    assert e2.value.resume.target.value == pytest.approx(0.96)
+    with pytest.raises(EngineMissedTarget, match="after 2 re-checks") as e3:
+        check_engine_accuracy(target, _report(0.01, top1=0.9), record2, MAX_RECHECKS)
+    assert e3.value.resume is None and isinstance(e3.value, AccuracyTargetError)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("target")
@@ -153,10 +203,16 @@ def _config(root, ckpt, data, name, **kw) -> BuildConfig:
     return quant_config(ckpt, root, data, "fp8", name, eval_samples=4, **kw)
 
 
+def _flat_kl(root, ckpt, data, name: str, **kw) -> float:
+    """The mean KL of the flat fp8 engine ``name`` (built once per module)."""
+    if not (root / name / "manifest.json").exists():
+        build(_config(root, ckpt, data, name, **kw))
+    return read_manifest(root / name).accuracy_report["mean_kl"]
+
+
 def test_tiny_build_meets_a_target_the_flat_format_misses(tiny):
     root, ckpt, data = tiny
-    flat = read_manifest(build(_config(root, ckpt, data, "flat")).engine_dir)
-    flat_kl = flat.accuracy_report["mean_kl"]
+    flat_kl = _flat_kl(root, ckpt, data, "flat")
     target = flat_kl / 4
     result = build(_config(root, ckpt, data, "targeted", accuracy_target=f"kl={target}"))
     m = read_manifest(result.engine_dir)
@@ -176,6 +232,31 @@ def test_tiny_build_meets_a_target_the_flat_format_misses(tiny):
     assert float_units <= excluded
     assert "--accuracy-target kl <=" in result.format()
     json.dumps(record)  # the manifest's record is plain JSON
+
+
+def test_an_engine_that_misses_the_target_is_rebuilt_further_along_the_path(tiny):
+    """The search does not model a quantized KV cache; the engine's report does. A target
+    between the flat engine's KL without and with an int8 KV cache is kept by the flat
+    assignment in the search and missed by its engine: the build searches again past it, for
+    the target tightened by that loss, and ends with an engine that keeps the target."""
+    root, ckpt, data = tiny
+    plain, with_kv = (
+        _flat_kl(root, ckpt, data, "flat"),
+        _flat_kl(root, ckpt, data, "flat-kv", kv_cache_dtype="int8"),
+    )
+    assert with_kv > plain  # the int8 KV cache loses accuracy the search cannot see
+    target = (plain + with_kv) / 2
+    config = _config(
+        root, ckpt, data, "rechecked", kv_cache_dtype="int8", accuracy_target=f"kl={target}"
+    )
+    m = read_manifest(build(config).engine_dir)
+    assert m.accuracy_report["mean_kl"] <= target
+    record = m.quantization["spec"]["accuracy_target"]
+    (missed,) = record["rechecks"]
+    assert missed["moves"] == 0 and missed["search_value"] <= target < missed["engine_value"]
+    assert record["moves"] > 0
+    loss = missed["engine_value"] - missed["search_value"]
+    assert record["target"] == str(AccuracyTarget("kl", target - loss))
 
 
 def test_tiny_build_fails_cleanly_when_only_float_would_do(tiny):

@@ -44,6 +44,7 @@ def quantize(
     work_dir: Path | None = None,
     heldout_source: TextSource | None = None,
     gguf_types=None,
+    resume=None,
 ) -> tuple[onnx.ModelProto, QuantReport]:
     """Calibrate (or read cached statistics) and quantize one segment at a time; return the Q/DQ
     graph and its report. ``bound_pairs``: int8 weight pairs within 128 (CPU hosts without
@@ -62,7 +63,8 @@ def quantize(
     ``heldout_source`` (``targeted``) and the graph written with the one chosen, recorded in
     ``spec["accuracy_target"]``. With ``--anchor auto`` the anchor (``anchors``: llama.cpp's
     Q8_0 for a GGUF checkpoint, whose stored types are ``gguf_types``, else round-to-nearest)
-    is scored on the same windows and recorded in ``spec["anchor"]``."""
+    is scored on the same windows and recorded in ``spec["anchor"]``. ``resume`` (a
+    ``path_search.Resume``) resumes the search past an engine that missed the target."""
     if weights_dir is not None and work_dir is None:
         raise ValueError("a streamed graph is quantized into a work directory")
     spec = config.quant_spec(bound_pairs)
@@ -101,9 +103,8 @@ def quantize(
             segment_widener(weights_dir),
             session_config(spec.quant),
         )
-        report = _score_heldout(
-            config, graph, spill, (targeted, anchors, report), texts, graph_run, stage
-        )
+        searches = (targeted, anchors, report)
+        report = _score_heldout(config, graph, spill, searches, texts, graph_run, stage, resume)
         del targeted, anchors, quantizer  # the weights of the formats and anchors not chosen
         if anchor_dir is not None:
             shutil.rmtree(anchor_dir)
@@ -215,7 +216,9 @@ def _quantize_segments(parts, quantizer, targeted, anchors) -> QuantReport | Non
     return quantizer.finish() if targeted is None else None
 
 
-def _score_heldout(config, graph, spill, searches, texts, graph_run, stage) -> QuantReport:
+def _score_heldout(
+    config, graph, spill, searches, texts, graph_run, stage, resume=None
+) -> QuantReport:
     """Score the search's candidates and the anchor on the held-out windows, then quantize
     with the assignment found; returns the report (the search's, else the flat one) with the
     search and the anchor recorded in its spec. ``searches``: (targeted, anchors, the flat
@@ -233,7 +236,7 @@ def _score_heldout(config, graph, spill, searches, texts, graph_run, stage) -> Q
     target = config.quantization.target
     scoring = (calib_source, heldout_source, load, windows)
     with stage(_scoring_title(target, anchors)) as tick:
-        result, anchor = score_heldout(config, targeted, anchors, scoring, graph_run, tick)
+        result, anchor = score_heldout(config, targeted, anchors, scoring, graph_run, tick, resume)
         if result is not None:
             quantizer = GraphQuantizer(
                 graph, targeted.spec_for(result), spill, targeted.precomputed

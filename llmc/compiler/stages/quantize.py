@@ -67,11 +67,14 @@ def quantize(
     stage: Stage = no_stage,
     bound_pairs: bool = False,
     work_dir: Path | None = None,
+    resume=None,
 ) -> EngineGraph:
     """``reference.graph`` with Q/DQ nodes as ``config`` says (the graph itself for ``--quant
     none``), calibrated on ``reference.texts`` (``read_texts``), text sampled by its sampler
     (default: the loaded model). ``bound_pairs``: int8 weight pairs within 128 (cpu hosts
-    without VNNI, ``host.int8_bound_pairs``). A streamed graph is quantized into ``work_dir``."""
+    without VNNI, ``host.int8_bound_pairs``). A streamed graph is quantized into ``work_dir``.
+    ``resume`` (a ``path_search.Resume``) resumes the ``--accuracy-target`` search past an
+    engine that missed the target."""
     graph, model, texts = reference.graph, reference.model, reference.texts
     if not config.quantization.quantizes:
         return EngineGraph(graph.proto, graph.pass_report, weights_dir=graph.weights_dir)
@@ -91,6 +94,7 @@ def quantize(
         work_dir=work_dir,
         heldout_source=texts.heldout,
         gguf_types=_gguf_types(resolved.source),
+        resume=resume,
     )
     return EngineGraph(proto, graph.pass_report, report, work_dir if graph.weights_dir else None)
 

@@ -64,5 +64,17 @@ class AccuracyTarget:
         got = self.measure(report)
         return got >= self.value if higher_is_better else got <= self.value
 
+    def shortfall(self, report) -> float:
+        """How far ``report`` misses this target in its metric (<= 0 when it keeps it)."""
+        got = self.measure(report)
+        return self.value - got if METRICS[self.metric][1] else got - self.value
+
+    def tightened(self, by: float) -> AccuracyTarget:
+        """This target made stricter by ``by`` (>= 0) in its metric: top-1 raised (at most
+        1), a KL or perplexity change lowered (at least 0)."""
+        if METRICS[self.metric][1]:
+            return AccuracyTarget(self.metric, min(1.0, self.value + by))
+        return AccuracyTarget(self.metric, max(0.0, self.value - by))
+
     def __str__(self) -> str:
         return f"{self.metric} {'>=' if METRICS[self.metric][1] else '<='} {self.value:g}"

@@ -10,7 +10,7 @@ import math
 from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
 
 
-def score_heldout(config, targeted, anchors, texts, graph_run, progress):
+def score_heldout(config, targeted, anchors, texts, graph_run, progress, resume=None):
     """(the search's ``SearchResult`` or None, the anchor's manifest record or None).
 
     ``targeted``: a ``TargetedQuantization`` or None; ``anchors``: an ``AnchorQuantization``
@@ -20,8 +20,9 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress):
     or None, the engine's ORT session entries), as ``AssignmentScorer`` takes them. The
     sensitivities are scored on the first calibration windows (sampled anew when the statistics
     came from the cache), everything else on the held-out windows of the accuracy report.
-    ``progress(done, total)`` counts scorings. Raises AccuracyTargetError as
-    ``search.search``."""
+    ``progress(done, total)`` counts scorings; ``resume`` (a ``path_search.Resume``) resumes
+    the search past an engine that missed the target, without its sensitivity scorings.
+    Raises AccuracyTargetError as ``search.search``."""
     from llmc.compiler.quantize.search.targeted import SENSITIVITY_STRIDE, SENSITIVITY_WINDOWS
 
     calib_source, heldout_source, load, windows = texts
@@ -43,22 +44,23 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress):
         float_model, precomputed, sets, labels, config.target.threads, weights_dir, prepare,
         session_config, {"sensitivity": SENSITIVITY_STRIDE},
     )  # fmt: skip
-    done, total = itertools.count(1), _scorings(targeted) + (anchors is not None)
+    done, total = itertools.count(1), _scorings(targeted, resume) + (anchors is not None)
     tick = lambda _=None: progress(next(done), total)  # noqa: E731
     with scorer:
         result = anchor = None
         if targeted is not None:
-            result = targeted.search(config.quantization.target, scorer, tick)
+            result = targeted.search(config.quantization.target, scorer, tick, resume)
         if anchors is not None:
             anchor = anchors.record(scorer.score(anchors.assignment(), "heldout"))
             tick()
     return result, anchor
 
 
-def _scorings(targeted) -> int:
-    """About how many scorings the search makes: the flat one, the sensitivities, then about
-    log2(moves) + 1 on the path."""
+def _scorings(targeted, resume) -> int:
+    """About how many scorings the search makes: the flat one, the sensitivities (none when
+    resumed), then about log2(moves) + 1 on the path."""
     if targeted is None:
         return 0
     sensitivities = sum(len(u.ladder) - 1 for u in targeted.units)
-    return 2 + sensitivities + math.ceil(math.log2(sensitivities + 1))
+    path = 2 + math.ceil(math.log2(sensitivities + 1))
+    return path + (sensitivities if resume is None else 0)

@@ -13,6 +13,11 @@ accuracy keeps the target.
 The all-float end of the path is not a candidate: a build whose target only float meets fails
 (``AccuracyTargetError``) naming the best quantized assignment's accuracy. Scoring is done by
 the caller's functions (``assignment_eval``), so this module is plain logic.
+
+When the built engine's own accuracy report misses a target its assignment kept in the search
+(the engine's fused kernels, its quantized KV cache and its attention numerics round otherwise
+than the scoring), the build searches again (``Resume``): past the assignment it built, for
+the target tightened by the engine's shortfall, with the sensitivities already measured.
 """
 
 from __future__ import annotations
@@ -33,6 +38,19 @@ class AccuracyTargetError(LlmcError):
     does not)."""
 
 
+@dataclass(frozen=True)
+class Resume:
+    """A search resumed after the engine built from ``moves`` moves along the path missed the
+    target: only assignments past ``moves`` are candidates, they must keep ``target`` (the
+    user's, tightened by the engine's shortfall), and ``sensitivity`` ({unit: {rung: KL}}) is
+    the first search's."""
+
+    moves: int
+    target: AccuracyTarget
+    sensitivity: dict[str, dict[str, float]]
+    missed: tuple[dict, ...] = ()  # each missed engine: moves, search_value, engine_value
+
+
 @dataclass
 class SearchResult:
     """What the search chose and what it measured.
@@ -46,6 +64,9 @@ class SearchResult:
         weight_bytes: the quantized modules' weight bytes, chosen and flat.
         sensitivity: {unit: {rung: KL}} (empty when the flat assignment kept the target).
         scored: (moves along the path, weight bytes, target metric) of each held-out scoring.
+        moves: the chosen assignment's moves along the path (0: flat).
+        path_moves: the moves that leave some module quantized (the candidates).
+        rechecks: the engines built before this one that missed the target (``Resume``).
     """
 
     target: AccuracyTarget
@@ -56,6 +77,9 @@ class SearchResult:
     weight_bytes: tuple[float, float]
     sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)
     scored: list[tuple[int, float, float]] = field(default_factory=list)
+    moves: int = 0
+    path_moves: int = 0
+    rechecks: tuple[dict, ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-ready (the quantization report's ``spec.accuracy_target``; ``format_record``
@@ -71,6 +95,9 @@ class SearchResult:
             "weight_bytes": {"chosen": self.weight_bytes[0], "flat": self.weight_bytes[1]},
             "sensitivity_kl": self.sensitivity,
             "scored": [{"moves": k, "weight_bytes": b, "value": v} for k, b, v in self.scored],
+            "moves": self.moves,
+            "path_moves": self.path_moves,
+            "rechecks": list(self.rechecks),
         }
 
 
@@ -98,32 +125,29 @@ def search(
     sensitivity_kl: Callable[[Assignment], float],
     heldout: Callable[[Assignment], AccuracyReport],
     progress: Callable[[str], None] | None = None,
+    resume: Resume | None = None,
 ) -> SearchResult:
     """Search as the module docstring says. ``sensitivity_kl(assignment)`` scores an assignment
     on the calibration windows (mean KL), ``heldout(assignment)`` on the held-out ones;
-    ``progress`` is told each scoring. Raises AccuracyTargetError when no quantized
-    assignment keeps ``target``, ValueError for no units."""
+    ``progress`` is told each scoring; ``resume`` continues a search past the assignment an
+    engine missed with. Raises AccuracyTargetError when no quantized assignment (past
+    ``resume.moves``) keeps ``target`` (``resume.target``), ValueError for no units."""
     if not units:
         raise ValueError("no quantized module to assign a format to")
+    target = resume.target if resume is not None else target
     say = progress or (lambda _: None)
     flat_rungs = {u.name: u.ladder[0] for u in units}
     flat_bytes = sum(u.weight_bytes(u.ladder[0], float_bytes) for u in units)
     flat = heldout(assignment_of(units, flat_rungs))
     scored = [(0, flat_bytes, target.measure(flat))]
     say(f"flat assignment: {target.metric} {target.measure(flat):.4g}")
-    if target.met(flat):
+    if resume is None and target.met(flat):
         return SearchResult(
             target, flat_rungs, assignment_of(units, flat_rungs), flat, flat,
             (flat_bytes, flat_bytes), scored=scored,
         )  # fmt: skip
-
-    all_float = {u.name: FLOAT for u in units}
-    sensitivity: dict[str, dict[str, float]] = {}
-    for u in units:
-        for rung in u.ladder[:-1]:
-            kl = sensitivity_kl(assignment_of(units, all_float | {u.name: rung}))
-            sensitivity.setdefault(u.name, {})[rung] = kl
-            say(f"sensitivity {u.name} {rung}: KL {kl:.4g}")
+    sensitivity = resume.sensitivity if resume is not None else {}
+    sensitivity = sensitivity or _sensitivity(units, sensitivity_kl, say)
     path = upgrade_path(units, sensitivity, float_bytes)
     candidates = path[:-1]  # the last move leaves every unit float
     reports: dict[int, AccuracyReport] = {}
@@ -136,16 +160,23 @@ def search(
             say(f"{k} moves ({move.weight_bytes / 1e6:.1f} MB): {scored[-1][2]:.4g}")
         return reports[k]
 
-    if not candidates or not target.met(score(len(candidates))):
+    first = 1 if resume is None else resume.moves + 1
+    if first > len(candidates):
+        raise AccuracyTargetError(
+            f"--accuracy-target {target}: the engine of the most accurate assignment that "
+            f"quantizes a module ({_describe(candidates)}) missed it; only float keeps it. "
+            "Relax the target, or build with --quant none"
+        )
+    if not target.met(score(len(candidates))):
         best = reports.get(len(candidates), flat)
         raise AccuracyTargetError(
             f"--accuracy-target {target} is not kept by any assignment that quantizes a "
-            f"module: the most accurate one ({_describe(candidates)}) reaches "
+            f"module{_past(resume)}: the most accurate one ({_describe(candidates)}) reaches "
             f"{target.metric} {target.measure(best):.4g}, the flat --quant "
             f"{units[0].ladder[0]} {target.measure(flat):.4g}. Relax the target, or build "
             "with --quant none"
         )
-    lo, hi = 1, len(candidates)  # hi keeps the target
+    lo, hi = first, len(candidates)  # hi keeps the target
     while lo < hi:
         mid = (lo + hi) // 2
         if target.met(score(mid)):
@@ -155,8 +186,27 @@ def search(
     chosen = dict(candidates[hi - 1].rungs)
     return SearchResult(
         target, chosen, assignment_of(units, chosen), reports[hi], flat,
-        (candidates[hi - 1].weight_bytes, flat_bytes), sensitivity, scored,
+        (candidates[hi - 1].weight_bytes, flat_bytes), sensitivity, scored, hi, len(candidates),
+        resume.missed if resume is not None else (),
     )  # fmt: skip
+
+
+def _sensitivity(units: list[Unit], sensitivity_kl, say) -> dict[str, dict[str, float]]:
+    """{unit: {rung: KL}}: each unit alone at each rung below float, the rest float."""
+    all_float = {u.name: FLOAT for u in units}
+    sensitivity: dict[str, dict[str, float]] = {}
+    for u in units:
+        for rung in u.ladder[:-1]:
+            kl = sensitivity_kl(assignment_of(units, all_float | {u.name: rung}))
+            sensitivity.setdefault(u.name, {})[rung] = kl
+            say(f"sensitivity {u.name} {rung}: KL {kl:.4g}")
+    return sensitivity
+
+
+def _past(resume: Resume | None) -> str:
+    if resume is None:
+        return ""
+    return f" past the {resume.moves} moves whose engine missed it"
 
 
 def _describe(candidates) -> str:

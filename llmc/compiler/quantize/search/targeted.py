@@ -21,7 +21,7 @@ from llmc.compiler.quantize.qdq import base_format, is_kv_key, kept_float
 from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.search.assignment import FLOAT, Unit, ladder_of, make_units
 from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
-from llmc.compiler.quantize.search.path_search import SearchResult, search
+from llmc.compiler.quantize.search.path_search import Resume, SearchResult, search
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
 
 #: Calibration windows the per-unit sensitivities are scored on, at every k-th position (the
@@ -84,9 +84,16 @@ class TargetedQuantization:
             del weight
             target.release()
 
-    def search(self, target: AccuracyTarget, scorer: AssignmentScorer, progress) -> SearchResult:
-        """Run the search (``search.search``) with ``scorer``'s window sets "sensitivity" and
-        "heldout"; ``progress(message)`` is told each scoring."""
+    def search(
+        self,
+        target: AccuracyTarget,
+        scorer: AssignmentScorer,
+        progress,
+        resume: Resume | None = None,
+    ) -> SearchResult:
+        """Run the search (``search.search``, resumed past a missed engine with ``resume``)
+        with ``scorer``'s window sets "sensitivity" and "heldout"; ``progress(message)`` is
+        told each scoring."""
         return search(
             target,
             self.units,
@@ -94,6 +101,7 @@ class TargetedQuantization:
             lambda a: scorer.score(a, "sensitivity").mean_kl,
             lambda a: scorer.score(a, "heldout"),
             progress,
+            resume,
         )
 
     def spec_for(self, result: SearchResult) -> QuantSpec:
