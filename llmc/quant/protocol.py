@@ -47,6 +47,9 @@ class QuantSpec:
     kv_cache_dtype: str = "auto"
     weight_rounding: str = "nearest"  # "nearest" | "gptq"
     bound_pairs: bool = False  # int8 weight pairs within 128, for GEMMs without VNNI (grids)
+    # Write the weights of formats the CPU emulates (``QuantFormat.cpu_weight``) as the float32
+    # weights a CPU engine runs, as they are made (cpu targets: the build then streams).
+    cpu_weights: bool = False
     # Per-module formats chosen by ``--accuracy-target`` ((module, format name) pairs; "none"
     # keeps the module float); they override ``quant`` and ``weight_only8`` for those modules.
     assignment: tuple[tuple[str, str], ...] = ()
@@ -193,6 +196,13 @@ class QuantFormat(Protocol):
         """ISA features a CPU engine of this format built on a host with ``host_features``
         depends on, beyond the SIMD width."""
         return ()
+
+    def cpu_weight(self, weight: QuantizedWeight) -> np.ndarray | None:
+        """The float32 [K, N] weight a CPU engine runs in place of ``weight``'s dequantization,
+        for a format ONNX Runtime's CPU EP cannot run and emulates (FP8, NVFP4, MXFP8): the
+        numbers ``rewrite_for_cpu`` computes, made when the weight is quantized so that a
+        streamed build never holds the model. None (the default): the Q/DQ weight stays."""
+        return None
 
     def rewrite_for_cpu(self, model: onnx.ModelProto) -> int:
         """Adapt the Q/DQ graph in place to ONNX Runtime's CPU EP; returns the rewrites."""

@@ -19,7 +19,7 @@ from llmc.compiler.backends.tensorrt.finish import TensorRTUnavailableError
 from llmc.compiler.backends.tensorrt.lint import lint_file, lint_model
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
-from llmc.compiler.quantize.formats import FORMATS, fp8, mxfp8, nvfp4
+from llmc.compiler.quantize.formats import FORMATS, fp8, int8_weight_only, mxfp8, nvfp4
 from llmc.compiler.quantize.formats import microscaling_emulation as microscaling_cpu
 from llmc.compiler.quantize.qdq import UniqueNames, write_linear
 from llmc.engine.manifest import read_manifest
@@ -363,6 +363,21 @@ def test_defaults_and_target_rules(quant):
     with pytest.raises(BuildConfigError, match=f"--quant {quant} needs Blackwell.*sm100"):
         BuildConfig.of(quant=quant, arch="sm90").validate()
     assert FORMATS[quant].weight_bytes == {"nvfp4": 0.5 + 1 / 16, "mxfp8": 1 + 1 / 32}[quant]
+
+
+@pytest.mark.parametrize(
+    "fmt", [fp8.FORMAT, nvfp4.FORMAT, mxfp8.FORMAT], ids=["fp8", "nvfp4", "mxfp8"]
+)
+def test_cpu_weights_made_at_quantization_are_the_cpu_lowerings_weights(fmt):
+    """A cpu build writes each emulated weight as it is quantized (``cpu_weight``, so the
+    build streams); they are the float32 weights the CPU lowering of the Q/DQ graph makes."""
+    model, quantized, _ = _three_projections(fmt)
+    assert fmt.rewrite_for_cpu(model) >= 3
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for i, ql in enumerate(quantized):
+        matmul = next(n for n in model.graph.node if n.name == f"proj{i}")
+        np.testing.assert_array_equal(inits[matmul.input[1]], fmt.cpu_weight(ql.weight))
+    assert int8_weight_only.FORMAT.cpu_weight(quantized[0].weight) is None  # runs as is
 
 
 # --- tiny-model builds: cpu (emulated) and sm100 (portable stage, TensorRT lint) ------------

@@ -223,12 +223,14 @@ def in_memory_quantized_engine(config: BuildConfig, out: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "quant,dtype", [("int8", "float32"), ("int4", "float32"), ("int8", "bfloat16")]
+    "quant,dtype",
+    [("int8", "float32"), ("int4", "float32"), ("int8", "bfloat16"), ("fp8", "float32")],
 )
 def test_streamed_quantized_engine_equals_in_memory_engine(quant, dtype, tmp_path, monkeypatch):
     """The streamed build spills every quantized tensor to disk as it is made (threshold 0:
     the tiny model's are all below the default) and writes the in-memory build's engine; from
-    a bf16 checkpoint through its float graph stored in bf16."""
+    a bf16 checkpoint through its float graph stored in bf16; FP8, which the CPU emulates,
+    through its float32 weights written as they are quantized."""
     from llmc.compiler.quantize import tensor_spill
     from tests.tiny_models import SHAKESPEARE
 

@@ -214,6 +214,7 @@ class BuildConfig:
             exclude=q.exclude_patterns,
             kv_cache_dtype=self.kv_cache_dtype,
             bound_pairs=bound_pairs,
+            cpu_weights=self.target.is_cpu,
         )
 
     def output_dir(self, model_id: str) -> Path:

@@ -19,7 +19,7 @@ from llmc.compiler.frontend.gguf_file import check_gguf
 from llmc.compiler.frontend.model_source import ModelSource
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.weights.checkpoint_weights import index_safetensors
-from llmc.quant.protocol import QuantSpec
+from llmc.quant.protocol import QuantFormat, QuantSpec
 
 _EMBEDDINGS = ("model.embed_tokens.weight", "token_embd.weight")
 _PROJECTIONS = ("lm_head.weight", "output.weight")
@@ -112,7 +112,10 @@ def _weight_bytes(module: str, spec: QuantSpec) -> float:
         return 4.0
     if any(fnmatch.fnmatchcase(module, p) for p in spec.weight_only8):
         return FORMATS[WEIGHT_ONLY8].weight_bytes
-    return FORMATS[spec.quant].weight_bytes
+    fmt = FORMATS[spec.quant]
+    if spec.cpu_weights and type(fmt).cpu_weight is not QuantFormat.cpu_weight:
+        return 4.0  # emulated on the CPU: the float32 weight its dequantization gives
+    return fmt.weight_bytes
 
 
 def engine_weight_bytes(shapes: CheckpointShapes, spec: QuantSpec | None) -> int:

@@ -7,8 +7,8 @@ Two paths (``streamed_export``):
   build then calibrates and quantizes one segment at a time, writing each quantized weight to
   disk as it is made, and holds the engine's weights only where it loads the engine (``cpu``:
   to measure it); ``plan_memory`` gives the formula, ``memory.engine_size`` the engine's bytes.
-- **in memory** (other GGUF architectures, FP8 emulation on cpu): the float32 model, its exported
-  graph and the quantizer's working copies are all held; peak grows with the model at
+- **in memory** (other GGUF architectures): the float32 model, its exported graph and the
+  quantizer's working copies are all held; peak grows with the model at
   ``IN_MEMORY_FACTOR`` times its float32 bytes (measured: 16 GB for a 2 GB Qwen2.5-0.5B-shaped
   float build, 12-14 GB for 1.07 GB of Gemma 3 270M quantized; ``benchmarks/RESULTS.md``).
 
@@ -29,7 +29,7 @@ from llmc.compiler.frontend.streamed_export import can_stream
 from llmc.compiler.memory.engine_size import CheckpointShapes, engine_weight_bytes
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.errors import BuildConfigError
-from llmc.quant.protocol import QuantFormat, QuantSpec
+from llmc.quant.protocol import QuantSpec
 
 GB = 1e9
 BASE_BYTES = int(0.8 * GB)
@@ -160,17 +160,16 @@ def plan_for_shapes(
     (``benchmarks/project_build_memory.py``). Raises BuildConfigError as ``plan_memory``."""
     fmt = FORMATS[quant]
     total, largest = shapes.float32_bytes()
-    # A format whose CPU lowering rewrites weights in memory (FP8 emulation) takes that path.
-    rewrites = type(fmt).rewrite_for_cpu is not QuantFormat.rewrite_for_cpu
-    # FP8 emulation rewrites weights in memory on cpu only; GPU stages keep them and stream.
-    streamed = streamable and not (cpu and rewrites)
+    # Formats the CPU emulates (FP8, NVFP4, MXFP8) stream too: their float32 weights are
+    # written as they are quantized (``QuantFormat.cpu_weight``).
+    streamed = streamable
     limit = None if limit_gb is None else int(limit_gb * GB)
     if not streamed:
         need = BASE_BYTES + int(IN_MEMORY_FACTOR[fmt.quantizes] * total)
         if limit is not None and need > limit:
             raise BuildConfigError(
-                f"this build needs about {need / GB:.1f} GB of host memory (FP8 emulation on "
-                "cpu and GGUF architectures converted as a whole hold the model in "
+                f"this build needs about {need / GB:.1f} GB of host memory (GGUF "
+                "architectures converted as a whole hold the model in "
                 f"memory: {IN_MEMORY_FACTOR[fmt.quantizes]:.0f}x the {total / GB:.2f} GB of "
                 f"float32 weights), over --max-build-memory {limit_gb:g}; give the build more "
                 "memory"

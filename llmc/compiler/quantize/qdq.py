@@ -173,7 +173,8 @@ class GraphQuantizer:
                     raise ValueError(f"no calibration statistics for {module!r}")
                 ql = fmt.quantize(target.weight_for(fmt), stats.get(module), spec)
             target.release()
-            write_linear(self.model.graph, target, ql, self._names)
+            emulated = fmt.cpu_weight(ql.weight) if spec.cpu_weights else None
+            write_linear(self.model.graph, target, ql, self._names, emulated)
             entry = {"shape": list(target.shape), **ql.record}
             entry.setdefault("format", fmt.label)
             self.report.modules[module] = entry
@@ -191,12 +192,24 @@ class GraphQuantizer:
         return self.report
 
 
-def write_linear(graph: ir.Graph, t: QuantTarget, ql: QuantizedLinear, names: UniqueNames) -> None:
-    """Q/DQ nodes around ``t``'s MatMul as ``ql`` says: smoothing, activation Q/DQ, weight DQ."""
+def write_linear(
+    graph: ir.Graph,
+    t: QuantTarget,
+    ql: QuantizedLinear,
+    names: UniqueNames,
+    cpu_weight: np.ndarray | None = None,
+) -> None:
+    """Q/DQ nodes around ``t``'s MatMul as ``ql`` says: smoothing, activation Q/DQ, weight DQ;
+    with ``cpu_weight`` (``QuantFormat.cpu_weight``), that float32 weight instead of the
+    weight's DQ."""
     x = _smooth_input(graph, t, ql.smoothing, names)
     if ql.activation is not None:
         x = _fake_quant_activation(graph, t.node, x, ql.activation, f"{t.module}.input", names)
-    _replace_weight(graph, t, x, ql.weight, names)
+    if cpu_weight is None:
+        _replace_weight(graph, t, x, ql.weight, names)
+        return
+    t.node.replace_input_with(0, x)
+    t.node.replace_input_with(1, names.initializer(f"{t.module}.weight_emulated", cpu_weight))
 
 
 def _smooth_input(

@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from llmc.calibration.observers import observe_amax
 from llmc.compiler.quantize.rounding import rounded
-from llmc.quant.grids import FP8_E4M3, quantize_weight_per_channel
+from llmc.quant.grids import FP8_E4M3, QuantizedWeight, quantize_weight_per_channel
 from llmc.quant.protocol import (
     ActivationQuant,
     ActivationStats,
@@ -58,8 +58,17 @@ class Fp8(QuantFormat):
             "use int8 or int4, or a newer --arch"
         )
 
+    def cpu_weight(self, weight: QuantizedWeight) -> np.ndarray:
+        return fp8_weight(weight.data, weight.scale, weight.axis)
+
     def rewrite_for_cpu(self, model: onnx.ModelProto) -> int:
         return emulate_fp8_weights(model)
+
+
+def fp8_weight(codes: np.ndarray, scale: np.ndarray, axis: int) -> np.ndarray:
+    """The float32 weight an FP8 per-channel DequantizeLinear gives (``axis``: the scale's)."""
+    q = codes.astype(np.float32)
+    return (q * (scale[None, :] if axis == 1 else scale[:, None])).astype(np.float32)
 
 
 def emulate_fp8_weights(model: onnx.ModelProto) -> int:
@@ -85,11 +94,10 @@ def emulate_fp8_weights(model: onnx.ModelProto) -> int:
         data = inits[node.input[0]]
         if data.data_type != fp8:
             continue
-        q = numpy_helper.to_array(data).astype(np.float32)
         scale = numpy_helper.to_array(inits[node.input[1]])
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        w = q * (scale[None, :] if axis == 1 else scale[:, None])
-        g.initializer.append(numpy_helper.from_array(w.astype(np.float32), node.output[0]))
+        w = fp8_weight(numpy_helper.to_array(data), scale, axis)
+        g.initializer.append(numpy_helper.from_array(w, node.output[0]))
         g.node.remove(node)
         done += 1
     used = {i for n in g.node for i in n.input}

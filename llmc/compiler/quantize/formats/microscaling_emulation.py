@@ -65,9 +65,11 @@ def emulate_nvfp4(model: onnx.ModelProto) -> int:
             continue
         if not (_is_dq(inner) and all(i in inits for i in inner.input[:2])):
             continue
-        # the two DequantizeLinear nodes in numpy: s8 x g (float32), then codes x that
-        full = _array(inits[inner.input[0]]).astype(np.float32) * _array(inits[inner.input[1]])
-        weights[node.output[0]] = (_blockwise(_array(data), full, node), [node, inner])
+        axis, block = _block_attributes(node)
+        weight = nvfp4_weight(
+            _array(data), _array(inits[inner.input[0]]), _array(inits[inner.input[1]]), axis, block
+        )
+        weights[node.output[0]] = (weight, [node, inner])
     activations = {}
     for q in _trt_nodes(g, FP4_DYNAMIC_QUANTIZE):
         inner = _only_consumer(g, q.output[1])
@@ -89,10 +91,9 @@ def emulate_mxfp8(model: onnx.ModelProto) -> int:
     weights = {}
     for node in _trt_nodes(g, MXFP8_DEQUANTIZE):
         if node.input[0] in inits and node.input[1] in inits:
-            exponents = _array(inits[node.input[1]]).astype(np.int32) - 127
-            scale = np.ldexp(np.float32(1.0), exponents).astype(np.float32)
+            codes, exponents = _array(inits[node.input[0]]), _array(inits[node.input[1]])
             weights[node.output[0]] = (
-                _blockwise(_array(inits[node.input[0]]), scale, node),
+                mxfp8_weight(codes, exponents, *_block_attributes(node)),
                 [node],
             )
     activations = {}
@@ -222,10 +223,30 @@ def _rewrite(model: onnx.ModelProto, weights: dict, activations: dict) -> int:
     return len(weights) + len(activations)
 
 
-def _blockwise(codes: np.ndarray, scale: np.ndarray, dq: onnx.NodeProto) -> np.ndarray:
-    """What block-wise DequantizeLinear ``dq`` gives for ``codes`` and float32 ``scale``."""
+def nvfp4_weight(
+    codes: np.ndarray, block_scale: np.ndarray, global_scale, axis: int, block: int
+) -> np.ndarray:
+    """The float32 weight NVFP4's two DequantizeLinear nodes give: the E4M3 ``block_scale``
+    x the per-tensor ``global_scale`` (float32), then the E2M1 ``codes`` x that per block."""
+    full = block_scale.astype(np.float32) * np.asarray(global_scale, np.float32)
+    return _blockwise(codes, full, axis, block)
+
+
+def mxfp8_weight(codes: np.ndarray, exponents: np.ndarray, axis: int, block: int) -> np.ndarray:
+    """The float32 weight MXFP8's dequantization gives: the E4M3 ``codes`` x 2^(E8M0 - 127)
+    per block."""
+    scale = np.ldexp(np.float32(1.0), exponents.astype(np.int32) - 127).astype(np.float32)
+    return _blockwise(codes, scale, axis, block)
+
+
+def _block_attributes(dq: onnx.NodeProto) -> tuple[int, int]:
+    """(axis, block_size) of block-wise DequantizeLinear ``dq``."""
     axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-    block = next(a.i for a in dq.attribute if a.name == "block_size")
+    return axis, next(a.i for a in dq.attribute if a.name == "block_size")
+
+
+def _blockwise(codes: np.ndarray, scale: np.ndarray, axis: int, block: int) -> np.ndarray:
+    """What a block-wise DequantizeLinear gives for ``codes`` and float32 ``scale``."""
     full = np.repeat(scale, block, axis=axis)
     return (codes.astype(np.float32) * full).astype(np.float32)
 

@@ -27,10 +27,19 @@ from dataclasses import replace
 import numpy as np
 import onnx
 
-from llmc.compiler.quantize.formats.microscaling_emulation import MARKER, emulate_mxfp8
+from llmc.compiler.quantize.formats.microscaling_emulation import (
+    MARKER,
+    emulate_mxfp8,
+    mxfp8_weight,
+)
 from llmc.compiler.quantize.rounding import rounded
 from llmc.quant.grids import FP8_E4M3
-from llmc.quant.microscaling import MXFP8_BLOCK, BlockActivationQuant, quantize_mxfp8
+from llmc.quant.microscaling import (
+    MXFP8_BLOCK,
+    BlockActivationQuant,
+    MicroscaledWeight,
+    quantize_mxfp8,
+)
 from llmc.quant.protocol import (
     ActivationStats,
     FormatDefaults,
@@ -68,6 +77,10 @@ class Mxfp8(QuantFormat):
             f"--quant mxfp8 needs Blackwell block-scaled FP8 tensor cores (sm{self.min_sm} or "
             f"newer); {target} has none: use fp8 (sm89+), int8 or int4, or a newer --arch"
         )
+
+    def cpu_weight(self, weight: MicroscaledWeight) -> np.ndarray:
+        w = weight
+        return mxfp8_weight(w.data, w.block_scale, w.axis, w.block_size)
 
     def rewrite_for_cpu(self, model: onnx.ModelProto) -> int:
         return emulate_mxfp8(model)

@@ -30,13 +30,18 @@ from dataclasses import replace
 import numpy as np
 import onnx
 
-from llmc.compiler.quantize.formats.microscaling_emulation import MARKER, emulate_nvfp4
+from llmc.compiler.quantize.formats.microscaling_emulation import (
+    MARKER,
+    emulate_nvfp4,
+    nvfp4_weight,
+)
 from llmc.compiler.quantize.rounding import rounded
 from llmc.quant.microscaling import (
     FP4_E2M1,
     NVFP4_BLOCK,
     TINY,
     BlockActivationQuant,
+    MicroscaledWeight,
     quantize_nvfp4,
 )
 from llmc.quant.protocol import (
@@ -79,6 +84,10 @@ class Nvfp4(QuantFormat):
             f"--quant nvfp4 needs Blackwell FP4 tensor cores (sm{self.min_sm} or newer); "
             f"{target} has none: use fp8 (sm89+), int8 or int4, or a newer --arch"
         )
+
+    def cpu_weight(self, weight: MicroscaledWeight) -> np.ndarray:
+        w = weight
+        return nvfp4_weight(w.data, w.block_scale, w.global_scale, w.axis, w.block_size)
 
     def rewrite_for_cpu(self, model: onnx.ModelProto) -> int:
         return emulate_nvfp4(model)
