@@ -36,6 +36,7 @@ class QuantSpec:
     """How to quantize (the quantization options of ``BuildConfig``)."""
 
     quant: str  # a key of the format registry
+    recipe: str = ""  # the recipe's name (``--recipe``), recorded with the quantization
     calib_method: str = "max"
     smoothquant_alpha: float = 0.5
     smoothquant_alphas: tuple[float, ...] = ()  # per-layer choice among these (search_alpha)

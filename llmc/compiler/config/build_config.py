@@ -203,6 +203,7 @@ class BuildConfig:
         q = self.quantization
         return QuantSpec(
             quant=q.quant,
+            recipe=q.recipe or "",
             calib_method=self.calib_method,
             smoothquant_alpha=q.smoothquant_alpha,
             smoothquant_alphas=q.smoothquant_alphas,

@@ -33,7 +33,9 @@ class BuildResult:
                 f"{op} {r['found']}/{r['expected']}"
                 for op, r in self.quantization.get("fast_path", {}).items()
             )
-            lines.append(f"quantized: {counts}; fused kernels: {fast}")
+            recipe = self.quantization.get("spec", {}).get("recipe")
+            named = f" (recipe {recipe})" if recipe else ""
+            lines.append(f"quantized{named}: {counts}; fused kernels: {fast}")
             record = self.quantization.get("spec", {}).get("accuracy_target")
             if record is not None:
                 from llmc.compiler.quantize.search.path_search import format_record
