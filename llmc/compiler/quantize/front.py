@@ -8,10 +8,13 @@ families nothing measured yet, the recipe chosen by the arithmetic the hardware 
 (``by_arithmetic``, with the reason).
 
 The rule: within one host and model, a recipe is dominated when another is at least as accurate
-(mean KL) and at least as fast in both scenarios, and better in one. The default is, among the
-recipes no measurement dominates, the most accurate (lowest mean KL, averaged over the hosts
-and models that measured it); with no measurement for the family, the ``by_arithmetic`` choice;
-with neither, the format's first recipe.
+(mean KL) and at least as fast in both scenarios, and better in one; the recipes no measurement
+dominates are the front. The default is the fastest recipe of the front (the geometric mean of
+its S1 decode and S16 throughput over its measurements: the benchmark measures a format's
+recipes together, on the same hosts) among those whose mean KL is within ``KL_SLACK`` times the
+most accurate one's (KL averaged over the hosts and models that measured it): accuracy first,
+speed where the accuracies are of one class. With no measurement for the family, the
+``by_arithmetic`` choice; with neither, the format's first recipe.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from llmc.quant.protocol import QuantFormat, sm_of
 FRONT_FILE = "front.json"
 #: The speed columns a recipe must not lose on to dominate another (higher is faster).
 SPEEDS = ("s1_decode_tok_s", "s16_total_tok_s")
+#: How many times the most accurate front recipe's mean KL a faster one may have and still be
+#: the default (a factor of 2 is about llama.cpp's step from Q8_0 to Q6_K).
+KL_SLACK = 2.0
 
 
 @dataclass(frozen=True)
@@ -80,18 +86,27 @@ class Front:
     def choose(self, family: str, quant: str) -> str | None:
         """The default recipe of ``quant`` on ``family`` by the rule of this module, None when
         neither a measurement nor an arithmetic choice names one."""
-        candidates = self.undominated(family, quant)
-        if candidates:
-            return min(candidates, key=lambda r: self.mean_kl(family, quant, r))
-        return self.by_arithmetic.get((family, quant))
+        front = self.undominated(family, quant)
+        if not front:
+            return self.by_arithmetic.get((family, quant))
+        best = min(self.mean_kl(family, quant, r) for r in front)
+        close = [r for r in front if self.mean_kl(family, quant, r) <= KL_SLACK * best]
+        return max(close, key=lambda r: self.speed(family, quant, r))
+
+    def _rows(self, family: str, quant: str, recipe: str) -> list[Measurement]:
+        return [
+            m for m in self.measurements if (m.family, m.quant, m.recipe) == (family, quant, recipe)
+        ]
 
     def mean_kl(self, family: str, quant: str, recipe: str) -> float:
         """``recipe``'s mean KL averaged over the hosts and models that measured it."""
-        return statistics.fmean(
-            m.mean_kl
-            for m in self.measurements
-            if (m.family, m.quant, m.recipe) == (family, quant, recipe)
-        )
+        return statistics.fmean(m.mean_kl for m in self._rows(family, quant, recipe))
+
+    def speed(self, family: str, quant: str, recipe: str) -> float:
+        """``recipe``'s speed: the geometric mean of its S1 decode and S16 total tok/s over
+        its measurements."""
+        rows = self._rows(family, quant, recipe)
+        return statistics.geometric_mean([getattr(m, s) for m in rows for s in SPEEDS])
 
 
 def family_of(arch: str) -> str:
