@@ -43,7 +43,7 @@ def setup(tmp_path_factory):
 
 
 def _config(root, ckpt, data, quant, name, **kw) -> BuildConfig:
-    return BuildConfig.of(
+    options = dict(
         model=str(ckpt),
         quant=quant,
         block_size=8,
@@ -55,8 +55,8 @@ def _config(root, ckpt, data, quant, name, **kw) -> BuildConfig:
         int4_block_size=32,
         cache_dir=str(root / "cache"),
         output=str(root / name),
-        **kw,
     )
+    return BuildConfig.of(**(options | kw))
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4", "fp8"])
@@ -107,17 +107,18 @@ def test_weight_only_recipe_runs_every_projection_8_bit_in_blocks_of_32(setup):
 
 def test_second_build_reuses_cached_statistics(setup):
     root, ckpt, data = setup
+    cache = dict(cache_dir=str(root / "reused-cache"))  # no other test's statistics in it
     first = RecordingProgress()
-    a = build(_config(root, ckpt, data, "int8", "a", calib_method="max"), first)
+    a = build(_config(root, ckpt, data, "int8", "a", calib_method="max", **cache), first)
     second = RecordingProgress()
     # another output (and kv dtype) but the same model, data and method: no calibration run
-    b = build(_config(root, ckpt, data, "int8", "b", calib_method="max"), second)
+    b = build(_config(root, ckpt, data, "int8", "b", calib_method="max", **cache), second)
     assert any(s.startswith("calibrate") for s in first.stages)
     assert not any(s.startswith("calibrate") for s in second.stages)
     uses = [read_manifest(r.engine_dir).quantization["spec"]["calibration"] for r in (a, b)]
     assert [u["cache"] for u in uses] == ["saved", "read"]
     third = RecordingProgress()
-    build(_config(root, ckpt, data, "int8", "c", calib_method="mse"), third)
+    build(_config(root, ckpt, data, "int8", "c", calib_method="mse", **cache), third)
     assert any(s.startswith("calibrate") for s in third.stages)
 
 
