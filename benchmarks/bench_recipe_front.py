@@ -93,6 +93,8 @@ def rows_of(engines: list[str], results: dict, host: str) -> list[dict]:
             "top1": round(report["top1_agreement"], 4),
             "s1_decode_tok_s": round(speed["s1"]["decode_tok_s"], 1),
             "s16_total_tok_s": round(speed["s16"]["total_tok_s"], 1),
+            "s1_ttft_ms": round(speed["s1"]["ttft_ms"], 1),
+            "s16_mean_ttft_ms": round(speed["s16"]["mean_ttft_ms"], 1),
             "engine": Path(path).name,
         })  # fmt: skip
     return rows
@@ -113,7 +115,8 @@ def write_table(rows: list[dict]) -> None:
 
 def print_rows(rows: list[dict]) -> None:
     """The rows as a Markdown table."""
-    cols = ("quant", "recipe", "engine", "mean_kl", "top1", "s1_decode_tok_s", "s16_total_tok_s")
+    cols = ("quant", "recipe", "engine", "mean_kl", "top1", "s1_decode_tok_s", "s1_ttft_ms")
+    cols += ("s16_total_tok_s", "s16_mean_ttft_ms")
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")

@@ -2,9 +2,10 @@
 
 The test reads the table the compiler reads (``llmc/compiler/quantize/front.json``, regenerated
 by ``benchmarks/bench_recipe_front.py``) with its own reading of the rule: within a host and
-model, a recipe another one beats or ties on mean KL, S1 decode and S16 throughput (and beats on
-one) is off the front; of the recipes left whose mean KL is within twice the most accurate
-one's, the default is the fastest (geometric mean of S1 decode and S16 throughput).
+model, a recipe another one beats or ties on mean KL, S1 decode and S16 throughput and both
+TTFTs (and beats on one) is off the front; of the recipes left whose mean KL is within twice the
+most accurate one's, the default is the fastest (geometric mean of the throughputs and the
+inverse TTFTs).
 """
 
 from __future__ import annotations
@@ -33,16 +34,10 @@ def _front_recipes(rows: list[dict]) -> set[str]:
     """The recipes no row of the same host and model dominates (the test's own reading)."""
 
     def beats(a: dict, b: dict) -> bool:
-        ge = (
-            a["mean_kl"] <= b["mean_kl"]
-            and a["s1_decode_tok_s"] >= b["s1_decode_tok_s"]
-            and a["s16_total_tok_s"] >= b["s16_total_tok_s"]
-        )
-        gt = (
-            a["mean_kl"] < b["mean_kl"]
-            or a["s1_decode_tok_s"] > b["s1_decode_tok_s"]
-            or a["s16_total_tok_s"] > b["s16_total_tok_s"]
-        )
+        lower = ("mean_kl", "s1_ttft_ms", "s16_mean_ttft_ms")
+        higher = ("s1_decode_tok_s", "s16_total_tok_s")
+        ge = all(a[k] <= b[k] for k in lower) and all(a[k] >= b[k] for k in higher)
+        gt = any(a[k] < b[k] for k in lower) or any(a[k] > b[k] for k in higher)
         return ge and gt
 
     same = lambda a, b: (a["host"], a["model"]) == (b["host"], b["model"])  # noqa: E731
@@ -84,15 +79,17 @@ def test_the_default_recipe_is_the_one_the_recorded_front_names(family, quant):
     def speed(recipe: str) -> float:
         runs = [m for m in rows if m["recipe"] == recipe]
         values = [m[k] for m in runs for k in ("s1_decode_tok_s", "s16_total_tok_s")]
+        values += [1000 / m[k] for m in runs for k in ("s1_ttft_ms", "s16_mean_ttft_ms")]
         return statistics.geometric_mean(values)
 
     assert mine and all(speed(chosen) >= speed(r) for r in front if kl[r] <= 2 * min(kl.values()))
 
 
-def _row(host: str, recipe: str, kl: float, s1: float, s16: float) -> dict:
+def _row(host: str, recipe: str, kl: float, s1: float, s16: float, ttft: float = 500) -> dict:
     return {
         "family": "cpu", "host": host, "model": "m", "quant": "int8", "recipe": recipe,
         "mean_kl": kl, "top1": 0.9, "s1_decode_tok_s": s1, "s16_total_tok_s": s16,
+        "s1_ttft_ms": ttft, "s16_mean_ttft_ms": 10 * ttft,
     }  # fmt: skip
 
 
@@ -120,6 +117,9 @@ def test_of_two_recipes_of_one_accuracy_class_the_faster_is_the_default():
     assert _default(rows) == "smoothquant"  # KL within 2x, faster in both scenarios
     rows[1] = _row("a", "smoothquant", 0.021, 45, 300)
     assert _default(rows) == "weight-only"  # past 2x: accuracy first
+    # the TTFTs count: within 2x, smoothquant's 3x slower prefill outweighs its throughput
+    rows[1] = _row("a", "smoothquant", 0.019, 45, 300, ttft=1500)
+    assert _default(rows) == "weight-only"
 
 
 def test_without_a_measurement_the_arithmetic_choice_then_the_first_recipe():

@@ -3,17 +3,19 @@ names (``--recipe`` unset).
 
 ``front.json`` beside this module holds what ``benchmarks/bench_recipe_front.py`` measured:
 per target family (``cpu``; ``gpu`` for every ``sm*`` target), host and model, each recipe's
-accuracy report (mean KL, top-1) and speed (S1 decode tok/s, S16 total tok/s), and for target
+accuracy report (mean KL, top-1) and speed (S1 decode tok/s and TTFT, S16 total tok/s and mean
+TTFT), and for target
 families nothing measured yet, the recipe chosen by the arithmetic the hardware runs fastest
 (``by_arithmetic``, with the reason).
 
 The rule: within one host and model, a recipe is dominated when another is at least as accurate
-(mean KL) and at least as fast in both scenarios, and better in one; the recipes no measurement
-dominates are the front. The default is the fastest recipe of the front (the geometric mean of
-its S1 decode and S16 throughput over its measurements: the benchmark measures a format's
-recipes together, on the same hosts) among those whose mean KL is within ``KL_SLACK`` times the
-most accurate one's (KL averaged over the hosts and models that measured it): accuracy first,
-speed where the accuracies are of one class. With no measurement for the family, the
+(mean KL) and at least as fast in every speed column, and better in one; the recipes no
+measurement dominates are the front. The default is the fastest recipe of the front (the
+geometric mean of its S1 decode and S16 throughput and the inverses of its S1 and S16 TTFTs
+over its measurements: the benchmark measures a format's recipes together, on the same hosts)
+among those whose mean KL is within ``KL_SLACK`` times the most accurate one's (KL averaged
+over the hosts and models that measured it): accuracy first, speed where the accuracies are of
+one class. With no measurement for the family, the
 ``by_arithmetic`` choice; with neither, the format's first recipe.
 """
 
@@ -28,8 +30,9 @@ from typing import Any
 from llmc.quant.protocol import QuantFormat, sm_of
 
 FRONT_FILE = "front.json"
-#: The speed columns a recipe must not lose on to dominate another (higher is faster).
-SPEEDS = ("s1_decode_tok_s", "s16_total_tok_s")
+#: The speed columns: throughputs (higher is faster) and times to first token (lower is).
+THROUGHPUTS = ("s1_decode_tok_s", "s16_total_tok_s")
+TTFTS = ("s1_ttft_ms", "s16_mean_ttft_ms")
 #: How many times the most accurate front recipe's mean KL a faster one may have and still be
 #: the default (a factor of 2 is about llama.cpp's step from Q8_0 to Q6_K).
 KL_SLACK = 2.0
@@ -48,11 +51,17 @@ class Measurement:
     top1: float
     s1_decode_tok_s: float
     s16_total_tok_s: float
+    s1_ttft_ms: float
+    s16_mean_ttft_ms: float
+
+    def speeds(self) -> tuple[float, ...]:
+        """Every speed column as higher-is-faster: the throughputs, 1000 / each TTFT."""
+        ttfts = (1000.0 / getattr(self, t) for t in TTFTS)
+        return (*(getattr(self, t) for t in THROUGHPUTS), *ttfts)
 
     def dominates(self, other: Measurement) -> bool:
         """At least as accurate and as fast as ``other`` in every column, better in one."""
-        mine = (-self.mean_kl, *(getattr(self, s) for s in SPEEDS))
-        theirs = (-other.mean_kl, *(getattr(other, s) for s in SPEEDS))
+        mine, theirs = (-self.mean_kl, *self.speeds()), (-other.mean_kl, *other.speeds())
         return all(a >= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs
 
 
@@ -103,10 +112,10 @@ class Front:
         return statistics.fmean(m.mean_kl for m in self._rows(family, quant, recipe))
 
     def speed(self, family: str, quant: str, recipe: str) -> float:
-        """``recipe``'s speed: the geometric mean of its S1 decode and S16 total tok/s over
-        its measurements."""
+        """``recipe``'s speed: the geometric mean of its speed columns (``speeds``) over its
+        measurements."""
         rows = self._rows(family, quant, recipe)
-        return statistics.geometric_mean([getattr(m, s) for m in rows for s in SPEEDS])
+        return statistics.geometric_mean([v for m in rows for v in m.speeds()])
 
 
 def family_of(arch: str) -> str:
