@@ -123,6 +123,7 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def main() -> None:
+    """Build (``--build``) and measure the engines, print the rows, write them (``--write``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", action="append", default=[], help="an engine directory")
     p.add_argument("--build", help="build every recipe of --quant of this model first")

@@ -111,12 +111,16 @@ class _Additive:
         return _report(self.total(assignment))
 
 
+#: Three layers' KL at each rung (the search's additive model made exact).
+THREE_LAYERS = {
+    "model.layers.0": {"fp8": 0.10, "int8_weight_only": 0.001},
+    "model.layers.1": {"fp8": 0.02, "int8_weight_only": 0.019},
+    "model.layers.2": {"fp8": 0.05, "int8_weight_only": 0.0},
+}
+
+
 def test_search_finds_the_cheapest_prefix_that_keeps_the_target():
-    kl = {
-        "model.layers.0": {"fp8": 0.10, "int8_weight_only": 0.001},
-        "model.layers.1": {"fp8": 0.02, "int8_weight_only": 0.019},
-        "model.layers.2": {"fp8": 0.05, "int8_weight_only": 0.0},
-    }
+    kl = THREE_LAYERS
     scores = _Additive(kl)
     # Flat: 0.17. After layer 0 -> w8: 0.071; after layer 2 -> w8: 0.021; after layer 1 -> w8:
     # 0.020. A target of 0.0205 needs three moves.
@@ -149,11 +153,7 @@ def test_search_fails_naming_the_best_reached():
 
 
 def test_a_resumed_search_goes_past_the_missed_engine_without_scoring_sensitivities():
-    kl = {
-        "model.layers.0": {"fp8": 0.10, "int8_weight_only": 0.001},
-        "model.layers.1": {"fp8": 0.02, "int8_weight_only": 0.019},
-        "model.layers.2": {"fp8": 0.05, "int8_weight_only": 0.0},
-    }
+    kl = THREE_LAYERS
     first = _Additive(kl)
     target = AccuracyTarget("kl", 0.075)
     result = search(target, _units(), 4.0, first.sensitivity, first.heldout)
