@@ -39,10 +39,10 @@ def check_engine_accuracy(
     if target is None or accuracy is None or target.met(accuracy):
         return
     got = target.measure(accuracy)
-    searched = search_record["value"] if search_record is not None else None
     missed = f"the engine's accuracy report gives {target.metric} {got:.4g}, missing {target}"
-    if search_record is None or searched is None:
+    if search_record is None:
         raise EngineMissedTarget(missed, None)
+    searched = search_record["value"]
     loss = abs(searched - got)
     history = (*search_record.get("rechecks", ()), _missed(search_record, got))
     if rechecks_done >= MAX_RECHECKS:
