@@ -40,6 +40,13 @@ FPMATH_ATTRIBUTE = "fpmath_mode"
 FPMATH_MODES = ("strict", "bf16")
 
 
+def engine_attention_fpmath(quant: str, dtype: str) -> str:
+    """The ``FPMATH_ATTRIBUTE`` a CPU engine's PagedAttention nodes get: "bf16" for a quantized
+    (``quant`` not "none") or bfloat16 build, whose accuracy report then measures what the
+    kernel computes, "strict" for a float32 one. The accuracy-target search scores with it."""
+    return "bf16" if quant != "none" or dtype == "bfloat16" else "strict"
+
+
 class PluginInputs(NamedTuple):
     """A node's inputs in order (DESIGN §3): torch tensors or numpy arrays, as the kernel at hand
     takes them. T new tokens of B sequences; H, KVH, D as in ``PluginAttributes``."""

@@ -5,12 +5,14 @@ included), the same quantized weights and scales (real ONNX Runtime, real attent
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_by_segment, collect_stats
 from llmc.calibration.stats_cache import StatsCache
+from llmc.compiler.backends.onnxruntime.lower import set_fpmath_mode
 from llmc.compiler.frontend.model_source import load_model, load_tokenizer, resolve_model
 from llmc.compiler.quantize.qdq import (
     GraphQuantizer,
@@ -21,6 +23,7 @@ from llmc.compiler.quantize.qdq import (
     quantize_graph,
 )
 from llmc.compiler.stages.export import float_graph
+from llmc.plugins.paged_attention.cpu import bf16_prefill_available
 from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
 from llmc.runtime.runners.ort_runner import OrtRunner
 from llmc.runtime.runners.step_inputs import single_prefill
@@ -84,6 +87,32 @@ def test_logits_in_chunks_of_rows_are_the_whole_logits(tiny, strided):
         np.testing.assert_allclose(got, whole[i], rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="at least 1"):
         LayerwiseRunner(proto, logits_rows=0)
+
+
+def test_attention_fpmath_runs_the_float_graph_as_its_engine(tiny):
+    """A run with ``attention_fpmath="bf16"`` computes what the graph whose attention nodes carry
+    ``fpmath_mode=bf16`` (a quantized cpu engine's) computes, bit for bit; on a host with
+    AMX-BF16 prefill that differs from the strict run, elsewhere it is the strict run."""
+    proto, windows = tiny
+    runner = LayerwiseRunner(proto)
+    engine_graph = onnx.ModelProto()
+    engine_graph.CopyFrom(proto)
+    assert set_fpmath_mode(engine_graph, "bf16") == 2
+    engine = OrtRunner.from_model(engine_graph, -(-SEQ // BLOCK))
+
+    def logits(mode: str | None) -> list[np.ndarray]:
+        last = runner.num_segments - 1
+        run = runner.run(windows, attention_fpmath=mode)
+        return [o.tensors[runner.logits] for o in run if o.segment == last and o.window is not None]
+
+    bf16, strict = logits("bf16"), logits(None)
+    for window, got in zip(windows, bf16, strict=True):
+        want = engine.execute(single_prefill(window, BLOCK, all_logits=True))
+        np.testing.assert_array_equal(got, want)
+    same = all(np.array_equal(a, b) for a, b in zip(bf16, strict, strict=True))
+    assert same != bf16_prefill_available()
+    with pytest.raises(ValueError, match="attention_fpmath must be one of"):
+        next(runner.run(windows, attention_fpmath="fp16"))
 
 
 def test_engine_kernels_give_the_same_logits_without_packed_weights(tiny):

@@ -14,10 +14,12 @@ import onnx_ir as ir
 from llmc.calibration.stats_cache import StatsCache
 from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.front import family_of
 from llmc.compiler.quantize.qdq import GraphQuantizer, QuantReport, calibration_tensors, gptq_keys
 from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.compiler.quantize.texts import TextSource, windows_of
 from llmc.compiler.weights.stored_weights import segment_widener
+from llmc.engine.plugin import engine_attention_fpmath
 from llmc.heap import release_freed_memory
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ def quantize(
             weights_dir,
             segment_widener(weights_dir),
             session_config(spec.quant),
+            scoring_fpmath(config, spec.quant),
         )
         searches = (targeted, anchors, report)
         report = _score_heldout(config, graph, spill, searches, texts, graph_run, stage, resume)
@@ -275,6 +278,15 @@ def _cache_use(calibrated: bool, cached: bool, cache) -> str:
     if not calibrated:
         return "none"
     return "read" if cached else cache.skipped or "saved"
+
+
+def scoring_fpmath(config, quant: str) -> str:
+    """The attention ``fpmath_mode`` held-out scorings run with: a cpu engine's own
+    (``engine_attention_fpmath``); "strict" for a GPU target, whose kernels this host does not
+    run."""
+    if family_of(config.target.arch) != "cpu":
+        return "strict"
+    return engine_attention_fpmath(quant, str(config.source.dtype))
 
 
 def session_config(quant: str) -> dict[str, str]:

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from llmc.engine.kv_cache import kv_cache_numpy_dtype
+from llmc.engine.plan import PluginCall
+from llmc.engine.plugin import FPMATH_MODES
 from llmc.engine.split import split_at_plugins
 from llmc.runtime.runners.lora_feed import lora_feed, zero_slots
 from llmc.runtime.runners.ort_runner import graph_session_options, run_plugin, step_feed
@@ -159,6 +161,7 @@ class LayerwiseRunner:
         logits_indices: list[np.ndarray] | None = None,
         prepare: Callable[[Any, str], Any] | None = None,
         prepacking: bool = True,
+        attention_fpmath: str | None = None,
     ) -> Iterator[SegmentOutputs]:
         """Yield each segment's outputs for each window, segment-major, each segment closed by a
         record with window None: (0, w0), (0, w1), ..., (0, None), (1, w0), ... ``windows``:
@@ -167,8 +170,10 @@ class LayerwiseRunner:
         (default: all T). ``prepare`` replaces the constructor's for this run (the graph is
         split once; each run may prepare its segments differently). ``prepacking=False`` keeps
         ONNX Runtime from packing copies of the weights with ``engine_kernels`` too (for a run
-        of a float graph: MatMulNBits needs its packed weights). Raises ValueError for no
-        windows."""
+        of a float graph: MatMulNBits needs its packed weights). ``attention_fpmath`` (one of
+        ``FPMATH_MODES``) replaces every plugin node's ``fpmath_mode`` for this run, so a float
+        graph runs attention as an engine built from it will. Raises ValueError for no
+        windows or an unknown ``attention_fpmath``."""
 
         if not windows:
             raise ValueError("no windows to run")
@@ -195,7 +200,7 @@ class LayerwiseRunner:
             opts.add_session_config_entry("session.disable_prepacking", "1")
         for key, value in self._session_config.items():
             opts.add_session_config_entry(key, value)
-        plugins = self.plan.plugins
+        plugins = self._plugins(attention_fpmath)
         for i in range(self.num_segments):
             segment, inputs, outputs = self.segment_to_run(i)
             session = self._session(segment, i, opts, prepare) if outputs else None
@@ -215,6 +220,14 @@ class LayerwiseRunner:
             if progress is not None:
                 progress(i + 1, self.num_segments)
             yield SegmentOutputs(i, None, {})
+
+    def _plugins(self, fpmath_mode: str | None) -> list[PluginCall]:
+        """The plan's plugin calls, each with ``fpmath_mode`` when given."""
+        if fpmath_mode is None:
+            return self.plan.plugins
+        if fpmath_mode not in FPMATH_MODES:
+            raise ValueError(f"attention_fpmath must be one of {FPMATH_MODES}, got {fpmath_mode!r}")
+        return [replace(p, fpmath_mode=fpmath_mode) for p in self.plan.plugins]
 
     def _window_runs(self, session, inputs: list[str], outputs: list[str], env: dict):
         """Yield (rows, the ``outputs``' values) of each run of ``session`` for one window

@@ -12,6 +12,7 @@ from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import (
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.engine.isa import detect_host_isa
+from llmc.engine.plugin import engine_attention_fpmath
 from llmc.engine.provider import ProviderChoice, provider_for_dtype
 from llmc.errors import BuildConfigError
 from llmc.plugins.paged_attention import ort_op
@@ -55,7 +56,6 @@ def plan_cpu(config: BuildConfig) -> CpuPlan:
     if block_int8 and REQUIRED_ISA not in isa:
         isa.append(REQUIRED_ISA)
     llmc_norms = ort_op.library_path() is not None
-    reported = config.quantization.quant != "none" or config.source.dtype == "bfloat16"
     return CpuPlan(
         isa,
         host.arch,
@@ -63,7 +63,7 @@ def plan_cpu(config: BuildConfig) -> CpuPlan:
         int8_bound_pairs(host.features),
         block_int8,
         llmc_norms,
-        "bf16" if reported else "strict",
+        engine_attention_fpmath(config.quantization.quant, str(config.source.dtype)),
     )
 
 

@@ -6,8 +6,9 @@ quantizes get their Q/DQ nodes written into that segment (the ``QuantizedLinear`
 per module and format while calibration statistics were in memory), and each format's CPU
 rewrite (FP8 emulation, ...) runs on it. So an assignment costs one pass over the windows, the
 float model's weights are read one segment at a time, and the numbers are those of the Q/DQ
-graph the build would write. Logits are scored against the float graph's, computed once per
-window set and kept in a temporary file (``spill_logits``).
+graph the build would write, attention run with the engine's ``fpmath_mode`` (bfloat16 prefill
+on AMX hosts). Logits are scored against the float graph's, computed once per window set and
+kept in a temporary file (``spill_logits``).
 
 Segments are optimized as the CPU lowering optimizes them, so quantized MatMuls run on the
 engine's fused kernels. Not modelled: a quantized KV cache (``--kv-cache-dtype``); the engine's
@@ -64,6 +65,10 @@ class AssignmentScorer:
             logits are computed for those positions only: the vocabulary projection and the
             float64 log-softmax, most of a scoring's time at a 262,144-token vocabulary, shrink
             k times). Sets not named score every position.
+        attention_fpmath: the engine's attention numerics (``FPMATH_MODES``;
+            ``engine_attention_fpmath``): assignments are scored with them, so a host whose
+            kernel rounds prefill attention to bfloat16 (AMX) scores what its engine will
+            report; the float reference stays "strict", as the accuracy report's.
     """
 
     def __init__(
@@ -77,8 +82,10 @@ class AssignmentScorer:
         prepare: Prepare | None = None,
         session_config: dict[str, str] | None = None,
         strides: dict[str, int] | None = None,
+        attention_fpmath: str = "strict",
     ):
         self.float_model, self.precomputed = float_model, precomputed
+        self.attention_fpmath = attention_fpmath
         self.strides = strides or {}
         self.session_config = session_config or {}
         self.windows, self.labels = windows, labels
@@ -113,7 +120,13 @@ class AssignmentScorer:
 
         def chunks():
             spill.seek(0)
-            for out in runner.run(windows, logits_indices=positions, prepare=prepare):
+            run = runner.run(
+                windows,
+                logits_indices=positions,
+                prepare=prepare,
+                attention_fpmath=self.attention_fpmath,
+            )
+            for out in run:
                 if out.segment == last and out.window is not None:
                     got = out.tensors[runner.logits]
                     want = np.fromfile(spill, np.float32, got.size).reshape(got.shape)

@@ -17,7 +17,8 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress, resume=
     or None; ``texts``: (calibration source, held-out source, ``load(source, num)`` giving
     ``num`` windows of a source, the calibration windows already loaded or []);
     ``graph_run``: (the float graph, its weights directory or None, its segments' ``prepare``
-    or None, the engine's ORT session entries), as ``AssignmentScorer`` takes them. The
+    or None, the engine's ORT session entries, the engine's attention ``fpmath_mode``), as
+    ``AssignmentScorer`` takes them. The
     sensitivities are scored on the first calibration windows (sampled anew when the statistics
     came from the cache), everything else on the held-out windows of the accuracy report.
     ``progress(done, total)`` counts scorings; ``resume`` (a ``path_search.Resume``) resumes
@@ -39,10 +40,10 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress, resume=
         sets["sensitivity"] = windows[:SENSITIVITY_WINDOWS] or load(
             calib_source, min(SENSITIVITY_WINDOWS, calib.calib_samples)
         )
-    float_model, weights_dir, prepare, session_config = graph_run
+    float_model, weights_dir, prepare, session_config, fpmath = graph_run
     scorer = AssignmentScorer(
         float_model, precomputed, sets, labels, config.target.threads, weights_dir, prepare,
-        session_config, {"sensitivity": SENSITIVITY_STRIDE},
+        session_config, {"sensitivity": SENSITIVITY_STRIDE}, fpmath,
     )  # fmt: skip
     done, total = itertools.count(1), _scorings(targeted, resume) + (anchors is not None)
     tick = lambda _=None: progress(next(done), total)  # noqa: E731
