@@ -178,3 +178,30 @@ def test_chunked_logits_score_as_whole_windows():
         score_logit_chunks(skipping, windows, "x")
     with pytest.raises(ValueError, match="of 1 windows for 2"):
         score_logit_chunks([c for c in chunks(2) if c.window == 0], windows, "x")
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.003, 0.03, 1.0])
+def test_scores_equal_a_float64_log_softmax_at_a_large_vocabulary(noise):
+    """The float32 scoring keeps float64's numbers where KL is tiny (per-row 1e-6), under a
+    shift of every logit (which changes nothing) and with a -inf reference logit (p = 0)."""
+    from llmc.calibration.accuracy import score_logits
+
+    rng = np.random.default_rng(7)
+    ref = (8.0 * rng.standard_normal((40, 65536))).astype(np.float32)
+    ref[3, 5] = -np.inf
+    cand = (ref + noise * rng.standard_normal(ref.shape) + 0.7).astype(np.float32)
+    cand[3, 5] = 0.0
+    window = rng.integers(0, 65536, 41)
+    report = score_logits([(ref, cand)], [window], "x")
+    p, q = (torch.log_softmax(torch.from_numpy(a).double(), -1) for a in (ref, cand))
+    kl = torch.where(p.exp() > 0, p.exp() * (p - q), 0.0).sum(-1).mean().item()
+    targets = torch.from_numpy(window[1:])[:, None]
+    nll_ref, nll = (-lp.gather(1, targets).mean().item() for lp in (p, q))
+    if noise == 0.0:
+        assert report.mean_kl == pytest.approx(kl, abs=1e-12)
+    else:
+        assert report.mean_kl == pytest.approx(kl, rel=1e-5)
+    assert math.log(report.perplexity_reference) == pytest.approx(nll_ref, rel=1e-7)
+    assert math.log(report.perplexity) == pytest.approx(nll, rel=1e-7)
+    agree = (ref.argmax(-1) == cand.argmax(-1)).mean()
+    assert report.top1_agreement == agree
