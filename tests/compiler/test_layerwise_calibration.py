@@ -115,6 +115,38 @@ def test_attention_fpmath_runs_the_float_graph_as_its_engine(tiny):
         next(runner.run(windows, attention_fpmath="fp16"))
 
 
+def test_a_run_started_from_kept_entries_equals_a_whole_run(tiny):
+    """A run that starts at segment k from the entries an earlier run kept computes, with any
+    preparation of segments k and later, the logits of a whole run with it, bit for bit."""
+    proto, windows = tiny
+    runner = LayerwiseRunner(proto)
+    k, last = 1, runner.num_segments - 1
+    keep = dict.fromkeys(range(1, runner.num_segments))
+
+    def scaled(segment, scratch: str):  # segments k.. with every matrix x 1.5: other logits
+        if int(scratch.split("_")[1].split(".")[0]) < k:
+            return segment
+        segment = onnx.ModelProto.FromString(segment.SerializeToString())
+        for init in segment.graph.initializer:
+            if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 2:
+                scaled = numpy_helper.to_array(init) * 1.5
+                init.CopyFrom(numpy_helper.from_array(scaled, init.name))
+        return segment
+
+    def logits(run) -> list[np.ndarray]:
+        return [o.tensors[runner.logits] for o in run if o.segment == last and o.window is not None]
+
+    plain = logits(runner.run(windows, keep=keep))
+    assert all(keep[i].segment == i and len(keep[i].envs) == len(windows) for i in keep)
+    want = logits(runner.run(windows, prepare=scaled))
+    got = logits(runner.run(windows, prepare=scaled, start=keep[k]))
+    for a, b, c in zip(got, want, plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(a, c)
+    with pytest.raises(ValueError, match="a start of 4 windows for 1"):
+        next(runner.run(windows[:1], start=keep[k]))
+
+
 def test_engine_kernels_give_the_same_logits_without_packed_weights(tiny):
     """A float graph run with the engine's kernels without ONNX Runtime's packed copies of its
     weights (the accuracy scorer's reference run) computes the same logits, bit for bit."""

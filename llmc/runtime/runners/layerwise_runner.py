@@ -37,6 +37,15 @@ from llmc.runtime.runners.step_inputs import StepInputs, single_prefill
 
 
 @dataclass(frozen=True)
+class SegmentEntry:
+    """Where a run starts past segment 0: ``segment``'s index and, per window, the tensors live
+    when it starts (recorded by an earlier run over the same windows, ``run``'s ``keep``)."""
+
+    segment: int
+    envs: list[dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
 class SegmentOutputs:
     """What one segment produced for one window.
 
@@ -162,6 +171,8 @@ class LayerwiseRunner:
         prepare: Callable[[Any, str], Any] | None = None,
         prepacking: bool = True,
         attention_fpmath: str | None = None,
+        start: SegmentEntry | None = None,
+        keep: dict[int, SegmentEntry] | None = None,
     ) -> Iterator[SegmentOutputs]:
         """Yield each segment's outputs for each window, segment-major, each segment closed by a
         record with window None: (0, w0), (0, w1), ..., (0, None), (1, w0), ... ``windows``:
@@ -172,8 +183,12 @@ class LayerwiseRunner:
         ONNX Runtime from packing copies of the weights with ``engine_kernels`` too (for a run
         of a float graph: MatMulNBits needs its packed weights). ``attention_fpmath`` (one of
         ``FPMATH_MODES``) replaces every plugin node's ``fpmath_mode`` for this run, so a float
-        graph runs attention as an engine built from it will. Raises ValueError for no
-        windows or an unknown ``attention_fpmath``."""
+        graph runs attention as an engine built from it will. ``start``: begin at its segment
+        from its tensors (a run whose first segments are those of an earlier run: the
+        accuracy-target search's one-unit scorings), yielding nothing for the segments before
+        it. ``keep``: {segment index: None} to fill with each listed segment's ``SegmentEntry``
+        (the arrays are shared, not copied, and outlive the run while held). Raises ValueError
+        for no windows, an unknown ``attention_fpmath``, or a ``start`` of other windows."""
 
         if not windows:
             raise ValueError("no windows to run")
@@ -184,6 +199,11 @@ class LayerwiseRunner:
                 for step, rows in zip(steps, logits_indices, strict=True)
             ]
         envs = [step_feed(step) | lora_feed(step, self._lora) for step in steps]
+        first = 0 if start is None else start.segment
+        if start is not None:
+            if len(start.envs) != len(windows):
+                raise ValueError(f"a start of {len(start.envs)} windows for {len(windows)}")
+            envs = [dict(env) for env in start.envs]
         max_blocks = max(int(s.block_tables.shape[1]) for s in steps)
         opts = graph_session_options(self._threads, self._external_data_dir)
         # No packed copies of the weights: ONNX Runtime's MatMul would keep a packed copy of
@@ -201,7 +221,9 @@ class LayerwiseRunner:
         for key, value in self._session_config.items():
             opts.add_session_config_entry(key, value)
         plugins = self._plugins(attention_fpmath)
-        for i in range(self.num_segments):
+        for i in range(first, self.num_segments):
+            if keep is not None and i in keep:
+                keep[i] = SegmentEntry(i, [dict(env) for env in envs])
             segment, inputs, outputs = self.segment_to_run(i)
             session = self._session(segment, i, opts, prepare) if outputs else None
             caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None

@@ -69,6 +69,11 @@ class AssignmentScorer:
             ``engine_attention_fpmath``): assignments are scored with them, so a host whose
             kernel rounds prefill attention to bfloat16 (AMX) scores what its engine will
             report; the float reference stays "strict", as the accuracy report's.
+        resumable: window sets whose float run's segment entries are kept (``SegmentEntry``,
+            one run more, and every boundary's tensors of those windows held): an assignment
+            whose first quantized module is in segment k starts there, its first k segments
+            being the float graph's. The search's one-unit sensitivity scorings run half the
+            graph on average so.
     """
 
     def __init__(
@@ -83,9 +88,12 @@ class AssignmentScorer:
         session_config: dict[str, str] | None = None,
         strides: dict[str, int] | None = None,
         attention_fpmath: str = "strict",
+        resumable: tuple[str, ...] = (),
     ):
         self.float_model, self.precomputed = float_model, precomputed
-        self.attention_fpmath = attention_fpmath
+        self.attention_fpmath, self.resumable = attention_fpmath, resumable
+        self._entries: dict[str, dict] = {}
+        self._module_segment: dict[str, int] | None = None
         self.strides = strides or {}
         self.session_config = session_config or {}
         self.windows, self.labels = windows, labels
@@ -99,6 +107,7 @@ class AssignmentScorer:
         for spill, _ in self._spills.values():
             spill.close()
         self._spills.clear()
+        self._entries.clear()
         self._layerwise = None  # its segments: a copy of the float graph's weights
 
     def __enter__(self) -> AssignmentScorer:
@@ -125,6 +134,7 @@ class AssignmentScorer:
                 logits_indices=positions,
                 prepare=prepare,
                 attention_fpmath=self.attention_fpmath,
+                start=self._start(assignment, which),
             )
             for out in run:
                 if out.segment == last and out.window is not None:
@@ -136,6 +146,44 @@ class AssignmentScorer:
         report = score_logit_chunks(chunks(), windows, self.labels[which], positions=positions)
         release_freed_memory()  # a scoring's logits and sessions, before the next one
         return report
+
+    def _start(self, assignment: Assignment, which: str):
+        """The ``SegmentEntry`` a scoring of ``assignment`` on set ``which`` starts from: the
+        float run's entry of the first segment with a quantized module (None: segment 0, or
+        a set not ``resumable``)."""
+        if which not in self.resumable:
+            return None
+        segments = self._segments_of_modules()
+        quantized = [segments[m] for m, fmt in assignment if fmt != FLOAT]
+        first = min(quantized, default=self._runner().num_segments - 1)
+        return self._float_entries(which).get(first) if first > 0 else None
+
+    def _segments_of_modules(self) -> dict[str, int]:
+        """{module: the index of the segment holding its MatMul}, found once."""
+        if self._module_segment is None:
+            runner, found = self._runner(), {}
+            for i in range(runner.num_segments):
+                segment = ir.from_proto(runner.segment_to_run(i)[0])
+                found.update((t.module, i) for t in find_targets(segment))
+            self._module_segment = found
+        return self._module_segment
+
+    def _float_entries(self, which: str) -> dict:
+        """{segment index: ``SegmentEntry``} of the float graph run on set ``which`` with the
+        scorings' attention numerics, made once."""
+        if which not in self._entries:
+            runner = self._runner()
+            keep = dict.fromkeys(range(1, runner.num_segments))
+            run = runner.run(
+                self.windows[which],
+                logits_indices=self._positions(which),
+                attention_fpmath=self.attention_fpmath,
+                keep=keep,
+            )
+            for _ in run:
+                pass
+            self._entries[which] = keep
+        return self._entries[which]
 
     def _positions(self, which: str) -> list[np.ndarray] | None:
         """The scored positions of each window of set ``which`` (None: all)."""

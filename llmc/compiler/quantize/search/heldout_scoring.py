@@ -43,7 +43,7 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress, resume=
     float_model, weights_dir, prepare, session_config, fpmath = graph_run
     scorer = AssignmentScorer(
         float_model, precomputed, sets, labels, config.target.threads, weights_dir, prepare,
-        session_config, {"sensitivity": SENSITIVITY_STRIDE}, fpmath,
+        session_config, {"sensitivity": SENSITIVITY_STRIDE}, fpmath, ("sensitivity",),
     )  # fmt: skip
     done, total = itertools.count(1), _scorings(targeted, resume) + (anchors is not None)
     tick = lambda _=None: progress(next(done), total)  # noqa: E731

@@ -1,0 +1,43 @@
+"""The accuracy-target scorer on a tiny Gemma 3 (real ONNX Runtime, real attention kernel): a
+scoring that starts past the float segments (``resumable``) gives the whole run's report."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from llmc.compiler.frontend.model_source import load_model, resolve_model
+from llmc.compiler.quantize.formats import FORMATS
+from llmc.compiler.quantize.matmul_targets import find_targets
+from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
+from llmc.compiler.stages.export import float_graph
+from llmc.quant.protocol import QuantSpec
+from tests.tiny_models import make_tiny_gemma3
+
+W8 = "int8_weight_only"
+
+
+def test_a_resumed_scoring_equals_the_whole_run(tmp_path):
+    ckpt = make_tiny_gemma3(tmp_path / "ckpt", seed=2)
+    proto, _ = float_graph(load_model(resolve_model(str(ckpt)), "float32"), 16)
+    spec = QuantSpec(quant="int8", weight_only8_block_size=32)
+    targets = find_targets(ir.from_proto(proto))
+    modules = [t.module for t in targets if t.module.startswith("model.layers.1.")]
+    precomputed = {
+        (t.module, W8): FORMATS[W8].quantize(t.weight(), None, spec)
+        for t in targets
+        if t.module in modules
+    }
+    rng = np.random.default_rng(0)
+    sets = {"s": [rng.integers(3, 500, 40) for _ in range(3)]}
+    assignment = tuple((m, W8) for m in modules)
+
+    def scorer(resumable):
+        return AssignmentScorer(proto, precomputed, sets, {"s": "x"}, 1, resumable=resumable)
+
+    with scorer(()) as whole, scorer(("s",)) as resumed:
+        want, got = whole.score(assignment, "s"), resumed.score(assignment, "s")
+        start = resumed._start(assignment, "s")
+        assert start is not None and start.segment == 1  # layer 1's q/k/v open segment 1
+        assert resumed._start((), "s").segment == resumed._runner().num_segments - 1
+    assert got == want and got.mean_kl > 0
