@@ -198,7 +198,15 @@ class TextSampler:
     max_new_tokens, seed)`` returns ``num_texts`` decoded texts of ``max_new_tokens`` tokens,
     sampled from BOS (the same seed gives the same texts). ``HfTextSampler`` runs a
     transformers model; the compiler's ``EngineTextSampler`` runs the float graph in llmc's
-    runtime."""
+    runtime. ``prefix_stable``: text ``i`` does not depend on how many are sampled at once (the
+    first n of any larger request are the texts of a request for n)."""
+
+    prefix_stable: bool = False
+
+    @property
+    def kind(self) -> str:
+        """What samples (its class name): the text depends on it, and caches are keyed by it."""
+        return type(self).__name__
 
     def sample(self, num_texts: int, max_new_tokens: int, seed: int) -> list[str]:
         """The sampled texts; see the class docstring."""

@@ -6,6 +6,8 @@ import onnx
 import pytest
 from transformers import AutoTokenizer
 
+from llmc.calibration.data import TextSampler
+from llmc.calibration.text_cache import CachedTextSampler
 from llmc.compiler.backends.onnxruntime.text_sampler import EngineTextSampler
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.memory.plan import plan_memory
@@ -38,3 +40,34 @@ def test_texts_have_their_full_length(sampler, tiny_llama_dir):
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
     for text in sampler.sample(16, 32, seed=0):  # re-tokenizing stray bytes may give more
         assert len(tok(text, add_special_tokens=False).input_ids) >= 28
+
+
+class Counting(TextSampler):
+    """A sampler that counts the texts it is asked for (around the real one)."""
+
+    def __init__(self, inner: TextSampler) -> None:
+        self.inner, self.asked = inner, 0
+        self.prefix_stable = inner.prefix_stable
+
+    def sample(self, num_texts: int, max_new_tokens: int, seed: int) -> list[str]:
+        self.asked += num_texts
+        return self.inner.sample(num_texts, max_new_tokens, seed)
+
+
+def test_cached_texts_are_the_samplers_and_are_sampled_once(sampler, tmp_path):
+    """The cache gives the sampler's own texts; a build asks once (a smaller request after a
+    larger one is its prefix), and a later build with the same checkpoint asks nothing."""
+    counting = Counting(sampler)
+    cached = CachedTextSampler(counting, "digest-a", tmp_path)
+    six = cached.sample(6, 12, seed=3)
+    assert six == sampler.sample(6, 12, seed=3)
+    assert cached.sample(2, 12, seed=3) == six[:2] and counting.asked == 6
+    later = CachedTextSampler(Counting(sampler), "digest-a", tmp_path)
+    assert later.sample(6, 12, seed=3) == six and later.inner.asked == 0
+    other = CachedTextSampler(Counting(sampler), "digest-b", tmp_path)  # another checkpoint
+    assert other.sample(2, 12, seed=3) == six[:2] and other.inner.asked == 2
+    for f in tmp_path.glob("*.json"):  # a damaged file is sampled anew
+        f.write_text("{not json")
+    again = CachedTextSampler(Counting(sampler), "digest-a", tmp_path)
+    assert again.sample(6, 12, seed=3) == six and again.inner.asked == 6
+    assert CachedTextSampler(sampler, "digest-a", None).kind == "EngineTextSampler"

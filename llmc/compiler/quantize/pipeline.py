@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from llmc.calibration.data import TextSampler
 from llmc.calibration.stats_cache import StatsCache
 from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS
@@ -74,7 +75,7 @@ def quantize(
     graph = load_float_graph(weights_dir) if weights_dir else ir.from_proto(float_model)
     tensors = calibration_tensors(graph, spec)
     gram_keys = gptq_keys(graph, spec)
-    sampler = None if calib_source.path else type(hf_model).__name__
+    sampler = None if calib_source.path else _sampler_kind(hf_model)
     key = _calibration_key(config, checkpoint_digest, calib_source, sampler, tensors, gram_keys)
     cache = StatsCache(calib.stats_path(key))
     # A streamed build's quantized weights go to disk as they are made (``TensorSpill``).
@@ -139,6 +140,12 @@ def _written(graph, report: QuantReport, streamed_work: Path | None, spill, stag
         ir.save(graph, path, external_data=QUANTIZED_GRAPH + ".data", max_in_flight_bytes=256 << 20)
         spill.path.unlink()  # copied into the graph's external data
         return onnx.load(str(path), load_external_data=False), report
+
+
+def _sampler_kind(hf_model) -> str:
+    """What samples the calibration text: a ``TextSampler``'s kind, or a transformers model's
+    class."""
+    return hf_model.kind if isinstance(hf_model, TextSampler) else type(hf_model).__name__
 
 
 def _calibration_key(config, checkpoint_digest, calib_source, sampler, tensors, gram_keys) -> str:

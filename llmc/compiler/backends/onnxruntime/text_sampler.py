@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from llmc.calibration.data import TextSampler
+from llmc.calibration.data import HfTextSampler, TextSampler
+from llmc.calibration.text_cache import CachedTextSampler
 from llmc.compiler.backends.onnxruntime.sampler_engine import write_sampler_engine
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class EngineTextSampler(TextSampler):
 
     Raises ValueError (from ``sample``) if the tokenizer has neither BOS nor EOS to start from.
     """
+
+    prefix_stable = True  # text i is seeded with seed + i
 
     def __init__(
         self,
@@ -115,18 +118,22 @@ def sampling_model(
     texts: CalibrationTexts | None,
     config: BuildConfig,
 ):
-    """What samples text where a build has no file for it: the loaded transformers model, or
-    for a streamed build (weights on the meta device) the float graph run in llmc's runtime
-    (``EngineTextSampler``). None when nothing is sampled."""
+    """What samples text where a build has no file for it: the loaded transformers model
+    (``HfTextSampler``), or for a streamed build (weights on the meta device) the float graph
+    run in llmc's runtime (``EngineTextSampler``), its texts kept for the build and in the
+    calibration cache directory (``CachedTextSampler``). None when nothing is sampled."""
     if texts is None or (texts.calibration.path and texts.heldout.path):
         return None
     if model.streamed is None:
-        return model.hf_model
-    return EngineTextSampler(
-        graph.proto,
-        graph.weights_dir,
-        model.tokenizer,
-        config.export.block_size,
-        config.target.threads,
-        work_dir=graph.weights_dir,
-    )
+        inner: TextSampler = HfTextSampler(model.hf_model, model.tokenizer)
+    else:
+        inner = EngineTextSampler(
+            graph.proto,
+            graph.weights_dir,
+            model.tokenizer,
+            config.export.block_size,
+            config.target.threads,
+            work_dir=graph.weights_dir,
+        )
+    directory = Path(config.calibration.cache_dir).expanduser() / "texts"
+    return CachedTextSampler(inner, model.resolved.checkpoint_digest, directory)
