@@ -5,9 +5,9 @@ disk under the calibration cache directory for the next build of the same checkp
 A build without ``--calib-data`` samples 64 calibration and 16 held-out texts of 288 tokens;
 on 2 cores that is most of its wall time (Gemma 3 270M: over 800 s for the calibration texts,
 then the held-out ones twice, once for the search and once for the report). Sampled text
-depends only on the checkpoint, the sampler (``TextSampler.kind``) and its arguments, so it
-is kept by those. A sampler whose text ``i`` is seeded on its own (``prefix_stable``) serves
-a request for fewer texts from the first ones kept.
+depends only on the checkpoint, the sampler (``TextSampler.kind``, llmc's version) and its
+arguments, so it is kept by those. A sampler whose text ``i`` is seeded on its own
+(``prefix_stable``) serves a request for fewer texts from the first ones kept.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from llmc.calibration.data import TextSampler
+from llmc.version import __version__
 
 
 class CachedTextSampler(TextSampler):
@@ -51,7 +52,7 @@ class CachedTextSampler(TextSampler):
     def _name(self, num_texts: int, max_new_tokens: int, seed: int) -> str:
         """The file name of a request: the texts' key (any count when prefix-stable)."""
         count = None if self.prefix_stable else num_texts
-        parts = [self.model_digest, self.kind, max_new_tokens, seed, count]
+        parts = [self.model_digest, self.kind, __version__, max_new_tokens, seed, count]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32] + ".json"
 
     def _read(self, name: str) -> list[str] | None:
