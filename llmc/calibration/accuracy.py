@@ -144,8 +144,8 @@ def score_logits(
     """The report from (reference, candidate) logits [T, V] float32 of each window in order
     (all T positions of window i's prefill); positions 0..T-2 are scored against the token
     that follows. With ``positions`` (per window, [L] int64 positions below T - 1), the logits
-    are [L, V], those positions' rows, and only they are scored. Log-softmax is taken in
-    float64, ``_ROWS_PER_CHUNK`` rows at a time. ``data`` is recorded as the text's origin.
+    are [L, V], those positions' rows, and only they are scored (``_row_sums``,
+    ``_ROWS_PER_CHUNK`` rows at a time). ``data`` is recorded as the text's origin.
     Raises ValueError as ``score_logit_chunks``."""
     chunks = (LogitsChunk(i, slice(0, None), ref, cand) for i, (ref, cand) in enumerate(logits))
     return score_logit_chunks(chunks, windows, data, progress, positions)
@@ -175,15 +175,62 @@ def score_logit_chunks(
     progress: Callable[[int, int], None] | None = None,
     positions: list[np.ndarray] | None = None,
 ) -> AccuracyReport:
-    """``score_logits`` from windows' logits a few rows at a time (a layer-wise run's last
-    segment computes them so, ``LayerwiseRunner``'s ``logits_rows``): the same report,
-    without any window's [T, V] logits whole in memory. ``chunks`` come in window order, each
-    window's rows in order. ``progress(done, total)`` counts windows. Raises ValueError as
-    ``check_windows``, when a chunk's two logits differ in shape, or when a window has no
-    chunk or its chunks skip or repeat rows."""
+    """The report of all windows of ``score_window_chunks`` (same arguments and errors)."""
+    per_window = score_window_chunks(chunks, windows, data, progress, positions)
+    return pooled_report(per_window, data)
+
+
+def pooled_report(reports: list[AccuracyReport], data: str) -> AccuracyReport:
+    """One report of disjoint window sets' ``reports`` (of the same text ``data``): negative
+    log-likelihoods, KL and agreements weighted by each report's tokens. Raises ValueError for
+    no reports."""
+    if not reports:
+        raise ValueError("no reports to pool")
+    tokens = np.array([r.num_tokens for r in reports], np.float64)
+    sums = np.array(
+        [
+            [math.log(r.perplexity_reference), math.log(r.perplexity), r.mean_kl, r.top1_agreement]
+            for r in reports
+        ]
+    )
+    return _report(tokens @ sums, int(tokens.sum()), sum(r.num_windows for r in reports), data)
+
+
+def _report(sums: np.ndarray, num_tokens: int, num_windows: int, data: str) -> AccuracyReport:
+    """The report of ``sums`` over ``num_tokens`` scored positions: (reference NLL, candidate
+    NLL, KL, top-1 agreements)."""
+    nll_ref, nll, kl, agree = sums / num_tokens
+    ppl_ref, ppl = math.exp(nll_ref), math.exp(nll)
+    return AccuracyReport(
+        data=data,
+        num_windows=num_windows,
+        num_tokens=num_tokens,
+        perplexity_reference=ppl_ref,
+        perplexity=ppl,
+        perplexity_change=(ppl - ppl_ref) / ppl_ref,
+        mean_kl=float(kl),
+        top1_agreement=float(agree),
+    )
+
+
+def score_window_chunks(
+    chunks: Iterable[LogitsChunk],
+    windows: list[np.ndarray],
+    data: str,
+    progress: Callable[[int, int], None] | None = None,
+    positions: list[np.ndarray] | None = None,
+) -> list[AccuracyReport]:
+    """Each window's report (``pooled_report`` makes them one) from windows' logits a few rows
+    at a time (a layer-wise run's last segment computes them so, ``LayerwiseRunner``'s
+    ``logits_rows``): ``score_logits``'s numbers without any window's [T, V] logits whole in
+    memory. ``chunks`` come in window order, each window's rows in order. ``progress(done,
+    total)`` counts windows. Raises ValueError as ``check_windows``, when a chunk's two logits
+    differ in shape, or when a window has no chunk or its chunks skip or repeat rows."""
     check_windows(windows)
-    totals = np.zeros(4)  # reference NLL, candidate NLL, KL, top-1 agreements (sums over rows)
-    num_tokens, current, next_row = 0, -1, 0
+    # per window: reference NLL, candidate NLL, KL, top-1 agreements (sums over rows)
+    totals = np.zeros((len(windows), 4))
+    num_tokens = np.zeros(len(windows), np.int64)
+    current, next_row = -1, 0
     for chunk in chunks:
         i, ref, cand = chunk.window, chunk.reference, chunk.candidate
         if ref.shape != cand.shape:
@@ -202,25 +249,14 @@ def score_logit_chunks(
         next_row += ref.shape[0]
         targets = np.asarray(windows[i], dtype=np.int64)[rows + 1]  # [rows]
         n = len(rows)
-        totals += _window_sums(ref[:n], cand[:n], targets)
-        num_tokens += n
+        totals[i] += _window_sums(ref[:n], cand[:n], targets)
+        num_tokens[i] += n
         del ref, cand, chunk  # freed before the next chunk is made
     if current != len(windows) - 1:
         raise ValueError(f"logits of {current + 1} windows for {len(windows)} windows")
     if progress is not None:
         progress(len(windows), len(windows))
-    nll_ref, nll, kl, agree = totals / num_tokens
-    ppl_ref, ppl = math.exp(nll_ref), math.exp(nll)
-    return AccuracyReport(
-        data=data,
-        num_windows=len(windows),
-        num_tokens=num_tokens,
-        perplexity_reference=ppl_ref,
-        perplexity=ppl,
-        perplexity_change=(ppl - ppl_ref) / ppl_ref,
-        mean_kl=float(kl),
-        top1_agreement=float(agree),
-    )
+    return [_report(totals[i], int(num_tokens[i]), 1, data) for i in range(len(windows))]
 
 
 def _window_sums(ref: np.ndarray, cand: np.ndarray, targets: np.ndarray) -> np.ndarray:

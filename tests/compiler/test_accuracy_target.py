@@ -12,7 +12,12 @@ from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.search.assignment import Unit, make_units, upgrade_path
-from llmc.compiler.quantize.search.path_search import AccuracyTargetError, Resume, search
+from llmc.compiler.quantize.search.path_search import (
+    AccuracyTargetError,
+    Resume,
+    clearly_misses,
+    search,
+)
 from llmc.compiler.quantize.search.recheck import (
     MAX_RECHECKS,
     EngineMissedTarget,
@@ -136,6 +141,40 @@ def test_search_finds_the_cheapest_prefix_that_keeps_the_target():
         "model.layers.1": "fp8",
         "model.layers.2": "int8_weight_only",
     }
+
+
+class _Screened(_Additive):
+    """``_Additive`` whose held-out windows are 8, their KLs the total times 1 +- ``spread``
+    (alternating); a screening gives the first 4, each its own report."""
+
+    def __init__(self, kl, spread: float):
+        super().__init__(kl)
+        self.spread, self.screen_calls = spread, 0
+
+    def screen(self, assignment) -> list[AccuracyReport]:
+        self.screen_calls += 1
+        total = self.total(assignment)
+        return [_report(total * (1 + self.spread * (-1) ** i)) for i in range(4)]
+
+
+def test_screening_decides_only_clear_misses_and_finds_the_same_assignment():
+    """Screened scorings that miss by far take no full scoring; those near the target or
+    keeping it do; the search ends where the unscreened one does."""
+    target = AccuracyTarget("kl", 0.0205)
+    unscreened = _Additive(THREE_LAYERS)
+    plain = search(target, _units(), 4.0, unscreened.sensitivity, unscreened.heldout)
+    tight = _Screened(THREE_LAYERS, spread=0.01)
+    result = search(target, _units(), 4.0, tight.sensitivity, tight.heldout, screen=tight.screen)
+    assert result.rungs == plain.rungs and result.report == plain.report
+    windows = {k: n for k, _, _, n in result.scored}
+    assert windows[0] == 4  # the flat KL 0.17 misses 0.0205 by far: screened out
+    assert windows[result.moves] == 1  # the chosen one: the full scoring (_report's 1 window)
+    assert tight.heldout_calls == sum(n == 1 for n in windows.values()) < tight.screen_calls
+    # Windows that spread as much as the miss decide nothing: every scoring is full.
+    loose = _Screened(THREE_LAYERS, spread=0.9)
+    again = search(target, _units(), 4.0, loose.sensitivity, loose.heldout, screen=loose.screen)
+    assert again.rungs == plain.rungs and loose.heldout_calls == loose.screen_calls
+    assert clearly_misses(AccuracyTarget("top1", 0.9), [_report(0.1, top1=0.5)]) is False
 
 
 def test_search_keeps_the_flat_assignment_when_it_meets_the_target():

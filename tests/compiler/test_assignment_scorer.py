@@ -1,11 +1,13 @@
 """The accuracy-target scorer on a tiny Gemma 3 (real ONNX Runtime, real attention kernel): a
-scoring that starts past the float segments (``resumable``) gives the whole run's report."""
+scoring that starts past the float segments (``resumable``), or that reuses a screening's
+windows, gives the whole run's report."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
 
+from llmc.calibration.accuracy import pooled_report
 from llmc.compiler.frontend.model_source import load_model, resolve_model
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.matmul_targets import find_targets
@@ -40,4 +42,10 @@ def test_a_resumed_scoring_equals_the_whole_run(tmp_path):
         start = resumed._start(assignment, "s")
         assert start is not None and start.segment == 1  # layer 1's q/k/v open segment 1
         assert resumed._start((), "s").segment == resumed._runner().num_segments - 1
+        # A screening's windows are not run again: screened + the rest = the whole scoring.
+        part = resumed.screen(assignment, "s", 2)
+        runs = resumed.runs
+        assert [r.num_windows for r in part] == [1, 1] and resumed.score(assignment, "s") == want
+        assert resumed.runs == runs + 1
     assert got == want and got.mean_kl > 0
+    assert pooled_report(part, "x").num_tokens == 2 * 39

@@ -26,7 +26,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from llmc.calibration.accuracy import AccuracyReport, LogitsChunk, score_logit_chunks
+from llmc.calibration.accuracy import (
+    AccuracyReport,
+    LogitsChunk,
+    pooled_report,
+    score_window_chunks,
+)
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.matmul_targets import find_targets
 from llmc.compiler.quantize.qdq import UniqueNames, drop_dead, write_linear
@@ -93,6 +98,7 @@ class AssignmentScorer:
         self.float_model, self.precomputed = float_model, precomputed
         self.attention_fpmath, self.resumable = attention_fpmath, resumable
         self._entries: dict[str, dict] = {}
+        self._screened: dict[tuple[Assignment, str], list[AccuracyReport]] = {}
         self._module_segment: dict[str, int] | None = None
         self.strides = strides or {}
         self.session_config = session_config or {}
@@ -108,6 +114,7 @@ class AssignmentScorer:
             spill.close()
         self._spills.clear()
         self._entries.clear()
+        self._screened.clear()
         self._layerwise = None  # its segments: a copy of the float graph's weights
 
     def __enter__(self) -> AssignmentScorer:
@@ -118,23 +125,42 @@ class AssignmentScorer:
 
     def score(self, assignment: Assignment, which: str) -> AccuracyReport:
         """The accuracy report of the float graph with ``assignment``'s (module, format) pairs
-        quantized ("none" stays float), on window set ``which``, against the float graph."""
-        spill, _ = self._reference(which)
+        quantized ("none" stays float), on window set ``which``, against the float graph; the
+        windows a ``screen`` of the same assignment scored are not run again."""
+        kept = self._screened.pop((assignment, which), [])
+        rest = self._score_windows(assignment, which, range(len(kept), len(self.windows[which])))
+        return pooled_report(kept + rest, self.labels[which])
+
+    def screen(self, assignment: Assignment, which: str, count: int) -> list[AccuracyReport]:
+        """One report per window of the first ``count`` windows of set ``which`` (all when it
+        has no more), kept for a ``score`` of the same assignment."""
+        select = range(min(count, len(self.windows[which])))
+        reports = self._score_windows(assignment, which, select)
+        self._screened[(assignment, which)] = reports
+        return reports
+
+    def _score_windows(self, assignment: Assignment, which: str, select: range):
+        """One report per window of set ``which``'s windows ``select`` (consecutive)."""
+        if not select:
+            return []
+        spill, shapes = self._reference(which)
         runner = self._runner()
-        windows = self.windows[which]
+        windows = self.windows[which][select.start : select.stop]
         positions = self._positions(which)
+        positions = None if positions is None else positions[select.start : select.stop]
+        offset = sum(rows * vocab for rows, vocab in shapes[: select.start]) * 4  # float32
         last = runner.num_segments - 1
         self.runs += 1
         prepare = self._quantizing(assignment)
 
         def chunks():
-            spill.seek(0)
+            spill.seek(offset)
             run = runner.run(
                 windows,
                 logits_indices=positions,
                 prepare=prepare,
                 attention_fpmath=self.attention_fpmath,
-                start=self._start(assignment, which),
+                start=self._start(assignment, which, select),
             )
             for out in run:
                 if out.segment == last and out.window is not None:
@@ -143,20 +169,26 @@ class AssignmentScorer:
                     rows = out.rows or slice(0, None)
                     yield LogitsChunk(out.window, rows, want, got)
 
-        report = score_logit_chunks(chunks(), windows, self.labels[which], positions=positions)
+        reports = score_window_chunks(chunks(), windows, self.labels[which], positions=positions)
         release_freed_memory()  # a scoring's logits and sessions, before the next one
-        return report
+        return reports
 
-    def _start(self, assignment: Assignment, which: str):
-        """The ``SegmentEntry`` a scoring of ``assignment`` on set ``which`` starts from: the
-        float run's entry of the first segment with a quantized module (None: segment 0, or
-        a set not ``resumable``)."""
+    def _start(self, assignment: Assignment, which: str, select: range | None = None):
+        """The ``SegmentEntry`` a scoring of ``assignment`` on set ``which`` (its windows
+        ``select``, default all) starts from: the float run's entry of the first segment with a
+        quantized module (None: segment 0, or a set not ``resumable``)."""
+        from llmc.runtime.runners.layerwise_runner import SegmentEntry
+
         if which not in self.resumable:
             return None
         segments = self._segments_of_modules()
         quantized = [segments[m] for m, fmt in assignment if fmt != FLOAT]
         first = min(quantized, default=self._runner().num_segments - 1)
-        return self._float_entries(which).get(first) if first > 0 else None
+        if first == 0:
+            return None
+        entry = self._float_entries(which)[first]
+        select = select or range(len(entry.envs))
+        return SegmentEntry(first, entry.envs[select.start : select.stop])
 
     def _segments_of_modules(self) -> dict[str, int]:
         """{module: the index of the segment holding its MatMul}, found once."""

@@ -10,6 +10,13 @@ accuracy keeps the target.
    dearer. A binary search over that path (accuracy grows along it, up to noise) finds the
    first one whose held-out accuracy keeps the target, in about log2(moves) scorings.
 
+Each held-out scoring is screened first (``screen``): the first ``SCREEN_WINDOWS`` windows
+alone, and an assignment whose shortfall there exceeds ``SCREEN_Z`` standard errors of its
+per-window values is taken as missing the target without the other windows. Only misses are
+decided so: an assignment is taken as keeping the target on every window, so a screening error
+costs bytes (the search moves on past an assignment that would have kept it), never the
+target. On the path most scorings miss by far (the flat one, the bisection's lower half).
+
 The all-float end of the path is not a candidate: a build whose target only float meets fails
 (``AccuracyTargetError``) naming the best quantized assignment's accuracy. Scoring is done by
 the caller's functions (``assignment_eval``), so this module is plain logic.
@@ -22,15 +29,22 @@ the target tightened by the engine's shortfall, with the sensitivities already m
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmc.calibration.accuracy import AccuracyReport
+from llmc.calibration.accuracy import AccuracyReport, pooled_report
 from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.search.assignment import FLOAT, Unit, assignment_of, upgrade_path
 from llmc.errors import LlmcError
 
 Assignment = tuple[tuple[str, str], ...]
+#: Held-out windows a screening scores, and the standard errors of its per-window values its
+#: shortfall must exceed (n = 4: a t-distribution with 3 degrees of freedom passes 3 about
+#: 3% of the time; an assignment wrongly screened out costs bytes, not the target).
+SCREEN_WINDOWS = 4
+SCREEN_Z = 3.0
 
 
 class AccuracyTargetError(LlmcError):
@@ -63,7 +77,8 @@ class SearchResult:
         flat: the flat assignment's held-out accuracy.
         weight_bytes: the quantized modules' weight bytes, chosen and flat.
         sensitivity: {unit: {rung: KL}} (empty when the flat assignment kept the target).
-        scored: (moves along the path, weight bytes, target metric) of each held-out scoring.
+        scored: (moves along the path, weight bytes, target metric, windows scored) of each
+            held-out scoring (fewer windows: screened out, ``SCREEN_WINDOWS``).
         moves: the chosen assignment's moves along the path (0: flat).
         path_moves: the moves that leave some module quantized (the candidates).
         rechecks: the engines built before this one that missed the target (``Resume``).
@@ -76,7 +91,7 @@ class SearchResult:
     flat: AccuracyReport
     weight_bytes: tuple[float, float]
     sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)
-    scored: list[tuple[int, float, float]] = field(default_factory=list)
+    scored: list[tuple[int, float, float, int]] = field(default_factory=list)
     moves: int = 0
     path_moves: int = 0
     rechecks: tuple[dict, ...] = ()
@@ -94,7 +109,10 @@ class SearchResult:
             "flat_report": self.flat.to_dict(),
             "weight_bytes": {"chosen": self.weight_bytes[0], "flat": self.weight_bytes[1]},
             "sensitivity_kl": self.sensitivity,
-            "scored": [{"moves": k, "weight_bytes": b, "value": v} for k, b, v in self.scored],
+            "scored": [
+                {"moves": k, "weight_bytes": b, "value": v, "windows": n}
+                for k, b, v, n in self.scored
+            ],
             "moves": self.moves,
             "path_moves": self.path_moves,
             "rechecks": list(self.rechecks),
@@ -126,9 +144,12 @@ def search(
     heldout: Callable[[Assignment], AccuracyReport],
     progress: Callable[[str], None] | None = None,
     resume: Resume | None = None,
+    screen: Callable[[Assignment], list[AccuracyReport]] | None = None,
 ) -> SearchResult:
     """Search as the module docstring says. ``sensitivity_kl(assignment)`` scores an assignment
-    on the calibration windows (mean KL), ``heldout(assignment)`` on the held-out ones;
+    on the calibration windows (mean KL), ``heldout(assignment)`` on the held-out ones,
+    ``screen(assignment)`` on the first ``SCREEN_WINDOWS`` of them, one report per window
+    (None: no screening; ``heldout`` may reuse those windows);
     ``progress`` is told each scoring; ``resume`` continues a search past the assignment an
     engine missed with. Raises AccuracyTargetError when no quantized assignment (past
     ``resume.moves``) keeps ``target`` (``resume.target``), ValueError for no units."""
@@ -138,8 +159,9 @@ def search(
     say = progress or (lambda _: None)
     flat_rungs = {u.name: u.ladder[0] for u in units}
     flat_bytes = sum(u.weight_bytes(u.ladder[0], float_bytes) for u in units)
-    flat = heldout(assignment_of(units, flat_rungs))
-    scored = [(0, flat_bytes, target.measure(flat))]
+    measured = _screened(target, heldout, screen)
+    flat = measured(assignment_of(units, flat_rungs))
+    scored = [(0, flat_bytes, target.measure(flat), flat.num_windows)]
     say(f"flat assignment: {target.metric} {target.measure(flat):.4g}")
     if resume is None and target.met(flat):
         return SearchResult(
@@ -155,8 +177,8 @@ def search(
     def score(k: int) -> AccuracyReport:  # the assignment after moves 1..k (k >= 1)
         if k not in reports:
             move = candidates[k - 1]
-            reports[k] = heldout(assignment_of(units, dict(move.rungs)))
-            scored.append((k, move.weight_bytes, target.measure(reports[k])))
+            report = reports[k] = measured(assignment_of(units, dict(move.rungs)))
+            scored.append((k, move.weight_bytes, target.measure(report), report.num_windows))
             say(f"{k} moves ({move.weight_bytes / 1e6:.1f} MB): {scored[-1][2]:.4g}")
         return reports[k]
 
@@ -189,6 +211,32 @@ def search(
         (candidates[hi - 1].weight_bytes, flat_bytes), sensitivity, scored, hi, len(candidates),
         resume.missed if resume is not None else (),
     )  # fmt: skip
+
+
+def _screened(target: AccuracyTarget, heldout, screen):
+    """``heldout``, or where ``screen`` is given, an assignment's screening (its first windows
+    pooled) when it misses ``target`` by more than ``SCREEN_Z`` standard errors there."""
+    if screen is None:
+        return heldout
+
+    def measured(assignment: Assignment) -> AccuracyReport:
+        part = screen(assignment)
+        if part and clearly_misses(target, part):
+            return pooled_report(part, part[0].data)
+        return heldout(assignment)
+
+    return measured
+
+
+def clearly_misses(target: AccuracyTarget, per_window: list[AccuracyReport]) -> bool:
+    """Whether ``per_window`` (one report per window) pooled misses ``target`` by more than
+    ``SCREEN_Z`` standard errors of the windows' values of its metric. Fewer than 2 windows
+    decide nothing."""
+    if len(per_window) < 2:
+        return False
+    values = [target.measure(r) for r in per_window]
+    error = statistics.stdev(values) / math.sqrt(len(values))
+    return target.shortfall(pooled_report(per_window, per_window[0].data)) > SCREEN_Z * error
 
 
 def _sensitivity(units: list[Unit], sensitivity_kl, say) -> dict[str, dict[str, float]]:

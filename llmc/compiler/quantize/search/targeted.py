@@ -21,7 +21,12 @@ from llmc.compiler.quantize.qdq import base_format, is_kv_key, kept_float
 from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.search.assignment import FLOAT, Unit, ladder_of, make_units
 from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
-from llmc.compiler.quantize.search.path_search import Resume, SearchResult, search
+from llmc.compiler.quantize.search.path_search import (
+    SCREEN_WINDOWS,
+    Resume,
+    SearchResult,
+    search,
+)
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
 
 #: Calibration windows the per-unit sensitivities are scored on, at every k-th position (the
@@ -102,6 +107,7 @@ class TargetedQuantization:
             lambda a: scorer.score(a, "heldout"),
             progress,
             resume,
+            lambda a: scorer.screen(a, "heldout", SCREEN_WINDOWS),
         )
 
     def spec_for(self, result: SearchResult) -> QuantSpec:
