@@ -68,8 +68,8 @@ class AssignmentScorer:
             ``engine_kernels``), e.g. MatMulNBits at the engine's accuracy level.
         strides: {set name: k}: score only every k-th position of that set's windows (its
             logits are computed for those positions only: the vocabulary projection and the
-            float64 log-softmax, most of a scoring's time at a 262,144-token vocabulary, shrink
-            k times). Sets not named score every position.
+            KL over it, most of a scoring's time at a 262,144-token vocabulary, shrink k
+            times). Sets not named score every position.
         attention_fpmath: the engine's attention numerics (``FPMATH_MODES``;
             ``engine_attention_fpmath``): assignments are scored with them, so a host whose
             kernel rounds prefill attention to bfloat16 (AMX) scores what its engine will
