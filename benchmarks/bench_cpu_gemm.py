@@ -46,8 +46,9 @@ BLOCK = 128
 MS = "com.microsoft"
 
 
-def _linear(name: str, x: str, k: int, n: int, form: str, rng, nodes, inits) -> str:
-    """Append ``x [M, k] @ W [k, n]`` in ``form``; return the output's name."""
+def _linear(name: str, x: str, k: int, n: int, form: str, rng, nodes, inits, block: int) -> str:
+    """Append ``x [M, k] @ W [k, n]`` in ``form`` (int4/w8: one scale per ``block`` input
+    channels); return the output's name."""
     out = f"{name}.y"
     if form == "f32":
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
@@ -65,13 +66,13 @@ def _linear(name: str, x: str, k: int, n: int, form: str, rng, nodes, inits) -> 
     bits = 4 if form == "int4" else 8
     lo, hi = (-8, 8) if bits == 4 else (-127, 128)
     codes = rng.integers(lo, hi, (k, n)).astype(np.int8)
-    scale = np.full((k // BLOCK, n), 1 / ((hi - 1) * np.sqrt(k)), np.float32)
+    scale = np.full((k // block, n), 1 / ((hi - 1) * np.sqrt(k)), np.float32)
     dtype = TensorProto.INT4 if bits == 4 else TensorProto.INT8
     inits.append(helper.make_tensor(f"{name}.q", dtype, [k, n], codes.flatten().tolist()))
     inits.append(numpy_helper.from_array(scale, f"{name}.s"))
     nodes.append(
         helper.make_node(
-            "DequantizeLinear", [f"{name}.q", f"{name}.s"], [f"{name}.w"], axis=0, block_size=BLOCK
+            "DequantizeLinear", [f"{name}.q", f"{name}.s"], [f"{name}.w"], axis=0, block_size=block
         )
     )
     nodes.append(helper.make_node("MatMul", [x, f"{name}.w"], [out]))
@@ -89,14 +90,14 @@ def stack_model(dims: dict, form: str, seed: int = 0) -> onnx.ModelProto:
     down_form = "w8" if form == "int4" else form
     for i in range(dims["layers"]):
         p = f"l{i}"
-        qkv = _linear(f"{p}.qkv", x, h, q + 2 * dims["kv"], form, rng, nodes, inits)
+        qkv = _linear(f"{p}.qkv", x, h, q + 2 * dims["kv"], form, rng, nodes, inits, dims["block"])
         outputs.append(qkv)
         nodes.append(helper.make_node("Slice", [qkv, "zero", "q_end", "one"], [f"{p}.q"]))
-        o = _linear(f"{p}.o", f"{p}.q", q, h, form, rng, nodes, inits)
-        gu = _linear(f"{p}.gate_up", o, h, 2 * f, form, rng, nodes, inits)
+        o = _linear(f"{p}.o", f"{p}.q", q, h, form, rng, nodes, inits, dims["block"])
+        gu = _linear(f"{p}.gate_up", o, h, 2 * f, form, rng, nodes, inits, dims["block"])
         nodes.append(helper.make_node("Split", [gu], [f"{p}.g", f"{p}.u"], axis=1, num_outputs=2))
         nodes.append(helper.make_node("Mul", [f"{p}.g", f"{p}.u"], [f"{p}.m"]))
-        x = _linear(f"{p}.down", f"{p}.m", f, h, down_form, rng, nodes, inits)
+        x = _linear(f"{p}.down", f"{p}.m", f, h, down_form, rng, nodes, inits, dims["block"])
     outputs.append(x)
     for name, value in (("zero", 0), ("one", 1), ("q_end", q)):
         inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
@@ -107,7 +108,9 @@ def projection_model(dims: dict, form: str, seed: int = 0) -> onnx.ModelProto:
     """The vocabulary projection alone: ``x`` [M, hidden] -> logits [M, vocab]."""
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
-    y = _linear("lm_head", "x", dims["hidden"], dims["vocab"], form, rng, nodes, inits)
+    y = _linear(
+        "lm_head", "x", dims["hidden"], dims["vocab"], form, rng, nodes, inits, dims["block"]
+    )
     return _model(nodes, inits, dims["hidden"], [y])
 
 
@@ -208,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,16,128")
     parser.add_argument("--parts", default="stack,projection")
     parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per cell")
+    parser.add_argument("--block", type=int, default=BLOCK, help="int4/w8 channels per scale")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    dims = GEMMA_3_270M
+    dims = dict(GEMMA_3_270M, block=args.block)
     rows = [int(r) for r in args.rows.split(",")]
     print(f"host: {host_line()}")
     print("| part | form | runtime | " + " | ".join(f"M={m} ms (GMAC/s)" for m in rows) + " |")

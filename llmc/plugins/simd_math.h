@@ -5,8 +5,9 @@
  * sum nor a GELU can tell apart.
  *
  * Two forms of the reduction, each with its SIMD twin that gives the same bits lane by lane:
- *   llmc_exp_nonpositive / llmc_exp_nonpositive16 (AVX-512): n rounded to nearest even, 2^n by
- *     ldexpf / vscalefps (int8_matmul's GELU);
+ *   llmc_exp_nonpositive / llmc_exp_nonpositive16 (AVX-512) / llmc_exp_nonpositive8 (AVX2): n
+ *     rounded to nearest even, 2^n by ldexpf / vscalefps / the exponent bits (exact: n >= -126
+ *     after the clamp) (int8_matmul's GELU);
  *   llmc_exp_nonpositive_trunc / llmc_exp_nonpositive_trunc8 (AVX2): n = (int)(x log2(e) - 0.5),
  *     2^n built in the exponent bits (paged attention's softmax).
  * Why two: they differ where x log2(e) is a half-integer, and each kernel's outputs are kept
@@ -78,6 +79,25 @@ static inline __m256 llmc_exp_nonpositive_trunc8(__m256 x) {
   p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   __m256 two_n = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+  return _mm256_mul_ps(p, two_n);
+}
+
+/* llmc_exp_nonpositive on 8 lanes: the same reduction, polynomial and clamp. */
+static inline __m256 llmc_exp_nonpositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(LLMC_EXP_MIN));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LLMC_EXP_LOG2E)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LLMC_EXP_LN2_HI), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(LLMC_EXP_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(LLMC_EXP_P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P5));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  __m256 two_n = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   return _mm256_mul_ps(p, two_n);
 }
 #endif

@@ -35,6 +35,7 @@ OP_OWN_SOURCES = (
     "int8_matmul/ort_matmul.c",
     "int8_matmul/int8_matmul.c",
     "int8_matmul/vnni.c",
+    "int8_matmul/avx2.c",
     "int8_matmul/amx.c",
     "rms_norm/ort_rms_norm.c",
     "qkv_rope/ort_qkv_rope.c",

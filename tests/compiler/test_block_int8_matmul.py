@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import OP_TYPE, rewrite_block_int8
+from llmc.engine.isa import detect_host_isa
 from llmc.plugins.paged_attention import ort_op
 from llmc.runtime.runners.ort_env import session_options
 
@@ -234,10 +235,10 @@ class _Weights(ctypes.Structure):
 
 
 def kernel_library(tmp_path: Path, march: str) -> ctypes.CDLL:
-    """The int8 kernel alone (packing, VNNI and AMX parts), built with gcc for
+    """The int8 kernel alone (packing, VNNI, AVX2 and AMX parts), built with gcc for
     ``-march=march``, loaded with ctypes."""
     kernel = Path(ort_op.__file__).parent.parent / "int8_matmul"
-    sources = [str(kernel / f) for f in ("int8_matmul.c", "vnni.c", "amx.c")]
+    sources = [str(kernel / f) for f in ("int8_matmul.c", "vnni.c", "avx2.c", "amx.c")]
     lib_path = tmp_path / f"i8mm_{march}.so"
     subprocess.run(
         ["gcc", "-O2", f"-march={march}", "-shared", "-fPIC", *sources, "-o", str(lib_path)],
@@ -293,6 +294,53 @@ def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: s
     )
     # atol: deep in the negative tail float64 tanh rounds to -1 (GELU 0), ours keeps x * e^z
     np.testing.assert_allclose(out, gelu_tanh(gate) * up, rtol=2e-6, atol=1e-9)
+
+
+def _product(lib: ctypes.CDLL, m: int, k: int, n: int, block: int, gated: bool):
+    """Quantized rows (codes, scales) and the product of a seeded problem by ``lib``'s items;
+    ``gated``: the input is [gate | up] (I8MM_INPUT_GELU_TANH_GATE)."""
+    rng = np.random.default_rng(m * 1000 + n)
+    codes, scales = weights(rng, k, n, block)
+    a = rng.standard_normal((m, 2 * k if gated else k)).astype(np.float32)
+    w = _Weights()
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    assert lib.i8mm_pack(ctypes.byref(w), ptr(codes.ctypes.data), ptr(scales.ctypes.data),
+                         i64(k), i64(n), i64(block)) == 0  # fmt: skip
+    qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), ctypes.c_int(int(gated)),
+                           i64(0), i64(m), ptr(qa.ctypes.data), ptr(sa.ctypes.data))  # fmt: skip
+    lib.i8mm_num_items.restype = ctypes.c_int64
+    for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
+        lib.i8mm_item(ctypes.byref(w), ptr(qa.ctypes.data), ptr(sa.ctypes.data), i64(m),
+                      i64(item), ptr(y.ctypes.data))  # fmt: skip
+    lib.i8mm_free(ctypes.byref(w))
+    return qa, sa, y
+
+
+def test_portable_avx2_and_host_tiles_give_the_same_floats(tmp_path) -> None:
+    """The kernel built for baseline x86-64 (portable C), for Haswell (the AVX2 tiles: |w| x
+    a sign(w) in vpmaddubsw, pairs summed by vpmaddwd) and for this host (VNNI or AMX tiles
+    where it has them) quantizes the same codes and writes the same floats, bit for bit: one
+    row (the AVX2 path's whole-panel form), rows in groups of 3 with a remainder, columns
+    that end inside a panel, a vector and a lane. The GELU-gated input, whose SIMD GELU the
+    portable build computes in scalar code, is compared between the SIMD builds."""
+    if platform.machine() != "x86_64" or "avx2" not in detect_host_isa().features:
+        pytest.skip("needs an x86-64 host that runs AVX2")
+    libs = {march: kernel_library(tmp_path, march) for march in ("x86-64", "haswell", "native")}
+    for m, k, n, block in ((1, 640, 200, 32), (7, 256, 136, 128), (16, 96, 5, 32), (6, 64, 70, 32)):
+        qa, sa, y = _product(libs["x86-64"], m, k, n, block, gated=False)
+        for march in ("haswell", "native"):
+            qa2, sa2, y2 = _product(libs[march], m, k, n, block, gated=False)
+            np.testing.assert_array_equal(qa2, qa)
+            np.testing.assert_array_equal(sa2, sa)
+            np.testing.assert_array_equal(y2, y, err_msg=f"{march}, m={m} n={n}")
+        assert not np.isnan(y).any()
+    for m, n in ((1, 64), (8, 130)):
+        haswell = _product(libs["haswell"], m, 128, n, 32, gated=True)
+        native = _product(libs["native"], m, 128, n, 32, gated=True)
+        for ours, theirs in zip(haswell, native, strict=True):
+            np.testing.assert_array_equal(ours, theirs)
 
 
 def test_rewrite_folds_a_gelu_gated_down_projection_into_one_node() -> None:

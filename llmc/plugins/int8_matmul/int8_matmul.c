@@ -1,6 +1,6 @@
 /* Block-wise int8 matrix product with int8 activations (see int8_matmul.h for the definition):
  * the weight's packing, and the activations' quantization (with the GELU of a gated input).
- * The tiles that multiply them are in vnni.c (and portable C) and amx.c.
+ * The tiles that multiply them are in vnni.c (and portable C), avx2.c and amx.c.
  *
  * Weights are repacked once into panels of 64 output channels, four input channels per 32-bit
  * lane ([k / 4][64][4] int8), the layout vpdpbusd reads: one 64-byte load holds 16 columns times
@@ -74,6 +74,14 @@ static float block_amax(const float *x, int64_t len) {
   __m512 vmax = _mm512_setzero_ps();
   for (; i + 16 <= len; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
   amax = _mm512_reduce_max_ps(vmax);
+#elif I8MM_AVX2
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps();
+  for (; i + 8 <= len; i += 8)
+    vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, vmax);
+  for (int j = 0; j < 8; ++j) amax = fmaxf(amax, lanes[j]);
 #endif
   for (; i < len; ++i) amax = fmaxf(amax, fabsf(x[i]));
   return amax;
@@ -101,6 +109,17 @@ static inline __m512 gelu_tanh16(__m512 x) {
   __m512 numerator = _mm512_mask_blend_ps(positive, e, _mm512_set1_ps(1.0f));
   return _mm512_div_ps(_mm512_mul_ps(x, numerator), _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
 }
+#elif I8MM_AVX2
+static inline __m256 gelu_tanh8(__m256 x) {
+  __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  __m256 z = _mm256_mul_ps(_mm256_set1_ps(GELU_Z),
+                           _mm256_fmadd_ps(_mm256_set1_ps(GELU_CUBIC), x3, x));
+  __m256 e = llmc_exp_nonpositive8(
+      _mm256_sub_ps(_mm256_setzero_ps(), _mm256_andnot_ps(_mm256_set1_ps(-0.0f), z)));
+  __m256 positive = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GE_OQ);
+  __m256 numerator = _mm256_blendv_ps(e, _mm256_set1_ps(1.0f), positive);
+  return _mm256_div_ps(_mm256_mul_ps(x, numerator), _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
+}
 #endif
 
 void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *out) {
@@ -109,6 +128,10 @@ void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *o
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(out + i,
                      _mm512_mul_ps(gelu_tanh16(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
+#elif I8MM_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i,
+                     _mm256_mul_ps(gelu_tanh8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
 #endif
   for (; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
 }
@@ -147,6 +170,18 @@ static void quantize_rows(const struct i8mm_weights *w, const float *a, int inpu
         __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
         _mm_storeu_si128((__m128i *)(q + i),
                          _mm512_cvtepi32_epi8(_mm512_add_epi32(code, offset)));
+      }
+#elif I8MM_AVX2
+      const __m256 vinv = _mm256_set1_ps(inverse);
+      const __m256i offset = _mm256_set1_epi32(offset_value);
+      const __m128i low_bytes = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                              -1, -1);
+      for (; i + 8 <= bs; i += 8) {
+        __m256i code = _mm256_add_epi32(
+            _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv)), offset);
+        __m128i lo = _mm_shuffle_epi8(_mm256_castsi256_si128(code), low_bytes);
+        __m128i hi = _mm_shuffle_epi8(_mm256_extracti128_si256(code, 1), low_bytes);
+        _mm_storel_epi64((__m128i *)(q + i), _mm_unpacklo_epi32(lo, hi));
       }
 #endif
       for (; i < bs; ++i) q[i] = (uint8_t)((int32_t)nearbyintf(x[i] * inverse) + offset_value);

@@ -1,5 +1,5 @@
 /* What the parts of the block-wise int8 product share (int8_matmul.c: packing and activations;
- * vnni.c: the VNNI and portable tiles; amx.c: the AMX tiles): the SIMD paths the build targets,
+ * vnni.c: the VNNI and portable tiles; avx2.c: the AVX2 tiles; amx.c: the AMX tiles): the SIMD paths the build targets,
  * the packed panel's size, and the GELU-gated output. Internal: the C interface is
  * int8_matmul.h. */
 #ifndef LLMC_INT8_MATMUL_INTERNAL_H
@@ -16,6 +16,14 @@
 #define I8MM_VNNI 0
 #endif
 
+/* AVX2 tiles (avx2.c) where the build targets AVX2 and FMA but not AVX-512 VNNI. */
+#if !I8MM_VNNI && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define I8MM_AVX2 1
+#else
+#define I8MM_AVX2 0
+#endif
+
 /* AMX where the compiler targets it (-march=native on a host that has it); whether the OS lets
  * this process use the tiles is asked at run time (i8mm_amx_rows). */
 #if I8MM_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
@@ -26,6 +34,13 @@
 
 /* Bytes of one packed panel of a k-row weight: [k / 4][I8MM_PANEL][4] int8. */
 #define PANEL_BYTES(k) ((k) / 4 * I8MM_PANEL * 4)
+
+/* Rows [m0, m0 + rows) (rows <= I8MM_TILE_ROWS) x panel p on the AVX2 tiles into dst (their
+ * first element), rows ld floats apart: vnni.c's tile, bit for bit. */
+__attribute__((visibility("hidden"))) void i8mm_tile_avx2(const struct i8mm_weights *w,
+                                                          const uint8_t *qa, const float *sa,
+                                                          int64_t m0, int64_t rows, int64_t p,
+                                                          float *dst, int64_t ld);
 
 /* ---- GELU-gated output ------------------------------------------------------------------------
  * A gated MLP's fused [gate | up] projection whose consumer wants gelu_tanh(gate) * up: each

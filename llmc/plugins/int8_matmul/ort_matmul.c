@@ -133,14 +133,16 @@ struct job {
   uint8_t *qa;
   float *sa, *y;
   int64_t m, tasks;
+  int64_t quantize_tasks; /* <= m: a one-row decode step quantizes its row without the pool */
   int64_t amx_rows; /* rows the AMX path computes (i8mm_amx_rows), 0: the VNNI tiles */
   int output_gate;  /* y [m][n / 2] = gelu_tanh(gate) * up */
 };
 
-/* Task t of j->tasks quantizes a contiguous range of rows (signed codes for AMX). */
+/* Task t of j->quantize_tasks quantizes a contiguous range of rows (signed codes for AMX). */
 static void quantize_task(void *data, size_t task) {
   const struct job *j = data;
-  int64_t m0 = j->m * (int64_t)task / j->tasks, m1 = j->m * ((int64_t)task + 1) / j->tasks;
+  int64_t m0 = j->m * (int64_t)task / j->quantize_tasks;
+  int64_t m1 = j->m * ((int64_t)task + 1) / j->quantize_tasks;
   if (j->amx_rows > 0)
     i8mm_quantize_rows_signed(j->w, j->a, j->input, m0, m1, (int8_t *)j->qa, j->sa);
   else
@@ -218,10 +220,11 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   memset(qa + m * w->k, 0, (size_t)((rows - m) * w->k));
   memset(sa + m * w->num_blocks, 0, (size_t)((rows - m) * w->num_blocks) * sizeof *sa);
   long cpus = llmc_op_cpus();
-  struct job job = {w, kernel->input, a, qa, sa, y, m, 1, amx_rows, kernel->output_gate};
+  struct job job = {w, kernel->input, a, qa, sa, y, m, 1, 1, amx_rows, kernel->output_gate};
   int64_t items = num_items(&job);
   job.tasks = cpus < items ? cpus : items;
-  llmc_op_parallel_for(ort, context, quantize_task, (size_t)job.tasks, &job);
+  job.quantize_tasks = cpus < m ? cpus : m;
+  llmc_op_parallel_for(ort, context, quantize_task, (size_t)job.quantize_tasks, &job);
   llmc_op_parallel_for(ort, context, tile_task, (size_t)job.tasks, &job);
   free(qa);
   free(sa);

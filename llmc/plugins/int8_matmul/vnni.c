@@ -1,8 +1,10 @@
 /* The block-wise int8 product's tiles on AVX-512 VNNI (vpdpbusd), and in portable C where the
- * build does not target it: a tile of up to I8MM_TILE_ROWS rows x one 64-column panel, its
- * int32 accumulators in registers for one block, then scaled by sa * sw into float32 outputs;
- * and the work items (plain and GELU-gated) that run them. The packing and the activations'
+ * build targets neither it nor AVX2 (avx2.c's tiles; the three give the same floats bit for
+ * bit): a tile of up to I8MM_TILE_ROWS rows x one 64-column panel, its int32 accumulators in
+ * registers for one block, then scaled by sa * sw into float32 outputs; and the work items
+ * (plain and GELU-gated) that run them. The packing and the activations'
  * quantization are in int8_matmul.c. */
+#include <math.h>
 #include <string.h>
 
 #include "int8_matmul_internal.h"
@@ -122,7 +124,7 @@ static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const
     for (int64_t r = 0; r < rows; ++r) {
       float row_scale = sa[(m0 + r) * nb + g];
       for (int c = 0; c < I8MM_PANEL; ++c)
-        out[r][c] += (float)(acc[r][c] - sums[c]) * scales[c] * row_scale;
+        out[r][c] = fmaf((float)(acc[r][c] - sums[c]) * scales[c], row_scale, out[r][c]);
     }
   }
   for (int64_t r = 0; r < rows; ++r)
@@ -143,6 +145,9 @@ static void tile_at(const struct i8mm_weights *w, const uint8_t *qa, const float
     case 1: tile_vnni_1(w, qa, sa, m0, p, dst, ld); return;
     default: break;
   }
+#elif I8MM_AVX2
+  i8mm_tile_avx2(w, qa, sa, m0, rows, p, dst, ld);
+  return;
 #endif
   tile_portable(w, qa, sa, m0, rows, p, dst, ld);
 }

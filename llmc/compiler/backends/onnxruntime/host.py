@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import (
-    REQUIRED_ISA,
-    block_int8_matmul_available,
-)
+from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import block_int8_matmul_isa
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.engine.isa import detect_host_isa
@@ -24,7 +21,8 @@ class CpuPlan:
     in the manifest), ``arch`` the machine ("x86_64", "aarch64"), ``layout`` the graph form and
     precision lowering writes for the dtype (the provider that runs it is measured later),
     ``bound_pairs`` whether int8 weight pairs stay within 128 (no VNNI here), ``block_int8``
-    whether 8-bit weight-only layers run on llmc's VNNI kernel (``rewrites.int8_matmul``), and
+    whether 8-bit weight-only layers run on llmc's int8 kernel (``rewrites.int8_matmul``: VNNI
+    or AVX2 tiles), and
     ``llmc_norms`` whether the single graph's RMS norms run on llmc's kernel (``rewrites.rms_norm``;
     the custom-op library is built), and ``attention_fpmath`` the PagedAttention nodes'
     ``fpmath_mode`` (``llmc.engine.plugin.FPMATH_ATTRIBUTE``): "bf16" for quantized and bf16
@@ -52,9 +50,10 @@ def plan_cpu(config: BuildConfig) -> CpuPlan:
             f"--dtype {config.source.dtype} on cpu needs {', '.join(missing)}, which this host "
             f"({host.name}) does not run; build with --dtype float32"
         )
-    block_int8 = config.quantization.quant != "none" and block_int8_matmul_available(host.features)
-    if block_int8 and REQUIRED_ISA not in isa:
-        isa.append(REQUIRED_ISA)
+    kernel_isa = block_int8_matmul_isa(host.features)
+    block_int8 = config.quantization.quant != "none" and kernel_isa is not None
+    if block_int8 and kernel_isa not in isa:
+        isa.append(kernel_isa)
     llmc_norms = ort_op.library_path() is not None
     return CpuPlan(
         isa,

@@ -3,9 +3,11 @@ in place of ONNX Runtime's ``MatMulNBits`` (bits 8) in the engine's single graph
 
 The op takes MatMulNBits' inputs and attributes unchanged and computes what MatMulNBits computes
 at accuracy level 4 (activations quantized to int8 per row and block, int32 dot products, block
-scales), with a VNNI micro-kernel that ORT's 8-bit kernel lacks at M > 1 (``llmc/plugins/
-int8_matmul``): on Gemma 3 270M's shapes, 1.9x on its 18 layers at 128 rows and 1.6x on its
-vocabulary projection at 16 rows (benchmarks/RESULTS.md). Only the single
+scales), with micro-kernels that ORT's 8-bit kernel lacks (``llmc/plugins/int8_matmul``: AVX-512
+VNNI and AMX tiles, AVX2 tiles, the same floats on each): on Gemma 3 270M's shapes, with VNNI
+1.9x on its 18 layers at 128 rows and 1.6x on its vocabulary projection at 16 rows; on AVX2
+(blocks of 32) about 2x at 16 and 128 rows and 1.3x at one row (benchmarks/RESULTS.md). Only
+the single
 graph is rewritten: the segments keep MatMulNBits, so OpenVINO's runtime (which knows
 MatMulNBits, not llmc's op) can still compile them, and the segments form still runs without
 the custom-op library. The two forms then agree to float32 rounding instead of bit for bit.
@@ -30,15 +32,18 @@ from llmc.engine.plugin import DOMAIN
 from llmc.plugins.paged_attention import ort_op
 
 OP_TYPE = "BlockInt8MatMul"
-#: The ISA feature the kernel needs (``llmc.engine.isa`` names).
-REQUIRED_ISA = "avx512-vnni"
+#: The ISA features the kernel's tiles run on, best first (``llmc.engine.isa`` names).
+KERNEL_ISAS = ("avx512-vnni", "avx2")
 _KEPT_ATTRIBUTES = ("K", "N", "bits", "block_size")
 
 
-def block_int8_matmul_available(host_features: tuple[str, ...]) -> bool:
-    """Whether engines built here can run BlockInt8MatMul: the host has AVX-512 VNNI and the
-    custom-op library is built (``setup.py``)."""
-    return REQUIRED_ISA in host_features and ort_op.library_path() is not None
+def block_int8_matmul_isa(host_features: tuple[str, ...]) -> str | None:
+    """The ISA feature an engine built here runs BlockInt8MatMul's tiles on (the first of
+    ``KERNEL_ISAS`` the host has), or None where it has neither or the custom-op library is not
+    built (``setup.py``)."""
+    if ort_op.library_path() is None:
+        return None
+    return next((isa for isa in KERNEL_ISAS if isa in host_features), None)
 
 
 def _eligible(node: onnx.NodeProto) -> bool:
