@@ -62,6 +62,18 @@ static inline float llmc_exp_nonpositive_trunc(float x) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
+/* llmc_exp_poly on 8 lanes. */
+static inline __m256 llmc_exp_poly8(__m256 r) {
+  __m256 p = _mm256_set1_ps(LLMC_EXP_P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P5));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  return p;
+}
+
 /* llmc_exp_nonpositive_trunc on 8 lanes: the same reduction, polynomial and clamp. */
 static inline __m256 llmc_exp_nonpositive_trunc8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(LLMC_EXP_MIN));
@@ -70,13 +82,7 @@ static inline __m256 llmc_exp_nonpositive_trunc8(__m256 x) {
   __m256 n = _mm256_cvtepi32_ps(ni);
   __m256 r = _mm256_add_ps(_mm256_fnmadd_ps(n, _mm256_set1_ps(LLMC_EXP_LN2_HI), x),
                            _mm256_mul_ps(n, _mm256_set1_ps(LLMC_EXP_LN2_LO)));
-  __m256 p = _mm256_set1_ps(LLMC_EXP_P0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P5));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  __m256 p = llmc_exp_poly8(r);
   __m256 two_n = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
   return _mm256_mul_ps(p, two_n);
@@ -89,13 +95,7 @@ static inline __m256 llmc_exp_nonpositive8(__m256 x) {
                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LLMC_EXP_LN2_HI), x);
   r = _mm256_fmadd_ps(n, _mm256_set1_ps(LLMC_EXP_LN2_LO), r);
-  __m256 p = _mm256_set1_ps(LLMC_EXP_P0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(LLMC_EXP_P5));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  __m256 p = llmc_exp_poly8(r);
   __m256 two_n = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   return _mm256_mul_ps(p, two_n);

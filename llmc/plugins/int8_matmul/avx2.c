@@ -28,15 +28,6 @@
     __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(x_));                 \
   } while (0)
 
-/* The same 256 bytes of the next panel, into L1 (vnni.c's PREFETCH_NEXT_PANEL). */
-#define PREFETCH_NEXT_PANEL(p)                                  \
-  do {                                                          \
-    _mm_prefetch((const char *)(p), _MM_HINT_T0);               \
-    _mm_prefetch((const char *)(p) + 64, _MM_HINT_T0);          \
-    _mm_prefetch((const char *)(p) + 128, _MM_HINT_T0);         \
-    _mm_prefetch((const char *)(p) + 192, _MM_HINT_T0);         \
-  } while (0)
-
 #define QUARTER 16 /* columns per pass: two vectors of 8 */
 #define GROUP_ROWS 3
 

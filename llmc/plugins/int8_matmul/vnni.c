@@ -44,18 +44,6 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
     ROW_FLUSH_ONE(r, 3);                                     \
   }
 
-/* The same 256 bytes of the next panel, into L1: a thread runs panels in memory order, and on a
- * weight larger than L2 (a vocabulary projection) the first tile of each panel otherwise waits
- * on memory (measured: 1.24x on a [640, 262144] projection at M = 16, nothing lost at M = 128).
- * A prefetch past the last panel is dropped, never a fault. */
-#define PREFETCH_NEXT_PANEL(p)                                  \
-  do {                                                          \
-    _mm_prefetch((const char *)(p), _MM_HINT_T0);               \
-    _mm_prefetch((const char *)(p) + 64, _MM_HINT_T0);          \
-    _mm_prefetch((const char *)(p) + 128, _MM_HINT_T0);         \
-    _mm_prefetch((const char *)(p) + 192, _MM_HINT_T0);         \
-  } while (0)
-
 /* A tile of ROWS rows x one panel: per block, 4 x ROWS int32 accumulators in registers; the
  * float32 outputs wait in out (L1) between blocks. */
 #define DEFINE_TILE(ROWS)                                                                        \
