@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmc.runtime.sampling.categorical import sample_categorical
 from llmc.runtime.sampling.penalties import apply_min_tokens, apply_penalties
 from llmc.runtime.sampling.stop_checker import below_min_tokens
 from llmc.runtime.sampling_params import SamplingParams, check_seed
@@ -27,9 +28,10 @@ class Sampler:
     min-p (Nguyen et al. 2024: probabilities below ``min_p`` times the largest), by top-k (a
     ``topk`` threshold, no sort) and/or top-p (Holtzman et al. 2019, "The Curious Case of Neural
     Text Degeneration": keep the smallest set of most likely tokens whose mass reaches ``top_p``;
-    needs a sort, done only for rows that set top_p < 1), then sampled with the exponential race
-    ``argmax(probs / q)``, ``q ~ Exp(1)`` (vLLM's sampler): it equals a categorical draw and lets
-    each row draw its noise from its own generator.
+    needs a sort, done only for rows that set top_p < 1), then sampled by inverse transform
+    (``categorical.sample_categorical``): one float64 uniform per row, which each row draws
+    from its own generator, found in the row's cumulative probabilities (vLLM's exponential
+    race draws V numbers per row; on a CPU that cost more than the model step at V = 262,144).
 
     How a row is processed depends only on its own parameters and tokens, and a seeded row draws
     its noise from its own generator, so a request with a seed gets the same tokens whatever it
@@ -113,22 +115,23 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> np.ndarray:
         """logits: [R, V], a private copy (modified in place). Returns [R] int64."""
+        probs = self.probabilities(logits, params)
+        return sample_categorical(probs.numpy(), self._uniforms(generators))
+
+    def _uniforms(self, generators: list[torch.Generator | None]) -> np.ndarray:
+        """[R] float64 in [0, 1): row i's from ``generators[i]``, or from the shared generator
+        (in row order) where that is None."""
         import torch
 
-        probs = self.probabilities(logits, params)
-        num_rows, vocab_size = probs.shape
-        q = torch.empty_like(probs)  # q: [R, V], exponential noise
+        uniforms = np.empty(len(generators), np.float64)
         shared = [i for i, g in enumerate(generators) if g is None]
-        if len(shared) == num_rows:
-            q.exponential_(generator=self._generator)
-        else:
-            if shared:
-                noise = torch.empty(len(shared), vocab_size).exponential_(generator=self._generator)
-                q[torch.tensor(shared)] = noise
-            for i, g in enumerate(generators):
-                if g is not None:
-                    q[i].exponential_(generator=g)  # a row view: the draw is the row's own
-        return probs.div_(q).argmax(dim=-1).numpy()
+        if shared:
+            draws = torch.rand(len(shared), generator=self._generator, dtype=torch.float64)
+            uniforms[shared] = draws.numpy()
+        for i, g in enumerate(generators):
+            if g is not None:
+                uniforms[i] = torch.rand(1, generator=g, dtype=torch.float64).item()
+        return uniforms
 
     @staticmethod
     def probabilities(logits: np.ndarray, params: list[SamplingParams]) -> torch.Tensor:

@@ -19,10 +19,13 @@ import onnx
 import onnx_ir as ir
 
 from llmc.compiler.backends.onnxruntime.lower import lower_to_cpu
+from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import block_int8_matmul_isa
 from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.quantize.qdq import GraphQuantizer
+from llmc.engine.isa import detect_host_isa
 from llmc.heap import release_freed_memory
+from llmc.plugins.paged_attention import ort_op
 from llmc.quant.protocol import QuantSpec
 
 SAMPLER_GRAPH = "sampler.onnx"
@@ -34,8 +37,10 @@ def write_sampler_engine(
 ) -> Path:
     """Quantize ``graph`` (the float engine graph; its weights as external data in
     ``weights_dir``, or in the proto) to 8-bit weight-only, lower it into ``work_dir /
-    SAMPLER_ENGINE`` and return that directory (an engine directory ``OrtRunner`` loads).
-    Weights are read one at a time and written as external data."""
+    SAMPLER_ENGINE`` and return that directory (an engine directory ``OrtRunner`` loads), on
+    the kernels an engine built on this host runs (``llmc::BlockInt8MatMul`` and llmc's norms
+    where the host has them, as ``host.plan_cpu``). Weights are read one at a time and written
+    as external data."""
     model = load_float_graph(weights_dir) if weights_dir else ir.from_proto(graph)
     GraphQuantizer(model, QuantSpec(quant=WEIGHT_ONLY8)).finish()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -50,5 +55,7 @@ def write_sampler_engine(
         threads,
         session_config=dict(FORMATS[WEIGHT_ONLY8].ort_session_config),
         external_data_dir=work_dir,
+        block_int8=block_int8_matmul_isa(detect_host_isa().features) is not None,
+        llmc_norms=ort_op.library_path() is not None,
     )
     return engine_dir
