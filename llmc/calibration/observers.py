@@ -37,8 +37,9 @@ class TensorStats:
         channel_abssum: [C] float64, sum of |x| per channel over ``rows`` rows.
         rows: rows seen.
         sample: [min(rows, R), C] float32, a uniform sample of the rows.
-        gram: [C, C] X^T X over all rows (float64; float32 when loaded from the cache), or
-            None when not collected.
+        gram: [C, C] X^T X over all rows (float64 while collected; float32 once a segment is
+            done, as the cache stores it: ``stats_cache.as_stored``), or None when not
+            collected.
     """
 
     channel_absmax: np.ndarray

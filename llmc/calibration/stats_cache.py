@@ -113,6 +113,16 @@ def stats_bytes(stats: dict[str, TensorStats]) -> int:
     return total
 
 
+def as_stored(stats: dict[str, TensorStats]) -> dict[str, TensorStats]:
+    """``stats`` as ``save_stats`` stores them (Gram matrices rounded to float32), so that a
+    build that calibrates quantizes from the very numbers a build reading the cache gets: GPTQ
+    from a float64 Gram matrix rounds a weight now and then to the other grid point."""
+    return {
+        k: s if s.gram is None else replace(s, gram=s.gram.astype(np.float32))
+        for k, s in stats.items()
+    }
+
+
 def save_stats(stats: dict[str, TensorStats], path: Path) -> None:
     """Write ``stats`` to ``path`` (.npz) atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)

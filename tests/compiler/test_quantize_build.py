@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import OP_TYPE as BLOCK_INT8
@@ -117,9 +119,20 @@ def test_second_build_reuses_cached_statistics(setup):
     assert not any(s.startswith("calibrate") for s in second.stages)
     uses = [read_manifest(r.engine_dir).quantization["spec"]["calibration"] for r in (a, b)]
     assert [u["cache"] for u in uses] == ["saved", "read"]
+    # The build that read the statistics is the build that saved them: same weights, same report.
+    weights = [_initializers(r.engine_dir / "engine.onnx") for r in (a, b)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(np.array_equal(weights[0][k], weights[1][k]) for k in weights[0])
+    reports = [read_manifest(r.engine_dir).accuracy_report for r in (a, b)]
+    assert reports[0]["perplexity"] == reports[1]["perplexity"]
     third = RecordingProgress()
     build(_config(root, ckpt, data, "int8", "c", calib_method="mse", **cache), third)
     assert any(s.startswith("calibrate") for s in third.stages)
+
+
+def _initializers(path) -> dict[str, np.ndarray]:
+    model = onnx.load(str(path))
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
 
 
 def test_bad_calibration_file_fails_before_any_work(setup, tmp_path):

@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from llmc.calibration.data import TextSampler
-from llmc.calibration.stats_cache import StatsCache
+from llmc.calibration.stats_cache import StatsCache, as_stored
 from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.front import family_of
@@ -268,11 +268,14 @@ def _scoring_title(target, anchors) -> str:
 
 def _calibrate(runner, tensors, windows, gram_keys, cache, progress):
     """(segment, statistics) of each calibrated segment of ``runner`` (a ``LayerwiseRunner``),
-    saved to ``cache`` as they come; the cache is marked complete after the last."""
+    as the cache stores them (``as_stored``: a build that reads them quantizes the same), saved
+    to ``cache`` as they come; the cache is marked complete after the last."""
     from llmc.calibration.collect import collect_by_segment
 
     parts = collect_by_segment(runner, tensors, windows, progress, gram_keys=gram_keys)
-    for segment, stats in parts:
+    for segment, collected in parts:
+        stats = as_stored(collected)
+        del collected
         cache.save(segment, stats)
         yield segment, stats
         del stats  # not held while the next segment runs
