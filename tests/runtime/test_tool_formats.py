@@ -256,7 +256,7 @@ def test_required_native_calls_parse_validate_and_stream_alike(native_server):
     for seed in range(3):
         choice = client.chat.completions.create(
             model="tiny", messages=HISTORY, tools=TOOLS, tool_choice="required",
-            parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=80,
+            parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=120,
         ).choices[0]  # fmt: skip
         assert choice.finish_reason == "tool_calls", choice.message
         (call,) = choice.message.tool_calls
