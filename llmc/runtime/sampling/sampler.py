@@ -31,7 +31,7 @@ class Sampler:
     needs a sort, done only for rows that set top_p < 1), then sampled by inverse transform
     (``categorical.sample_categorical``): one float64 uniform per row, which each row draws
     from its own generator, found in the row's cumulative probabilities (vLLM's exponential
-    race draws V numbers per row; on a CPU that cost more than the model step at V = 262,144).
+    race draws V numbers per row; on a CPU that cost about a model step at V = 262,144).
 
     How a row is processed depends only on its own parameters and tokens, and a seeded row draws
     its noise from its own generator, so a request with a seed gets the same tokens whatever it
