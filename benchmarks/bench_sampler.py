@@ -65,6 +65,8 @@ def generate_tok_s(engine_dir: Path, requests: int, new_tokens: int) -> float:
 
 
 def main() -> None:
+    """Print the host, the median ``Sampler`` step (ms, [--rows, --vocab] float32 logits, shared
+    generator and a seed per request) and, with ``--engine``, sampled ``LLM.generate`` tok/s."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", type=Path, help="also time LLM.generate on this engine")
     parser.add_argument("--rows", type=int, default=16)
