@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmc.cache_home import cache_home
+
 # Canonical feature names, as recorded in an engine manifest's `isa`.
 FEATURES = ("amx", "avx2", "avx512", "avx512-bf16", "avx512-vnni", "neon")
 
@@ -186,7 +188,7 @@ def _probe_binary() -> Path:
     if compiler is None:
         raise RuntimeError("gcc not found")
     key = hashlib.sha256("\0".join((PROBE_SOURCE, *_COMPILE_FLAGS)).encode()).hexdigest()[:16]
-    cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmc"
+    cache_dir = cache_home()
     target = cache_dir / f"isa-probe-{key}"
     if target.exists():
         return target

@@ -120,7 +120,9 @@ def test_tensor_names_the_exporter_swaps_are_matched_by_value(engines, tmp_path)
     layer_types = ["sliding_attention", "full_attention"]
 
     def run(seed: int, *args: str) -> str:
-        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        # A cache of its own per seed: a cached export keeps the names of the seed that made it.
+        cache = {"XDG_CACHE_HOME": str(tmp_path / f"cache-{seed}")}
+        env = {**os.environ, "PYTHONHASHSEED": str(seed), **cache}
         proc = subprocess.run(
             [sys.executable, *args], env=env, capture_output=True, text=True, timeout=300
         )

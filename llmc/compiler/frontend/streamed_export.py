@@ -1,7 +1,8 @@
 """The float engine graph of a checkpoint, written without loading the checkpoint.
 
 Method: the model is built on the meta device (shapes, no values), exported with plugin nodes as
-usual (``export.export_ir``), and each graph initializer is then bound to its tensor in the
+usual (``export.export_ir``; read from ``export_cache`` when this config was exported before by this
+code), and each graph initializer is then bound to its tensor in the
 checkpoint (``checkpoint_weights``: a safetensors file's bytes; ``gguf_weights``: a GGUF tensor
 dequantized when read, as transformers converts it); the graph passes rewrite structure and leave
 weights unread (``passes/weight_transpose.py``, the lazy concatenation of ``parallel_matmul``), and
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from llmc.compiler.frontend.export_cache import cached_export
 from llmc.compiler.frontend.gguf_weights import can_stream_gguf, index_gguf
 from llmc.compiler.frontend.model_source import ModelSource
 from llmc.compiler.weights.checkpoint_weights import bind_initializers, index_safetensors
@@ -100,7 +102,9 @@ def write_float_graph(
     from llmc.compiler.passes import run_passes
 
     with stage("export to ONNX"):
-        model = export_ir(meta.model, block_size=block_size, lora=lora)
+        model = cached_export(
+            meta.model, block_size, lora, lambda: export_ir(meta.model, block_size, lora)
+        )
         if src.gguf_file is not None:
             index = index_gguf(src.directory / src.gguf_file, meta.model)
         else:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llmc.cache_home import cache_home
 from llmc.engine.kv_cache import NUMPY_DTYPES
 from llmc.engine.plugin import FPMATH_MODES, KernelArguments, PluginInputs, plugin_kernel
 from llmc.plugins.sources import COMPILE_FLAGS, KERNEL_HASHED, KERNEL_SOURCES
@@ -112,7 +113,7 @@ def _compile(source_sha256: str) -> Path:
     """Compile the kernel's sources into one library in the cache dir, keyed by their digest and
     the flags; return its path."""
     key = hashlib.sha256(" ".join((source_sha256, *COMPILE_FLAGS)).encode()).hexdigest()[:16]
-    cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmc"
+    cache_dir = cache_home()
     target = cache_dir / f"paged_attention_cpu-{key}.so"
     if target.exists():
         return target
