@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmc.compiler.frontend.checkpoint_config import check_gguf_config, check_safetensors_config
+from llmc.compiler.frontend.gguf_conversion import gguf_tokenizer
 from llmc.compiler.frontend.gguf_file import check_gguf
 from llmc.compiler.frontend.model_dims import ModelDims, gguf_dims, read_config_dims
 from llmc.compiler.weights.safetensors_header import read_safetensors_headers
@@ -145,12 +146,17 @@ def load_model(src: ModelSource, dtype: str = "float32"):
     return model.eval()
 
 
-def load_tokenizer(src: ModelSource):
-    """Load the HF tokenizer that belongs to the checkpoint (from the GGUF file if there is one)."""
+def load_tokenizer(src: ModelSource, digest: str | None = None):
+    """Load the HF tokenizer that belongs to the checkpoint (from the GGUF file if there is one:
+    through the conversion cache, ``gguf_conversion``, when the file's sha256 ``digest`` is
+    given)."""
     from transformers import AutoTokenizer
 
-    kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(str(src.directory), **kwargs)
+    if src.gguf_file and digest is not None:
+        tokenizer = gguf_tokenizer(src.directory, src.gguf_file, digest)
+    else:
+        kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(str(src.directory), **kwargs)
     if src.alias is not None and src.alias.chat_template and not tokenizer.chat_template:
         tokenizer.chat_template = src.alias.chat_template
     return tokenizer

@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from llmc.compiler.frontend.export_cache import cached_export
+from llmc.compiler.frontend.gguf_conversion import gguf_config
 from llmc.compiler.frontend.gguf_weights import can_stream_gguf, index_gguf
 from llmc.compiler.frontend.model_source import ModelSource
 from llmc.compiler.weights.checkpoint_weights import bind_initializers, index_safetensors
@@ -53,10 +54,11 @@ def can_stream(src: ModelSource) -> bool:
     return bool(src.weight_files)
 
 
-def meta_model(src: ModelSource) -> MetaModel:
+def meta_model(src: ModelSource, digest: str | None = None) -> MetaModel:
     """Build ``src``'s model with parameters on the meta device and llmc's attention routing;
     buffers are computed on CPU first and returned beside it. The config is the one
-    ``from_pretrained`` reads (a GGUF file's metadata for a GGUF file)."""
+    ``from_pretrained`` reads (a GGUF file's metadata for a GGUF file: through the conversion
+    cache, ``gguf_conversion``, when the file's sha256 ``digest`` is given)."""
     import torch
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
@@ -64,7 +66,10 @@ def meta_model(src: ModelSource) -> MetaModel:
     from llmc.compiler.frontend.attention import register_attention
 
     gguf = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-    config = AutoConfig.from_pretrained(str(src.directory), **gguf)
+    if gguf and digest is not None:
+        config = gguf_config(src.directory, src.gguf_file, digest)
+    else:
+        config = AutoConfig.from_pretrained(str(src.directory), **gguf)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(
             config, dtype=torch.float32, attn_implementation=register_attention()

@@ -57,7 +57,8 @@ def resolve(options: SourceOptions, stage: Stage = no_stage) -> ResolvedModel:
     ModelSourceError for a bad path or alias."""
     with stage("resolve model"):
         src = resolve_model(options.model)
-        return ResolvedModel(src, load_tokenizer(src), sha256_files(src.weight_files))
+        digest = sha256_files(src.weight_files)
+        return ResolvedModel(src, load_tokenizer(src, digest), digest)
 
 
 def load(
@@ -70,7 +71,7 @@ def load(
     meta = None
     with stage("load weights"):
         if memory is not None and memory.streamed:
-            meta = meta_model(resolved.source)
+            meta = meta_model(resolved.source, resolved.checkpoint_digest)
             model = meta.model
         else:
             model = load_model(resolved.source, "float32")

@@ -1,0 +1,130 @@
+"""The config and tokenizer transformers converts from a GGUF file's metadata, kept as a Hugging
+Face directory per file.
+
+transformers reads a GGUF file's metadata with the ``gguf`` package's reader, one NumPy view per
+array element: Gemma 3 270M's 262,144-token vocabulary takes 40-60 s on a 2-core host, once for
+the tokenizer and once more for the config, in every build of the file. The conversion is a
+function of the file's bytes and of transformers and tokenizers, so it is kept under
+``cache_home()/gguf/KEY`` (``config/``, ``tokenizer/``: ``save_pretrained``'s files, the same files
+an engine directory carries) with KEY a SHA-256 of the file's digest and both versions. A build
+of a file converted before reads them back (the 270M's tokenizer: 11 s against 83 s). A part is
+kept only when it loads back the same (config fields; tokenizer vocabulary, special tokens, chat
+template and the ids of probe texts), under a temporary name renamed when complete, so a
+concurrent build never reads half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from llmc.cache_home import cache_home
+
+#: The packages whose code converts the metadata.
+CONVERTING_PACKAGES = ("transformers", "tokenizers")
+
+
+def gguf_tokenizer(directory: Path, gguf_file: str, digest: str, root: Path | None = None) -> Any:
+    """The tokenizer ``AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)`` gives,
+    read from the conversion cache (``root``, default ``cache_home() / "gguf"``) when the file of
+    sha256 ``digest`` was converted before, else converted and kept there. Raises what
+    transformers raises for a file it cannot convert; OSError when the cache cannot be written."""
+    from transformers import AutoTokenizer
+
+    tokenizer = _converted(
+        conversion_dir(digest, root) / "tokenizer",
+        lambda: AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file),
+        AutoTokenizer.from_pretrained,
+        _same_tokenizer,
+    )
+    tokenizer.name_or_path = str(directory)  # as loaded from the file, not the cache
+    return tokenizer
+
+
+def gguf_config(directory: Path, gguf_file: str, digest: str, root: Path | None = None) -> Any:
+    """The config ``AutoConfig.from_pretrained(directory, gguf_file=gguf_file)`` gives, cached as
+    ``gguf_tokenizer`` caches the tokenizer."""
+    from transformers import AutoConfig
+
+    config = _converted(
+        conversion_dir(digest, root) / "config",
+        lambda: AutoConfig.from_pretrained(str(directory), gguf_file=gguf_file),
+        AutoConfig.from_pretrained,
+        _same_config,
+    )
+    config._name_or_path = str(directory)  # as loaded from the file, not the cache
+    return config
+
+
+def conversion_dir(digest: str, root: Path | None = None) -> Path:
+    """``root / KEY`` (``root`` default ``cache_home() / "gguf"``): KEY the SHA-256 of the GGUF
+    file's ``digest`` and the versions of ``CONVERTING_PACKAGES``."""
+    root = cache_home() / "gguf" if root is None else root
+    versions = [f"{name}=={metadata.version(name)}" for name in CONVERTING_PACKAGES]
+    return root / hashlib.sha256("\0".join([digest, *versions]).encode()).hexdigest()
+
+
+def _converted(
+    part: Path,
+    convert: Callable[[], Any],
+    read: Callable[[str], Any],
+    agree: Callable[[Any, Any], bool],
+) -> Any:
+    """``read(part)`` when ``part`` was kept, else ``convert()``, kept in ``part`` when what
+    ``read`` gives back ``agree``s with it (a conversion whose ``save_pretrained`` files do not
+    load back the same, as a synthetic BPE vocabulary in Gemma's tokenizer class, is returned
+    and not kept: the next build converts it again)."""
+    if part.is_dir():
+        return read(str(part))
+    converted = convert()
+    partial = part.with_name(f"{part.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    converted.save_pretrained(str(partial))
+    if not agree(converted, read(str(partial))):
+        shutil.rmtree(partial, ignore_errors=True)
+        return converted
+    try:
+        os.replace(partial, part)
+    except OSError:  # another build renamed its copy first: keep that one
+        shutil.rmtree(partial, ignore_errors=True)
+    return read(str(part))
+
+
+#: Texts both tokenizers must encode alike: words, runs of spaces, tabs and newlines, digits,
+#: accents, code, and every special token.
+_PROBES = ("The capital of France is", "  two  spaces\tand a tab\n\n", "ünïcödé 12345", "def f(x):")
+
+
+def _same_tokenizer(converted: Any, read: Any) -> bool:
+    """Whether ``read`` tokenizes as ``converted``: the same class, vocabulary, special tokens
+    and chat template, and the same ids and decoded text for ``_PROBES`` and the special
+    tokens."""
+    if type(read) is not type(converted) or read.get_vocab() != converted.get_vocab():
+        return False
+    if read.all_special_tokens != converted.all_special_tokens:
+        return False
+    if read.chat_template != converted.chat_template:
+        return False
+    texts = [*_PROBES, " ".join(converted.all_special_tokens)]
+    try:
+        ids = [read(text).input_ids for text in texts]
+        decoded = [read.decode(i) for i in ids]
+    except Exception:  # noqa: BLE001 - any failure of the reloaded tokenizer means "not the same"
+        return False
+    return ids == [converted(t).input_ids for t in texts] and decoded == [
+        converted.decode(i) for i in ids
+    ]
+
+
+def _same_config(converted: Any, read: Any) -> bool:
+    """Whether ``read`` is ``converted``: the same class and fields but the directory's name."""
+
+    def fields(config: Any) -> dict:
+        return {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}
+
+    return type(read) is type(converted) and fields(read) == fields(converted)
