@@ -1,9 +1,9 @@
 """The float engine graph of a checkpoint, written without loading the checkpoint.
 
 Method: the model is built on the meta device (shapes, no values), exported with plugin nodes as
-usual (``export.export_ir``; read from ``export_cache`` when this config was exported before by this
-code), and each graph initializer is then bound to its tensor in the
-checkpoint (``checkpoint_weights``: a safetensors file's bytes; ``gguf_weights``: a GGUF tensor
+usual (``export.export_ir``; read from ``export_cache`` when this code exported this config
+before), and each graph initializer is then bound to its tensor in the checkpoint
+(``checkpoint_weights``: a safetensors file's bytes; ``gguf_weights``: a GGUF tensor
 dequantized when read, as transformers converts it); the graph passes rewrite structure and leave
 weights unread (``passes/weight_transpose.py``, the lazy concatenation of ``parallel_matmul``), and
 ``onnx_ir.save`` writes the graph with its weights as external data, a bounded number of tensors in
