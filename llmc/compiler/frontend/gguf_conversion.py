@@ -37,14 +37,8 @@ def gguf_tokenizer(directory: Path, gguf_file: str, digest: str, root: Path | No
     transformers raises for a file it cannot convert; OSError when the cache cannot be written."""
     from transformers import AutoTokenizer
 
-    tokenizer = _converted(
-        conversion_dir(digest, root) / "tokenizer",
-        lambda: AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file),
-        AutoTokenizer.from_pretrained,
-        _same_tokenizer,
-    )
-    tokenizer.name_or_path = str(directory)  # as loaded from the file, not the cache
-    return tokenizer
+    part = conversion_dir(digest, root) / "tokenizer"
+    return _converted(AutoTokenizer, directory, gguf_file, part, _same_tokenizer)
 
 
 def gguf_config(directory: Path, gguf_file: str, digest: str, root: Path | None = None) -> Any:
@@ -52,14 +46,8 @@ def gguf_config(directory: Path, gguf_file: str, digest: str, root: Path | None 
     ``gguf_tokenizer`` caches the tokenizer."""
     from transformers import AutoConfig
 
-    config = _converted(
-        conversion_dir(digest, root) / "config",
-        lambda: AutoConfig.from_pretrained(str(directory), gguf_file=gguf_file),
-        AutoConfig.from_pretrained,
-        _same_config,
-    )
-    config._name_or_path = str(directory)  # as loaded from the file, not the cache
-    return config
+    part = conversion_dir(digest, root) / "config"
+    return _converted(AutoConfig, directory, gguf_file, part, _same_config)
 
 
 def conversion_dir(digest: str, root: Path | None = None) -> Path:
@@ -71,29 +59,37 @@ def conversion_dir(digest: str, root: Path | None = None) -> Path:
 
 
 def _converted(
-    part: Path,
-    convert: Callable[[], Any],
-    read: Callable[[str], Any],
-    agree: Callable[[Any, Any], bool],
+    auto: Any, directory: Path, gguf_file: str, part: Path, agree: Callable[[Any, Any], bool]
 ) -> Any:
-    """``read(part)`` when ``part`` was kept; else ``convert()``, kept in ``part`` for the next
-    build when what ``read`` gives back from its ``save_pretrained`` files ``agree``s with it. A
-    conversion that does not load back the same (a synthetic BPE vocabulary in Gemma's tokenizer
-    class) is returned and not kept: the next build converts it again."""
+    """``auto.from_pretrained(part)`` (``auto``: ``AutoConfig`` or ``AutoTokenizer``) when
+    ``part`` was kept; else the conversion ``auto.from_pretrained(directory, gguf_file=...)``,
+    kept in ``part`` for the next build when what its ``save_pretrained`` files load back as
+    ``agree``s with it. A conversion that does not load back the same (a synthetic BPE
+    vocabulary in Gemma's tokenizer class) is returned and not kept: the next build converts it
+    again. Either way the result is named after ``directory``, as the file's own load is."""
     if part.is_dir():
-        return read(str(part))
-    converted = convert()
+        result = auto.from_pretrained(str(part))
+    else:
+        result = auto.from_pretrained(str(directory), gguf_file=gguf_file)
+        _keep(result, part, lambda path: agree(result, auto.from_pretrained(str(path))))
+    result.name_or_path = str(directory)
+    return result
+
+
+def _keep(converted: Any, part: Path, loads_back: Callable[[Path], bool]) -> None:
+    """Save ``converted`` to ``part`` under a temporary name, renamed into place when
+    ``loads_back`` says its files give it back; removed otherwise, or when another build renamed
+    its copy first."""
     partial = part.with_name(f"{part.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     converted.save_pretrained(str(partial))
-    if not agree(converted, read(str(partial))):
+    if not loads_back(partial):
         shutil.rmtree(partial, ignore_errors=True)
-        return converted
+        return
     try:
         os.replace(partial, part)
     except OSError:  # another build renamed its copy first: keep that one
         shutil.rmtree(partial, ignore_errors=True)
-    return converted
 
 
 #: Texts both tokenizers must encode alike: words, runs of spaces, tabs and newlines, digits,
