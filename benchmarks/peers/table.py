@@ -1,7 +1,10 @@
 """Print the Markdown table of a run_all.sh output directory: per system, S1 TTFT ms, S1 decode
 tok/s, S16 total output tok/s and S16 mean TTFT ms.
 
-    python benchmarks/peers/table.py OUT_DIR
+    python benchmarks/peers/table.py OUT_DIR [OUT_DIR ...]
+
+With several output directories (runs of run_all.sh), each cell is the median of the runs' cells,
+their values in brackets, and the bars are judged on the medians.
 
 ``llmc bench`` JSON pairs (``NAME_c1.json``, ``NAME_c16.json``: llmc engines and llama.cpp)
 give S1 decode as 1000 / mean TPOT; OpenVINO GenAI's JSON (``openvino_*.json``) as measured by
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -29,9 +33,8 @@ def bench_row(c1: dict, c16: dict) -> tuple[float, float, float, float]:
     )
 
 
-def main() -> None:
-    """Print the table."""
-    out = Path(sys.argv[1])
+def rows_of(out: Path) -> list[tuple[str, tuple[float, ...]]]:
+    """Per system of one run_all.sh output directory: (name, its four cells)."""
     rows = []
     for c1_path in sorted(out.glob("*_c1.json")):
         name = c1_path.name.removesuffix("_c1.json")
@@ -50,17 +53,51 @@ def main() -> None:
             rows.append(
                 (f"{path.stem} LLMPipeline", (llm["mean_ttft_ms"], llm["decode_tok_s"], nan, nan))
             )
-    host = (out / "host.txt").read_text().splitlines()[0] if (out / "host.txt").exists() else ""
+    return rows
+
+
+def median_rows(runs: list[list[tuple[str, tuple[float, ...]]]]) -> list[tuple[str, tuple]]:
+    """Per system present in every run: the median of each cell over the runs, and the runs'
+    own cells (a column's median is taken on its own, as the bars compare columns)."""
+    names = [n for n, _ in runs[0] if all(n in dict(r) for r in runs)]
+    out = []
+    for name in names:
+        cells = list(zip(*(dict(r)[name] for r in runs), strict=True))
+        out.append((name, tuple(statistics.median(c) for c in cells), cells))
+    return out
+
+
+def main() -> None:
+    """Print the table of one output directory, or of several runs' medians."""
+    dirs = [Path(a) for a in sys.argv[1:]]
+    runs = [rows_of(d) for d in dirs]
+    host = (
+        (dirs[0] / "host.txt").read_text().splitlines()[0]
+        if (dirs[0] / "host.txt").exists()
+        else ""
+    )
     print(f"Host: {host}\n")
+    if len(runs) > 1:
+        print(f"Medians of {len(runs)} runs, each run's value in brackets.\n")
     print("| system | S1 TTFT ms | S1 decode tok/s | S16 total tok/s | S16 mean TTFT ms |")
     print("|---|---|---|---|---|")
-    for name, (ttft, decode, total, mean_ttft) in rows:
-        cells = (f"{ttft:.0f}", f"{decode:.1f}", f"{total:.0f}", f"{mean_ttft:.0f}")
-        print(f"| {name} | " + " | ".join(c if c != "nan" else "" for c in cells) + " |")
+    rows = median_rows(runs)
+    for name, medians, cells in rows:
+        text = []
+        for col, (m, each) in enumerate(zip(medians, cells, strict=True)):
+            fmt = "{:.1f}" if col == 1 else "{:.0f}"
+            if math.isnan(m):
+                text.append("")
+            elif len(runs) > 1:
+                text.append(f"{fmt.format(m)} [{', '.join(fmt.format(v) for v in each)}]")
+            else:
+                text.append(fmt.format(m))
+        print(f"| {name} | " + " | ".join(text) + " |")
     print()
-    for line in against_peers([r for r in rows if not r[0].endswith(AGAIN)]):
+    plain = [(name, medians) for name, medians, _ in rows]
+    for line in against_peers([r for r in plain if not r[0].endswith(AGAIN)]):
         print(line)
-    for line in drift(rows):
+    for line in drift(plain):
         print(line)
 
 
@@ -80,7 +117,7 @@ def drift(rows: list[tuple[str, tuple[float, ...]]]) -> list[str]:
     return lines
 
 
-#: Issue 21's bars: (column, higher is better, the ratio llmc's best must reach).
+#: The bars of llmc's CPU lead: (column, higher is better, the ratio llmc's best must reach).
 BARS = (
     ("S1 TTFT", False, 0.8),
     ("S1 decode", True, 1.2),

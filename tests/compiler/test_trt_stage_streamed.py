@@ -6,6 +6,7 @@ none; and the streamed lowering reads no weight."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from llmc.compiler.backends.tensorrt import backend as trt_backend
 from llmc.compiler.backends.tensorrt.finish import TensorRTUnavailableError
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
+from llmc.compiler.frontend import export_cache
 from llmc.compiler.memory import plan as memory_plan
 from llmc.compiler.quantize.formats.int8_weights import (
     blockwise_int8_to_per_channel,
@@ -41,6 +43,18 @@ class StageNames:
     def stage(self, name: str):
         self.names.append(name)
         yield lambda done, total: None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def exports_of_this_process(tmp_path_factory) -> Iterator[Path]:
+    """The export cache of this module's process alone: a tiny Gemma 3's exported value names
+    follow the exporting process's hash seed (its RoPE tables are built in ``set`` order), so a
+    streamed build reading an export another process cached would name values other than this
+    process's in-memory build does."""
+    root = tmp_path_factory.mktemp("cache_home")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(export_cache, "cache_home", lambda: root)
+        yield root
 
 
 @pytest.fixture(scope="module")

@@ -112,19 +112,28 @@ def run_alone(engine: LLMEngine, prompt_ids: list[list[int]]) -> list[list[int]]
     return outs
 
 
+def hf_greedy(hf_model, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """HF's NEW_TOKENS greedy tokens after each prompt, every prompt in one left-padded batch
+    (one batched ``generate`` is about a quarter of the time of eight single-prompt ones)."""
+    width = max(map(len, prompt_ids))
+    padded = [[0] * (width - len(ids)) + ids for ids in prompt_ids]
+    mask = [[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids]
+    with torch.inference_mode():
+        out = hf_model.generate(
+            torch.tensor(padded),
+            attention_mask=torch.tensor(mask),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[:, width:].tolist()
+
+
 def test_greedy_matches_hf_and_in_flight_batching(engine, hf_model, prompt_ids, alone):
     tok = engine.tokenizer
     ours = alone
-    theirs = []
-    with torch.inference_mode():
-        for ids in prompt_ids:
-            out = hf_model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-            )
-            theirs.append(out[0, len(ids) :].tolist())
+    theirs = hf_greedy(hf_model, prompt_ids)
     full = sum(a == b for a, b in zip(ours, theirs, strict=True))
     assert full >= 7, [(tok.decode(a), tok.decode(b)) for a, b in zip(ours, theirs, strict=True)]
     for a, b in zip(ours, theirs, strict=True):
