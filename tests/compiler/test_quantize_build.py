@@ -86,6 +86,11 @@ def test_quantized_build_records_report_and_serves(setup, quant):
     assert weight_only8 > 0
     assert ops.count(BLOCK_INT8) == (weight_only8 if kernel_isa else 0)
     assert kernel_isa is None or kernel_isa in m.isa  # the engine requires what its kernel needs
+    # the record and the build's summary say which of ORT's fused nodes run on llmc's kernel
+    runs_as = {BLOCK_INT8: ops.count(BLOCK_INT8)} if kernel_isa else {}
+    assert q["fast_path"]["MatMulNBits"].get("runs_as", {}) == runs_as
+    said = f"(engine.onnx runs {ops.count(BLOCK_INT8)} as {BLOCK_INT8})"
+    assert (said in result.format()) == bool(kernel_isa)
     out = LLM(result.engine_dir).generate(
         ["ROMEO:"], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     )

@@ -30,7 +30,7 @@ class BuildResult:
         if self.quantization is not None:
             counts = ", ".join(f"{k}={v}" for k, v in self.quantization["counts"].items())
             fast = ", ".join(
-                f"{op} {r['found']}/{r['expected']}"
+                f"{op} {r['found']}/{r['expected']}" + _runs_as(r.get("runs_as", {}))
                 for op, r in self.quantization.get("fast_path", {}).items()
             )
             recipe = self.quantization.get("spec", {}).get("recipe")
@@ -53,3 +53,10 @@ class BuildResult:
             entry = self.registry_entry
             lines.append(f"published: {entry.model_id}@{entry.short_id} in {self.registry}")
         return "\n".join(lines)
+
+
+def _runs_as(kernels: dict[str, int]) -> str:
+    """`` (engine.onnx runs 73 as BlockInt8MatMul)`` for a fused kernel llmc's replaces."""
+    if not kernels:
+        return ""
+    return " (engine.onnx runs " + ", ".join(f"{n} as {op}" for op, n in kernels.items()) + ")"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import OP_TYPE as BLOCK_INT8
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.errors import LlmcError
+
+#: ORT's fused kernel whose nodes the single graph may run on an llmc kernel instead.
+RUNS_AS = {"MatMulNBits": BLOCK_INT8}
 
 
 class FastPathError(LlmcError):
@@ -16,7 +20,9 @@ def check_fast_path(quant: str, counts: dict[str, int], optimized_ops: dict[str,
     report label): each format's modules as its ``cpu_kernel`` (W8A8 int8 as
     MatMulIntegerToFloat, weight-only int4/int8 as MatMulNBits, FP8 as Q/DQ emulation: its
     activation QuantizeLinear nodes remain). Returns {op: {"expected", "found"}}, stored in the
-    manifest. Raises FastPathError when ORT did not fuse them all."""
+    manifest, with ``"runs_as": {llmc_op: n}`` where ``engine.onnx`` runs n of them on llmc's
+    kernel (``optimized_ops`` counts the single graph's llmc nodes: 8-bit MatMulNBits as
+    BlockInt8MatMul). Raises FastPathError when ORT did not fuse them all."""
     expected: dict[str, int] = {}
     for f in FORMATS.values():
         if f.cpu_kernel and counts.get(f.label):
@@ -25,6 +31,10 @@ def check_fast_path(quant: str, counts: dict[str, int], optimized_ops: dict[str,
         op: {"expected": n, "found": int(optimized_ops.get(op, 0))}
         for op, n in sorted(expected.items())
     }
+    for op, r in record.items():
+        llmc_op = RUNS_AS.get(op)
+        if llmc_op and optimized_ops.get(llmc_op):
+            r["runs_as"] = {llmc_op: int(optimized_ops[llmc_op])}
     short = {op: r for op, r in record.items() if r["found"] < r["expected"]}
     if short:
         detail = ", ".join(
