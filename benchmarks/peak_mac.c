@@ -1,8 +1,10 @@
 /* The multiply-accumulate ceiling of one core, for the roofline beside the GEMM tables:
- * float32 FMA on 256-bit vectors (10 independent chains) and exact 8-bit products the way
- * BlockInt8MatMul's AVX2 tiles form them (vpmaddubsw, vpmaddwd against ones, vpaddd; 8 chains).
+ * float32 FMA on 256-bit vectors (10 independent chains), exact 8-bit products the way
+ * BlockInt8MatMul's AVX2 tiles form them (vpmaddubsw, vpmaddwd against ones, vpaddd; 8 chains)
+ * and, built for a host with AVX-512 VNNI, the way its VNNI tiles do (vpdpbusd on 512-bit
+ * vectors, 10 chains, written in assembly so the compiler keeps every accumulator in a register).
  *
- *     gcc -O2 -mavx2 -mfma benchmarks/peak_mac.c -o /tmp/peak_mac
+ *     gcc -O2 -march=native benchmarks/peak_mac.c -o /tmp/peak_mac
  *     /tmp/peak_mac; (/tmp/peak_mac & /tmp/peak_mac; wait)   # one core, then both at once
  */
 #include <immintrin.h>
@@ -48,5 +50,28 @@ int main(void) {
     for (int i = 0; i < 8; i++) keep_i += _mm256_extract_epi32(acc_i[i], 0);
     printf("exact int8 (vpmaddubsw, vpmaddwd): %.2f GMAC/s per core (%d)\n",
            iters * 8.0 * 32 / t / 1e9, keep_i);
+#ifdef __AVX512VNNI__
+    __m512i v0 = _mm512_set1_epi32(1), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0,
+            v7 = v0, v8 = v0, v9 = v0;
+    const __m512i ua = _mm512_set1_epi8(3), sb = _mm512_set1_epi8(-2);
+    t = now();
+    for (long n = 0; n < 4 * iters; n++) {
+        __asm__ volatile(
+            "vpdpbusd %11, %10, %0\n\tvpdpbusd %11, %10, %1\n\tvpdpbusd %11, %10, %2\n\t"
+            "vpdpbusd %11, %10, %3\n\tvpdpbusd %11, %10, %4\n\tvpdpbusd %11, %10, %5\n\t"
+            "vpdpbusd %11, %10, %6\n\tvpdpbusd %11, %10, %7\n\tvpdpbusd %11, %10, %8\n\t"
+            "vpdpbusd %11, %10, %9"
+            : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3), "+v"(v4), "+v"(v5), "+v"(v6), "+v"(v7),
+              "+v"(v8), "+v"(v9)
+            : "v"(ua), "v"(sb));
+    }
+    t = now() - t;
+    __m512i sum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(v0, v1), v2),
+                                   _mm512_add_epi32(_mm512_add_epi32(v3, v4), v5));
+    sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_add_epi32(v6, v7),
+                                                 _mm512_add_epi32(v8, v9)));
+    printf("exact int8 (vpdpbusd, 512-bit): %.2f GMAC/s per core (%d)\n",
+           4 * iters * 10.0 * 64 / t / 1e9, _mm512_reduce_add_epi32(sum));
+#endif
     return 0;
 }
