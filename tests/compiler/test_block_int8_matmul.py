@@ -231,6 +231,7 @@ class _Weights(ctypes.Structure):
     _fields_ = [
         *((name, ctypes.c_int64) for name in ("k", "n", "block_size", "num_blocks", "num_panels")),
         *((name, ctypes.c_void_p) for name in ("codes", "sums", "scales")),
+        ("prefetch", ctypes.c_int),
     ]
 
 
@@ -296,9 +297,12 @@ def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: s
     np.testing.assert_allclose(out, gelu_tanh(gate) * up, rtol=2e-6, atol=1e-9)
 
 
-def _product(lib: ctypes.CDLL, m: int, k: int, n: int, block: int, gated: bool):
+def _product(
+    lib: ctypes.CDLL, m: int, k: int, n: int, block: int, gated: bool, prefetch: int | None = None
+):
     """Quantized rows (codes, scales) and the product of a seeded problem by ``lib``'s items;
-    ``gated``: the input is [gate | up] (I8MM_INPUT_GELU_TANH_GATE)."""
+    ``gated``: the input is [gate | up] (I8MM_INPUT_GELU_TANH_GATE); ``prefetch``: the tiles'
+    prefetch of the next panel forced on (1) or off (0), None: the host's choice."""
     rng = np.random.default_rng(m * 1000 + n)
     codes, scales = weights(rng, k, n, block)
     a = rng.standard_normal((m, 2 * k if gated else k)).astype(np.float32)
@@ -306,6 +310,8 @@ def _product(lib: ctypes.CDLL, m: int, k: int, n: int, block: int, gated: bool):
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     assert lib.i8mm_pack(ctypes.byref(w), ptr(codes.ctypes.data), ptr(scales.ctypes.data),
                          i64(k), i64(n), i64(block)) == 0  # fmt: skip
+    if prefetch is not None:
+        w.prefetch = prefetch
     qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
     y = np.full((m, n), np.nan, np.float32)
     lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), ctypes.c_int(int(gated)),
@@ -330,11 +336,13 @@ def test_portable_avx2_and_host_tiles_give_the_same_floats(tmp_path) -> None:
     libs = {march: kernel_library(tmp_path, march) for march in ("x86-64", "haswell", "native")}
     for m, k, n, block in ((1, 640, 200, 32), (7, 256, 136, 128), (16, 96, 5, 32), (6, 64, 70, 32)):
         qa, sa, y = _product(libs["x86-64"], m, k, n, block, gated=False)
-        for march in ("haswell", "native"):
-            qa2, sa2, y2 = _product(libs[march], m, k, n, block, gated=False)
+        # the host's tiles with and without their prefetch of the next panel (a CPU's choice)
+        runs = [("haswell", None), ("native", 0), ("native", 1)]
+        for march, prefetch in runs:
+            qa2, sa2, y2 = _product(libs[march], m, k, n, block, False, prefetch)
             np.testing.assert_array_equal(qa2, qa)
             np.testing.assert_array_equal(sa2, sa)
-            np.testing.assert_array_equal(y2, y, err_msg=f"{march}, m={m} n={n}")
+            np.testing.assert_array_equal(y2, y, err_msg=f"{march} {prefetch}, m={m} n={n}")
         assert not np.isnan(y).any()
     for m, n in ((1, 64), (8, 130)):
         haswell = _product(libs["haswell"], m, 128, n, 32, gated=True)

@@ -35,6 +35,7 @@ struct i8mm_weights {
   int8_t *codes;   /* [num_panels][k / 4][I8MM_PANEL][4]: qw - 128, zero past column n */
   int32_t *sums;   /* [num_blocks][num_panels * I8MM_PANEL]: 128 * sum of a block's codes */
   float *scales;   /* [num_blocks][num_panels * I8MM_PANEL]: sw, zero past column n */
+  int prefetch;    /* 1: the VNNI tiles prefetch the next panel (i8mm_pack: not on AMD) */
 };
 
 /* Repack MatMulNBits' 8-bit weight: b [n][k / block_size][block_size] uint8 codes (zero point

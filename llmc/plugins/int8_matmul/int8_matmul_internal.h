@@ -35,8 +35,9 @@
 #if I8MM_VNNI || I8MM_AVX2
 /* The same 256 bytes of the next panel, into L1: a thread runs panels in memory order, and on a
  * weight larger than L2 (a vocabulary projection) the first tile of each panel otherwise waits
- * on memory (measured: 1.24x on a [640, 262144] projection at M = 16, nothing lost at M = 128).
- * A prefetch past the last panel is dropped, never a fault. */
+ * on memory (measured on an Intel Xeon: 1.24x on a [640, 262144] projection at M = 16, nothing
+ * lost at M = 128; the VNNI tiles skip it where i8mm_prefetch_helps says it costs). A prefetch
+ * past the last panel is dropped, never a fault. */
 #define PREFETCH_NEXT_PANEL(p)                                  \
   do {                                                          \
     _mm_prefetch((const char *)(p), _MM_HINT_T0);               \
@@ -45,6 +46,9 @@
     _mm_prefetch((const char *)(p) + 192, _MM_HINT_T0);         \
   } while (0)
 #endif
+
+/* i8mm_weights.prefetch of this CPU (int8_matmul.c). */
+__attribute__((visibility("hidden"))) int i8mm_prefetch_helps(void);
 
 /* Bytes of one packed panel of a k-row weight: [k / 4][I8MM_PANEL][4] int8. */
 #define PANEL_BYTES(k) ((k) / 4 * I8MM_PANEL * 4)

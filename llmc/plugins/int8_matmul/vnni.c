@@ -45,10 +45,11 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
   }
 
 /* A tile of ROWS rows x one panel: per block, 4 x ROWS int32 accumulators in registers; the
- * float32 outputs wait in out (L1) between blocks. */
-#define DEFINE_TILE(ROWS)                                                                        \
-  static void tile_vnni_##ROWS(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, \
-                               int64_t m0, int64_t p, float *dst, int64_t ld) {                 \
+ * float32 outputs wait in out (L1) between blocks. NAME_pf prefetches the next panel as it
+ * goes, NAME does not (i8mm_weights.prefetch chooses). */
+#define DEFINE_TILE(ROWS, PREFETCH, NAME)                                                        \
+  static void NAME(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,             \
+                   int64_t m0, int64_t p, float *dst, int64_t ld) {                             \
     const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                              \
     const int64_t width = w->num_panels * I8MM_PANEL;                                            \
     const int8_t *panel = w->codes + p * PANEL_BYTES(k);                                         \
@@ -62,7 +63,7 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
       const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);                                \
       const uint8_t *ap = qa + m0 * k + g * bs;                                                  \
       for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {                   \
-        PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k));                                                \
+        if (PREFETCH) PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k));                                  \
         __m512i b0 = _mm512_load_si512(bp), b1 = _mm512_load_si512(bp + 64);                     \
         __m512i b2 = _mm512_load_si512(bp + 128), b3 = _mm512_load_si512(bp + 192);              \
         ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)                  \
@@ -84,12 +85,15 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
     }                                                                                            \
   }
 
-DEFINE_TILE(1)
-DEFINE_TILE(2)
-DEFINE_TILE(3)
-DEFINE_TILE(4)
-DEFINE_TILE(5)
-DEFINE_TILE(6)
+#define DEFINE_TILES(ROWS)                        \
+  DEFINE_TILE(ROWS, 0, tile_vnni_##ROWS)          \
+  DEFINE_TILE(ROWS, 1, tile_vnni_##ROWS##_pf)
+DEFINE_TILES(1)
+DEFINE_TILES(2)
+DEFINE_TILES(3)
+DEFINE_TILES(4)
+DEFINE_TILES(5)
+DEFINE_TILES(6)
 #endif
 
 static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
@@ -124,14 +128,15 @@ static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const
 static void tile_at(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
                     int64_t rows, int64_t p, float *dst, int64_t ld) {
 #if I8MM_VNNI
-  switch (rows) { /* one micro-kernel per row count */
-    case 6: tile_vnni_6(w, qa, sa, m0, p, dst, ld); return;
-    case 5: tile_vnni_5(w, qa, sa, m0, p, dst, ld); return;
-    case 4: tile_vnni_4(w, qa, sa, m0, p, dst, ld); return;
-    case 3: tile_vnni_3(w, qa, sa, m0, p, dst, ld); return;
-    case 2: tile_vnni_2(w, qa, sa, m0, p, dst, ld); return;
-    case 1: tile_vnni_1(w, qa, sa, m0, p, dst, ld); return;
-    default: break;
+  typedef void (*tile_fn)(const struct i8mm_weights *, const uint8_t *, const float *, int64_t,
+                          int64_t, float *, int64_t);
+  static const tile_fn tiles[2][I8MM_TILE_ROWS] = { /* one micro-kernel per row count */
+      {tile_vnni_1, tile_vnni_2, tile_vnni_3, tile_vnni_4, tile_vnni_5, tile_vnni_6},
+      {tile_vnni_1_pf, tile_vnni_2_pf, tile_vnni_3_pf, tile_vnni_4_pf, tile_vnni_5_pf,
+       tile_vnni_6_pf}};
+  if (rows >= 1 && rows <= I8MM_TILE_ROWS) {
+    tiles[w->prefetch != 0][rows - 1](w, qa, sa, m0, p, dst, ld);
+    return;
   }
 #elif I8MM_AVX2
   i8mm_tile_avx2(w, qa, sa, m0, rows, p, dst, ld);
