@@ -60,8 +60,8 @@ int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int
 
 /* Whether the VNNI tiles' software prefetch of the next panel pays on this CPU: on an Intel
  * Xeon (host C of benchmarks/RESULTS.md) the vocabulary projection at M = 16 ran 1.24x faster
- * with it; on an AMD EPYC Zen 4 (host A) 1.15-1.2x slower at M = 16 and 1.2-1.3x slower at
- * M = 1 (C harness over i8mm_item, one core), its hardware prefetcher streaming the panels
+ * with it; on an AMD EPYC Zen 4 (host A) 1.1-1.2x slower at M = 16 and 1.1-1.3x at M = 1
+ * (benchmarks/bench_int8_tiles.c, one core), its hardware prefetcher streaming the panels
  * better alone. */
 int i8mm_prefetch_helps(void) {
 #if defined(__x86_64__) || defined(__i386__)
