@@ -75,7 +75,7 @@ static void amx_block(const struct i8mm_weights *w, const int8_t *qa, int64_t m0
  * straight into dst at the last (no copying pass), rows below m and columns below n only. */
 static void amx_tile(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m,
                      int64_t m0, int64_t height, int64_t p, float *dst, int64_t ld) {
-  const int64_t nb = w->num_blocks, width = w->num_panels * I8MM_PANEL;
+  const int64_t nb = w->num_blocks;
   const int halves = p * I8MM_PANEL + 32 < w->n ? 2 : 1;
   const int64_t rows_out = m - m0 < height ? m - m0 : height;
   __mmask16 masks[4];
@@ -89,7 +89,7 @@ static void amx_tile(const struct i8mm_weights *w, const int8_t *qa, const float
   for (int64_t g = 0; g < nb; ++g) {
     for (int half = 0; half < halves; ++half)
       amx_block(w, qa, m0, p, half, g, (int)(height / 16), acc);
-    const float *scales = w->scales + g * width + p * I8MM_PANEL;
+    const float *scales = w->scales + PANEL_BLOCK(w, p, g);
     __m512 sw[4];
     for (int c = 0; c < 4; ++c) sw[c] = _mm512_load_ps(scales + 16 * c);
     const int first = g == 0, last = g + 1 == nb;

@@ -65,7 +65,6 @@ static inline __m256i dot4(__m256i a, __m256i w, __m256i w_abs, __m256i ones) {
   static void group_##ROWS(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,   \
                            int64_t m0, int64_t p, int64_t q, __m256 out[GROUP_ROWS][2]) {      \
     const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                            \
-    const int64_t width = w->num_panels * I8MM_PANEL;                                          \
     const int8_t *panel = w->codes + p * PANEL_BYTES(k) + q * QUARTER * 4;                     \
     enum { GROUP_HERE = ROWS };                                                                \
     const __m256i zero = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);                  \
@@ -80,7 +79,7 @@ static inline __m256i dot4(__m256i a, __m256i w, __m256i w_abs, __m256i ones) {
         __m256i abs0 = _mm256_abs_epi8(w0), abs1 = _mm256_abs_epi8(w1);                        \
         GROUP_STEP(0) GROUP_STEP(1) GROUP_STEP(2)                                              \
       }                                                                                        \
-      const float *scales = w->scales + g * width + p * I8MM_PANEL + q * QUARTER;              \
+      const float *scales = w->scales + PANEL_BLOCK(w, p, g) + q * QUARTER;              \
       __m256 scale0 = _mm256_load_ps(scales), scale1 = _mm256_load_ps(scales + 8);             \
       GROUP_FLUSH(0) GROUP_FLUSH(1) GROUP_FLUSH(2)                                             \
     }                                                                                          \
@@ -105,7 +104,6 @@ static void group(const struct i8mm_weights *w, const uint8_t *qa, const float *
 static void one_row(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
                     int64_t p, __m256 out[8]) {
   const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
-  const int64_t width = w->num_panels * I8MM_PANEL;
   const int8_t *panel = w->codes + p * PANEL_BYTES(k);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < nb; ++g) {
@@ -121,7 +119,7 @@ static void one_row(const struct i8mm_weights *w, const uint8_t *qa, const float
         ADD_TO(acc[c], dot4(av, wv, _mm256_abs_epi8(wv), ones));
       }
     }
-    const float *scales = w->scales + g * width + p * I8MM_PANEL;
+    const float *scales = w->scales + PANEL_BLOCK(w, p, g);
     __m256 row = _mm256_set1_ps(sa[m0 * nb + g]);
     for (int c = 0; c < 8; ++c)
       out[c] = _mm256_fmadd_ps(

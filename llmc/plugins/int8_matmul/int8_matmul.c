@@ -49,8 +49,9 @@ int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int
         panel[((i / 4) * I8MM_PANEL + c) * 4 + i % 4] = code;
         sum += code;
       }
-      sums[g * width + col] = 128 * sum;
-      packed_scales[g * width + col] = scales[col * num_blocks + g];
+      int64_t at = (p * num_blocks + g) * I8MM_PANEL + c; /* PANEL_BLOCK: w is not filled yet */
+      sums[at] = 128 * sum;
+      packed_scales[at] = scales[col * num_blocks + g];
     }
   }
   *w = (struct i8mm_weights){k, n, block_size, num_blocks, num_panels, codes, sums,

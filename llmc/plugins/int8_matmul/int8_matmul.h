@@ -33,8 +33,8 @@ enum { I8MM_OK = 0, I8MM_BAD_SHAPE = 1, I8MM_NO_MEMORY = 2 };
 struct i8mm_weights {
   int64_t k, n, block_size, num_blocks, num_panels;
   int8_t *codes;   /* [num_panels][k / 4][I8MM_PANEL][4]: qw - 128, zero past column n */
-  int32_t *sums;   /* [num_blocks][num_panels * I8MM_PANEL]: 128 * sum of a block's codes */
-  float *scales;   /* [num_blocks][num_panels * I8MM_PANEL]: sw, zero past column n */
+  int32_t *sums;   /* [num_panels][num_blocks][I8MM_PANEL]: 128 * sum of a block's codes */
+  float *scales;   /* [num_panels][num_blocks][I8MM_PANEL]: sw, zero past column n */
   int prefetch;    /* 1: the VNNI tiles prefetch the next panel (i8mm_pack: not on AMD) */
 };
 

@@ -51,7 +51,6 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
   static void NAME(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,             \
                    int64_t m0, int64_t p, float *dst, int64_t ld) {                             \
     const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                              \
-    const int64_t width = w->num_panels * I8MM_PANEL;                                            \
     const int8_t *panel = w->codes + p * PANEL_BYTES(k);                                         \
     enum { ROWS_HERE = ROWS };                                                                   \
     const __m512i zero = _mm512_setzero_si512();                                                 \
@@ -68,8 +67,8 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
         __m512i b2 = _mm512_load_si512(bp + 128), b3 = _mm512_load_si512(bp + 192);              \
         ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)                  \
       }                                                                                          \
-      const int32_t *sums = w->sums + g * width + p * I8MM_PANEL;                                \
-      const float *scales = w->scales + g * width + p * I8MM_PANEL;                              \
+      const int32_t *sums = w->sums + PANEL_BLOCK(w, p, g);                                      \
+      const float *scales = w->scales + PANEL_BLOCK(w, p, g);                                    \
       __m512i sum0 = _mm512_load_si512(sums), sum1 = _mm512_load_si512(sums + 16);               \
       __m512i sum2 = _mm512_load_si512(sums + 32), sum3 = _mm512_load_si512(sums + 48);          \
       __m512 scale0 = _mm512_load_ps(scales), scale1 = _mm512_load_ps(scales + 16);              \
@@ -99,7 +98,6 @@ DEFINE_TILES(6)
 static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
                           int64_t m0, int64_t rows, int64_t p, float *dst, int64_t ld) {
   const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
-  const int64_t width = w->num_panels * I8MM_PANEL;
   const int8_t *panel = w->codes + p * PANEL_BYTES(k);
   float out[I8MM_TILE_ROWS][I8MM_PANEL] = {{0}};
   for (int64_t g = 0; g < nb; ++g) {
@@ -111,8 +109,8 @@ static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const
         for (int c = 0; c < I8MM_PANEL; ++c) acc[r][c] += av * codes[c * 4];
       }
     }
-    const int32_t *sums = w->sums + g * width + p * I8MM_PANEL;
-    const float *scales = w->scales + g * width + p * I8MM_PANEL;
+    const int32_t *sums = w->sums + PANEL_BLOCK(w, p, g);
+    const float *scales = w->scales + PANEL_BLOCK(w, p, g);
     for (int64_t r = 0; r < rows; ++r) {
       float row_scale = sa[(m0 + r) * nb + g];
       for (int c = 0; c < I8MM_PANEL; ++c)
