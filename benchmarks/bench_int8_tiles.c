@@ -33,26 +33,27 @@ int main(int argc, char **argv) {
   uint8_t *b = malloc((size_t)(n * k));
   float *scales = malloc((size_t)(n * (k / BLOCK)) * sizeof *scales);
   float *a = malloc((size_t)(m * k) * sizeof *a);
-  uint8_t *qa = malloc((size_t)(m * k));
+  int8_t *qa = malloc((size_t)(m * k));
   float *sa = malloc((size_t)(m * (k / BLOCK)) * sizeof *sa);
+  int32_t *za = malloc((size_t)(m * (k / BLOCK)) * sizeof *za);
   float *y = malloc((size_t)(m * n) * sizeof *y);
-  if (!b || !scales || !a || !qa || !sa || !y) return 1;
+  if (!b || !scales || !a || !qa || !sa || !za || !y) return 1;
   srand(1);
   for (long i = 0; i < n * k; ++i) b[i] = (uint8_t)rand();
   for (long i = 0; i < n * (k / BLOCK); ++i) scales[i] = 0.01f;
   for (long i = 0; i < m * k; ++i) a[i] = (float)(rand() % 200 - 100) * 0.01f;
   struct i8mm_weights w;
   if (i8mm_pack(&w, b, scales, k, n, BLOCK) != I8MM_OK) return 1;
-  i8mm_quantize_rows(&w, a, I8MM_INPUT_PLAIN, 0, m, qa, sa);
+  i8mm_quantize_rows(&w, a, I8MM_INPUT_PLAIN, 0, m, qa, sa, za);
   long items = gated ? i8mm_gated_num_items(&w, m) : i8mm_num_items(&w, m);
   double best = 1e30;
   for (int pass = 0; pass < PASSES; ++pass) {
     double start = now();
     for (long i = 0; i < items; ++i) {
       if (gated)
-        i8mm_gated_item(&w, qa, sa, m, i, y);
+        i8mm_gated_item(&w, qa, sa, za, m, i, y);
       else
-        i8mm_item(&w, qa, sa, m, i, y);
+        i8mm_item(&w, qa, sa, za, m, i, y);
     }
     double seconds = now() - start;
     if (seconds < best) best = seconds;

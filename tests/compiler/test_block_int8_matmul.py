@@ -230,7 +230,7 @@ class _Weights(ctypes.Structure):
 
     _fields_ = [
         *((name, ctypes.c_int64) for name in ("k", "n", "block_size", "num_blocks", "num_panels")),
-        *((name, ctypes.c_void_p) for name in ("codes", "sums", "scales")),
+        *((name, ctypes.c_void_p) for name in ("codes", "scales")),
         ("prefetch", ctypes.c_int),
     ]
 
@@ -263,6 +263,34 @@ def packed_problem(lib: ctypes.CDLL, seed: int, m: int, k: int, n: int, block: i
     return w, codes, scales, a
 
 
+def quantized_rows(lib: ctypes.CDLL, w: _Weights, a: np.ndarray, block: int, gated: bool = False):
+    """``lib.i8mm_quantize_rows`` of every row of ``a``: (codes int8 [m, k], scales float32
+    [m, k / block], za int32 [m, k / block]), checked against the header's definition of za:
+    128 times the sum of a block's codes."""
+    m, k = a.shape[0], w.k
+    qa, sa = np.empty((m, k), np.int8), np.empty((m, k // block), np.float32)
+    za = np.empty((m, k // block), np.int32)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), ctypes.c_int(int(gated)), i64(0),
+                           i64(m), ptr(qa.ctypes.data), ptr(sa.ctypes.data),
+                           ptr(za.ctypes.data))  # fmt: skip
+    block_sums = qa.reshape(m, k // block, block).astype(np.int32).sum(axis=2)
+    np.testing.assert_array_equal(za, 128 * block_sums)
+    return qa, sa, za
+
+
+def run_items(lib: ctypes.CDLL, w: _Weights, qa, sa, za, n: int) -> np.ndarray:
+    """y [m, n] float32 from every ``lib.i8mm_item`` of the quantized rows."""
+    m = qa.shape[0]
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    y = np.full((m, n), np.nan, np.float32)
+    lib.i8mm_num_items.restype = ctypes.c_int64
+    for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
+        lib.i8mm_item(ctypes.byref(w), ptr(qa.ctypes.data), ptr(sa.ctypes.data),
+                      ptr(za.ctypes.data), i64(m), i64(item), ptr(y.ctypes.data))  # fmt: skip
+    return y
+
+
 @pytest.mark.parametrize("march", ["native", "x86-64"])
 def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: str) -> None:
     """The C kernel alone (ctypes), built for this host and for baseline x86-64 (its portable
@@ -273,16 +301,7 @@ def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: s
     m, k, n, block = 11, 384, 136, 128
     w, codes, scales, a = packed_problem(lib, 5, m, k, n, block)
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
-    y = np.full((m, n), np.nan, np.float32)
-    qa_ptr, sa_ptr = ptr(qa.ctypes.data), ptr(sa.ctypes.data)
-    plain = ctypes.c_int(0)  # I8MM_INPUT_PLAIN
-    lib.i8mm_quantize_rows(
-        ctypes.byref(w), ptr(a.ctypes.data), plain, i64(0), i64(m), qa_ptr, sa_ptr
-    )
-    lib.i8mm_num_items.restype = ctypes.c_int64
-    for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
-        lib.i8mm_item(ctypes.byref(w), qa_ptr, sa_ptr, i64(m), i64(item), ptr(y.ctypes.data))
+    y = run_items(lib, w, *quantized_rows(lib, w, a, block), n)
     lib.i8mm_free(ctypes.byref(w))
     ref = expected(a, codes, scales)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
@@ -300,7 +319,7 @@ def test_kernel_built_with_and_without_vnni_computes_the_same(tmp_path, march: s
 def _product(
     lib: ctypes.CDLL, m: int, k: int, n: int, block: int, gated: bool, prefetch: int | None = None
 ):
-    """Quantized rows (codes, scales) and the product of a seeded problem by ``lib``'s items;
+    """Quantized rows (codes, scales, za) and the product of a seeded problem by ``lib``'s items;
     ``gated``: the input is [gate | up] (I8MM_INPUT_GELU_TANH_GATE); ``prefetch``: the tiles'
     prefetch of the next panel forced on (1) or off (0), None: the host's choice."""
     rng = np.random.default_rng(m * 1000 + n)
@@ -312,16 +331,10 @@ def _product(
                          i64(k), i64(n), i64(block)) == 0  # fmt: skip
     if prefetch is not None:
         w.prefetch = prefetch
-    qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
-    y = np.full((m, n), np.nan, np.float32)
-    lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), ctypes.c_int(int(gated)),
-                           i64(0), i64(m), ptr(qa.ctypes.data), ptr(sa.ctypes.data))  # fmt: skip
-    lib.i8mm_num_items.restype = ctypes.c_int64
-    for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
-        lib.i8mm_item(ctypes.byref(w), ptr(qa.ctypes.data), ptr(sa.ctypes.data), i64(m),
-                      i64(item), ptr(y.ctypes.data))  # fmt: skip
+    qa, sa, za = quantized_rows(lib, w, a, block, gated)
+    y = run_items(lib, w, qa, sa, za, n)
     lib.i8mm_free(ctypes.byref(w))
-    return qa, sa, y
+    return qa, sa, za, y
 
 
 def test_portable_avx2_and_host_tiles_give_the_same_floats(tmp_path) -> None:
@@ -335,13 +348,14 @@ def test_portable_avx2_and_host_tiles_give_the_same_floats(tmp_path) -> None:
         pytest.skip("needs an x86-64 host that runs AVX2")
     libs = {march: kernel_library(tmp_path, march) for march in ("x86-64", "haswell", "native")}
     for m, k, n, block in ((1, 640, 200, 32), (7, 256, 136, 128), (16, 96, 5, 32), (6, 64, 70, 32)):
-        qa, sa, y = _product(libs["x86-64"], m, k, n, block, gated=False)
+        qa, sa, za, y = _product(libs["x86-64"], m, k, n, block, gated=False)
         # the host's tiles with and without their prefetch of the next panel (a CPU's choice)
         runs = [("haswell", None), ("native", 0), ("native", 1)]
         for march, prefetch in runs:
-            qa2, sa2, y2 = _product(libs[march], m, k, n, block, False, prefetch)
+            qa2, sa2, za2, y2 = _product(libs[march], m, k, n, block, False, prefetch)
             np.testing.assert_array_equal(qa2, qa)
             np.testing.assert_array_equal(sa2, sa)
+            np.testing.assert_array_equal(za2, za)
             np.testing.assert_array_equal(y2, y, err_msg=f"{march} {prefetch}, m={m} n={n}")
         assert not np.isnan(y).any()
     for m, n in ((1, 64), (8, 130)):
@@ -430,7 +444,7 @@ def test_rewrite_folds_the_gate_into_a_quantized_gate_up_projection() -> None:
 )
 def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path, m: int, padded: int) -> None:
     """On a host whose OS grants AMX tile data, the AMX items (signed codes, tdpbssd) give the
-    same floats as the VNNI tiles (unsigned codes, vpdpbusd): the same integer block sums,
+    same floats as the VNNI tiles (unsigned weight codes, vpdpbusd): the same integer block sums,
     scaled in the same order; rows past m stay unwritten. Products of 16 rows and more take
     the path, their rows padded to a multiple of 16 (items of 32 rows, the last of 16)."""
     lib = kernel_library(tmp_path, "native")
@@ -448,18 +462,10 @@ def test_amx_path_equals_the_vnni_tiles_bit_for_bit(tmp_path, m: int, padded: in
         lib.i8mm_free(ctypes.byref(w))
         return
     assert lib.i8mm_amx_num_items(ctypes.byref(w), i64(rows)) == -(-rows // 32) * -(-n // 64)
-    plain = ctypes.c_int(0)
-    qa, sa = np.empty((m, k), np.uint8), np.empty((m, k // block), np.float32)
-    lib.i8mm_quantize_rows(ctypes.byref(w), ptr(a.ctypes.data), plain, i64(0), i64(m),
-                           ptr(qa.ctypes.data), ptr(sa.ctypes.data))  # fmt: skip
-    vnni = np.full((m, n), np.nan, np.float32)
-    for item in range(lib.i8mm_num_items(ctypes.byref(w), i64(m))):
-        lib.i8mm_item(ctypes.byref(w), ptr(qa.ctypes.data), ptr(sa.ctypes.data), i64(m),
-                      i64(item), ptr(vnni.ctypes.data))  # fmt: skip
+    qa, sa, za = quantized_rows(lib, w, a, block)
+    vnni = run_items(lib, w, qa, sa, za, n)
     qs, ss = np.zeros((rows, k), np.int8), np.zeros((rows, k // block), np.float32)
-    lib.i8mm_quantize_rows_signed(ctypes.byref(w), ptr(a.ctypes.data), plain, i64(0), i64(m),
-                                  ptr(qs.ctypes.data), ptr(ss.ctypes.data))  # fmt: skip
-    np.testing.assert_array_equal(qs[:m].view(np.uint8) ^ 0x80, qa)  # the same codes
+    qs[:m], ss[:m] = qa, sa  # the AMX items read rows padded with zero codes and scales
     amx = np.full((m + 1, n), np.nan, np.float32)  # one row more: must stay untouched
     for item in range(lib.i8mm_amx_num_items(ctypes.byref(w), i64(rows))):
         lib.i8mm_amx_item(ctypes.byref(w), ptr(qs.ctypes.data), ptr(ss.ctypes.data), i64(m),

@@ -20,8 +20,8 @@
  * added, scaled by sa * sw, into float32 outputs, as the VNNI tile does. A product whose rows
  * are not a multiple of 32 ends with 16-row items (two accumulator tiles per half): that is
  * how a 16-sequence decode step takes the path, where its vocabulary projection on the VNNI
- * tiles was bound by arithmetic, not by reading the weight. Activations are
- * signed codes (no zero point, so no column sums). Linux hands the tile registers to a process
+ * tiles was bound by arithmetic, not by reading the weight. Weights and activations are both
+ * signed codes (tdpbssd: no zero point to take back). Linux hands the tile registers to a process
  * only after arch_prctl(ARCH_REQ_XCOMP_PERM) (without it the first tile instruction faults),
  * which i8mm_amx_rows asks for once.
  * Method: Intel's AMX programming reference (tile configuration, tdpbssd), as oneDNN's and

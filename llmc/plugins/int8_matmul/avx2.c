@@ -7,8 +7,7 @@
  * saturating int16 and vpmaddwd adds int16 pairs into int32, which together sum 4 products per
  * 32-bit lane as vpdpbusd does. The unsigned operand is |w| and the signed one a * sign(w)
  * (vpabsb, vpsignb): with |a| <= 127 and |w| <= 128 a pair is at most 2 * 127 * 128 = 32,512,
- * so vpmaddubsw never saturates and the int32 sums are exact. The activation codes come
- * unsigned (code + 128, i8mm_quantize_rows) and are made signed by flipping their top bit.
+ * so vpmaddubsw never saturates and the int32 sums are exact.
  *
  * A tile runs in column quarters of 16 (two 8-lane vectors) times groups of up to 3 rows: 6
  * int32 accumulators, 2 |w| vectors and the broadcast row stay in registers; the float32
@@ -31,10 +30,10 @@
 #define QUARTER 16 /* columns per pass: two vectors of 8 */
 #define GROUP_ROWS 3
 
-static inline __m256i broadcast_signed_quad(const uint8_t *p) {
+static inline __m256i broadcast_quad(const int8_t *p) {
   int32_t quad;
   memcpy(&quad, p, 4);
-  return _mm256_xor_si256(_mm256_set1_epi32(quad), _mm256_set1_epi8((char)0x80));
+  return _mm256_set1_epi32(quad);
 }
 
 /* The 4-product sums of a (signed codes, one quad broadcast) and w, per 32-bit lane. */
@@ -45,7 +44,7 @@ static inline __m256i dot4(__m256i a, __m256i w, __m256i w_abs, __m256i ones) {
 #define GROUP_ZERO(r) __m256i acc##r##0 = zero, acc##r##1 = zero
 #define GROUP_STEP(r)                                                   \
   if (GROUP_HERE > r) {                                                 \
-    __m256i av = broadcast_signed_quad(ap + r * k);                     \
+    __m256i av = broadcast_quad(ap + r * k);                            \
     ADD_TO(acc##r##0, dot4(av, w0, abs0, ones));                        \
     ADD_TO(acc##r##1, dot4(av, w1, abs1, ones));                        \
   }
@@ -62,7 +61,7 @@ static inline __m256i dot4(__m256i a, __m256i w, __m256i w_abs, __m256i ones) {
 /* Rows [m0, m0 + ROWS) x columns [q * 16, q * 16 + 16) of panel p into out (float32, [ROWS][2]
  * vectors). */
 #define DEFINE_GROUP(ROWS)                                                                     \
-  static void group_##ROWS(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,   \
+  static void group_##ROWS(const struct i8mm_weights *w, const int8_t *qa, const float *sa,    \
                            int64_t m0, int64_t p, int64_t q, __m256 out[GROUP_ROWS][2]) {      \
     const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                            \
     const int8_t *panel = w->codes + p * PANEL_BYTES(k) + q * QUARTER * 4;                     \
@@ -71,7 +70,7 @@ static inline __m256i dot4(__m256i a, __m256i w, __m256i w_abs, __m256i ones) {
     for (int64_t g = 0; g < nb; ++g) {                                                         \
       GROUP_ZERO(0); GROUP_ZERO(1); GROUP_ZERO(2);                                             \
       const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);                              \
-      const uint8_t *ap = qa + m0 * k + g * bs;                                                \
+      const int8_t *ap = qa + m0 * k + g * bs;                                                 \
       for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {                 \
         _mm_prefetch((const char *)(bp + PANEL_BYTES(k)), _MM_HINT_T0);                        \
         __m256i w0 = _mm256_load_si256((const __m256i *)bp);                                   \
@@ -89,7 +88,7 @@ DEFINE_GROUP(1)
 DEFINE_GROUP(2)
 DEFINE_GROUP(3)
 
-static void group(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
+static void group(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m0,
                   int64_t rows, int64_t p, int64_t q, __m256 out[GROUP_ROWS][2]) {
   switch (rows) {
     case 3: group_3(w, qa, sa, m0, p, q, out); return;
@@ -101,7 +100,7 @@ static void group(const struct i8mm_weights *w, const uint8_t *qa, const float *
 /* One row x the whole panel (a decode step's product): eight accumulators, the panel read in
  * memory order (quarters would stride it 256 bytes apart; measured: a one-row product of a
  * [640, 262144] weight 1.9x slower, one thread). */
-static void one_row(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
+static void one_row(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m0,
                     int64_t p, __m256 out[8]) {
   const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
   const int8_t *panel = w->codes + p * PANEL_BYTES(k);
@@ -110,10 +109,10 @@ static void one_row(const struct i8mm_weights *w, const uint8_t *qa, const float
     __m256i acc[8];
     for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_si256();
     const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);
-    const uint8_t *ap = qa + m0 * k + g * bs;
+    const int8_t *ap = qa + m0 * k + g * bs;
     for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {
       PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k));
-      __m256i av = broadcast_signed_quad(ap);
+      __m256i av = broadcast_quad(ap);
       for (int c = 0; c < 8; ++c) {
         __m256i wv = _mm256_load_si256((const __m256i *)(bp + 32 * c));
         ADD_TO(acc[c], dot4(av, wv, _mm256_abs_epi8(wv), ones));
@@ -140,7 +139,7 @@ static void store_row(const __m256 v[2], float *dst, int64_t left) {
   }
 }
 
-void i8mm_tile_avx2(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
+void i8mm_tile_avx2(const struct i8mm_weights *w, const int8_t *qa, const float *sa, int64_t m0,
                     int64_t rows, int64_t p, float *dst, int64_t ld) {
   if (rows == 1) {
     __m256 out[8];

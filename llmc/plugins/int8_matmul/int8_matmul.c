@@ -4,20 +4,44 @@
  *
  * Weights are repacked once into panels of 64 output channels, four input channels per 32-bit
  * lane ([k / 4][64][4] int8), the layout vpdpbusd reads: one 64-byte load holds 16 columns times
- * 4 input channels. Activations are quantized per row and block to uint8 (code + 128, what
- * vpdpbusd's unsigned operand wants); the +128 is taken back with each block's precomputed
- * column sums. A tile of 6 rows x 64 columns keeps 24 int32 accumulators in registers for one
+ * 4 input channels. Activations are quantized per row and block to int8 codes. vpdpbusd wants
+ * one operand unsigned: the VNNI tiles make it the weight (code + 128, one XOR per load) and take
+ * the 128 * sum of the row's block codes back, which the quantization computes per row and
+ * block; a per-column sum instead (unsigned activations) would be a second weight-sized stream
+ * to read. A tile of 6 rows x 64 columns keeps 24 int32 accumulators in registers for one
  * block, then scales them into float32 outputs (sa * sw) and starts the next block.
  *
- * Method: the VNNI int8 GEMM of oneDNN / MLAS (a u8 x s8 micro-kernel on packed panels, zero
- * point through column sums); the per-block activation scales are MatMulNBits' CompInt8.
+ * Method: the VNNI int8 GEMM of oneDNN / MLAS (a u8 x s8 micro-kernel on packed panels, the
+ * zero point through precomputed sums); the per-block activation scales are MatMulNBits'
+ * CompInt8.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "../simd_math.h"
 #include "int8_matmul_internal.h"
+
+enum { HUGE_PAGE = 2 << 20 };
+
+/* bytes for packed weights, 64-byte aligned; one of a huge page or more starts on a 2 MiB
+ * boundary and asks Linux for transparent huge pages over its whole 2 MiB pages (the tail stays
+ * in 4 KiB pages, so no memory is added). The tiles stream a weight once per product: with
+ * 4 KiB pages a vocabulary projection's one-row product ran at 20-25 GB/s on one core, with
+ * huge pages 29-33 GB/s (AMD EPYC Zen 4, benchmarks/bench_int8_tiles.c), as the TLB then covers
+ * what the hardware prefetcher streams. Freed with free(). */
+static void *alloc_weight_bytes(size_t bytes) {
+  void *p = NULL;
+  if (bytes < HUGE_PAGE) return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
+  if (posix_memalign(&p, HUGE_PAGE, bytes) != 0) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(p, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* advice: ignored where refused */
+#endif
+  return p;
+}
 
 int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int64_t k,
               int64_t n, int64_t block_size) {
@@ -26,36 +50,26 @@ int i8mm_pack(struct i8mm_weights *w, const uint8_t *b, const float *scales, int
     return I8MM_BAD_SHAPE;
   int64_t num_blocks = k / block_size, num_panels = (n + I8MM_PANEL - 1) / I8MM_PANEL;
   int64_t width = num_panels * I8MM_PANEL;
-  int8_t *codes = aligned_alloc(64, (size_t)(num_panels * PANEL_BYTES(k)));
-  int32_t *sums = aligned_alloc(64, (size_t)(num_blocks * width) * sizeof *sums);
-  float *packed_scales = aligned_alloc(64, (size_t)(num_blocks * width) * sizeof *packed_scales);
-  if (codes == NULL || sums == NULL || packed_scales == NULL) {
+  int8_t *codes = alloc_weight_bytes((size_t)(num_panels * PANEL_BYTES(k)));
+  float *packed_scales = alloc_weight_bytes((size_t)(num_blocks * width) * sizeof *packed_scales);
+  if (codes == NULL || packed_scales == NULL) {
     free(codes);
-    free(sums);
     free(packed_scales);
     return I8MM_NO_MEMORY;
   }
   memset(codes, 0, (size_t)(num_panels * PANEL_BYTES(k)));
-  memset(sums, 0, (size_t)(num_blocks * width) * sizeof *sums);
   memset(packed_scales, 0, (size_t)(num_blocks * width) * sizeof *packed_scales);
   for (int64_t col = 0; col < n; ++col) {
     int64_t p = col / I8MM_PANEL, c = col % I8MM_PANEL;
     int8_t *panel = codes + p * PANEL_BYTES(k);
     const uint8_t *row = b + col * k;
-    for (int64_t g = 0; g < num_blocks; ++g) {
-      int32_t sum = 0;
-      for (int64_t i = g * block_size; i < (g + 1) * block_size; ++i) {
-        int8_t code = (int8_t)((int32_t)row[i] - 128);
-        panel[((i / 4) * I8MM_PANEL + c) * 4 + i % 4] = code;
-        sum += code;
-      }
-      int64_t at = (p * num_blocks + g) * I8MM_PANEL + c; /* PANEL_BLOCK: w is not filled yet */
-      sums[at] = 128 * sum;
-      packed_scales[at] = scales[col * num_blocks + g];
-    }
+    for (int64_t i = 0; i < k; ++i)
+      panel[((i / 4) * I8MM_PANEL + c) * 4 + i % 4] = (int8_t)((int32_t)row[i] - 128);
+    for (int64_t g = 0; g < num_blocks; ++g) /* PANEL_BLOCK's index: w is not filled yet */
+      packed_scales[(p * num_blocks + g) * I8MM_PANEL + c] = scales[col * num_blocks + g];
   }
-  *w = (struct i8mm_weights){k, n, block_size, num_blocks, num_panels, codes, sums,
-                             packed_scales, i8mm_prefetch_helps()};
+  *w = (struct i8mm_weights){k, n, block_size, num_blocks, num_panels, codes, packed_scales,
+                             i8mm_prefetch_helps()};
   return I8MM_OK;
 }
 
@@ -74,7 +88,6 @@ int i8mm_prefetch_helps(void) {
 
 void i8mm_free(struct i8mm_weights *w) {
   free(w->codes);
-  free(w->sums);
   free(w->scales);
   memset(w, 0, sizeof *w);
 }
@@ -158,10 +171,8 @@ void i8mm_gate_tiles(const struct i8mm_weights *w, int64_t rows, int64_t m0, int
                         y + (m0 + r) * half + q * I8MM_PANEL);
 }
 
-/* Rows [m0, m1) quantized per block, each code stored plus offset (128: vpdpbusd's unsigned
- * operand; 0: AMX's signed tdpbssd). */
-static void quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
-                          int64_t m1, uint8_t *qa, float *sa, int32_t offset_value) {
+void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
+                        int64_t m1, int8_t *qa, float *sa, int32_t *za) {
   const int64_t k = w->k, bs = w->block_size;
   const int64_t row_stride = input == I8MM_INPUT_GELU_TANH_GATE ? 2 * k : k;
   float gated[input == I8MM_INPUT_GELU_TANH_GATE ? bs : 1]; /* one block of the gated input */
@@ -172,44 +183,39 @@ static void quantize_rows(const struct i8mm_weights *w, const float *a, int inpu
         i8mm_gelu_tanh_gate(x, x + k, bs, gated);
         x = gated;
       }
-      uint8_t *q = qa + m * k + g * bs;
+      int8_t *q = qa + m * k + g * bs;
       float scale = block_amax(x, bs) / 127.f;
       float inverse = scale != 0.f ? 1.f / scale : 0.f;
       sa[m * w->num_blocks + g] = scale;
       int64_t i = 0;
+      int32_t sum = 0; /* of the block's codes */
 #if I8MM_VNNI
       const __m512 vinv = _mm512_set1_ps(inverse);
-      const __m512i offset = _mm512_set1_epi32(offset_value);
+      __m512i sums = _mm512_setzero_si512();
       for (; i + 16 <= bs; i += 16) {
         __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
-        _mm_storeu_si128((__m128i *)(q + i),
-                         _mm512_cvtepi32_epi8(_mm512_add_epi32(code, offset)));
+        sums = _mm512_add_epi32(sums, code);
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(code));
       }
+      sum = _mm512_reduce_add_epi32(sums);
 #elif I8MM_AVX2
       const __m256 vinv = _mm256_set1_ps(inverse);
-      const __m256i offset = _mm256_set1_epi32(offset_value);
       const __m128i low_bytes = _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                               -1, -1);
       for (; i + 8 <= bs; i += 8) {
-        __m256i code = _mm256_add_epi32(
-            _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv)), offset);
+        __m256i code = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv));
         __m128i lo = _mm_shuffle_epi8(_mm256_castsi256_si128(code), low_bytes);
         __m128i hi = _mm_shuffle_epi8(_mm256_extracti128_si256(code, 1), low_bytes);
         _mm_storel_epi64((__m128i *)(q + i), _mm_unpacklo_epi32(lo, hi));
       }
+      for (int64_t j = 0; za != NULL && j < i; ++j) sum += q[j];
 #endif
-      for (; i < bs; ++i) q[i] = (uint8_t)((int32_t)nearbyintf(x[i] * inverse) + offset_value);
+      for (; i < bs; ++i) {
+        q[i] = (int8_t)nearbyintf(x[i] * inverse);
+        sum += q[i];
+      }
+      if (za != NULL) za[m * w->num_blocks + g] = 128 * sum;
     }
   }
-}
-
-void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
-                        int64_t m1, uint8_t *qa, float *sa) {
-  quantize_rows(w, a, input, m0, m1, qa, sa, 128);
-}
-
-void i8mm_quantize_rows_signed(const struct i8mm_weights *w, const float *a, int input,
-                               int64_t m0, int64_t m1, int8_t *qa, float *sa) {
-  quantize_rows(w, a, input, m0, m1, (uint8_t *)qa, sa, 0);
 }
 

@@ -33,7 +33,6 @@ enum { I8MM_OK = 0, I8MM_BAD_SHAPE = 1, I8MM_NO_MEMORY = 2 };
 struct i8mm_weights {
   int64_t k, n, block_size, num_blocks, num_panels;
   int8_t *codes;   /* [num_panels][k / 4][I8MM_PANEL][4]: qw - 128, zero past column n */
-  int32_t *sums;   /* [num_panels][num_blocks][I8MM_PANEL]: 128 * sum of a block's codes */
   float *scales;   /* [num_panels][num_blocks][I8MM_PANEL]: sw, zero past column n */
   int prefetch;    /* 1: the VNNI tiles prefetch the next panel (i8mm_pack: not on AMD) */
 };
@@ -51,35 +50,29 @@ void i8mm_free(struct i8mm_weights *w);
 enum { I8MM_INPUT_PLAIN = 0, I8MM_INPUT_GELU_TANH_GATE = 1 };
 
 /* Quantize rows [m0, m1) of a (float32, [m][k], or [m][2k] with I8MM_INPUT_GELU_TANH_GATE):
- * qa [m][k] as uint8 (code + 128), sa [m][k / block_size] float32. */
+ * qa [m][k] int8 codes (round(x / sa), |code| <= 127), sa [m][k / block_size] float32 (a
+ * block's amax / 127), and za [m][k / block_size] int32: 128 times the sum of a block's codes
+ * (what the VNNI tiles, whose unsigned operand is the weight code + 128, take back); za may be
+ * NULL where only the AMX items will read the rows. */
 void i8mm_quantize_rows(const struct i8mm_weights *w, const float *a, int input, int64_t m0,
-                        int64_t m1, uint8_t *qa, float *sa);
+                        int64_t m1, int8_t *qa, float *sa, int32_t *za);
 
 /* gelu_tanh(gate[i]) * up[i] for i < n (the I8MM_INPUT_GELU_TANH_GATE input). */
 void i8mm_gelu_tanh_gate(const float *gate, const float *up, int64_t n, float *out);
 
-/* y rows [m0, m0 + rows) (rows <= I8MM_TILE_ROWS), columns of panel p, from quantized rows:
- * y [m][n] float32. */
-void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
-               int64_t rows, int64_t p, float *y);
-
-/* Work items of an m-row product: panels times tiles of I8MM_TILE_ROWS rows; item i covers
- * panel i / num_tiles and tile i % num_tiles, so consecutive items reuse one weight panel. */
+/* Work items of an m-row product, y [m][n] float32 from rows quantized by i8mm_quantize_rows:
+ * panels times tiles of I8MM_TILE_ROWS rows; item i covers panel i / num_tiles and tile
+ * i % num_tiles, so consecutive items reuse one weight panel. */
 int64_t i8mm_num_items(const struct i8mm_weights *w, int64_t m);
-void i8mm_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
-               int64_t item, float *y);
-
-/* Rows [m0, m1) quantized as i8mm_quantize_rows, but as signed codes (no +128): the AMX path's
- * activations. */
-void i8mm_quantize_rows_signed(const struct i8mm_weights *w, const float *a, int input,
-                               int64_t m0, int64_t m1, int8_t *qa, float *sa);
+void i8mm_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
+               const int32_t *za, int64_t m, int64_t item, float *y);
 
 /* The AMX path (Intel AMX-INT8, tdpbssd): 0 when an m-row product does not take it (built
  * without AMX, the host or OS does not grant tile data to this process, m < I8MM_AMX_MIN_ROWS,
  * or a block size that is not a multiple of 64), else the rows it computes: m rounded up to a
  * multiple of I8MM_AMX_MIN_ROWS. The caller then quantizes rows [0, m) with
- * i8mm_quantize_rows_signed into qa [rows][k] and sa [rows][k / block_size] whose rows past m
- * hold zeros, and runs i8mm_amx_num_items items of 32 rows (the last 16 where rows % 32 == 16)
+ * i8mm_quantize_rows into qa [rows][k] and sa [rows][k / block_size] whose rows past m hold
+ * zeros, and runs i8mm_amx_num_items items of 32 rows (the last 16 where rows % 32 == 16)
  * x one panel; only rows below m are written to y. The first call asks Linux for the tile
  * registers (arch_prctl), once per process. */
 int64_t i8mm_amx_rows(const struct i8mm_weights *w, int64_t m);
@@ -92,8 +85,8 @@ void i8mm_amx_item(const struct i8mm_weights *w, const int8_t *qa, const float *
  * each a tile of rows x one gate panel and its up partner. The AMX forms take the rows and codes
  * of the AMX path (i8mm_amx_rows). */
 int64_t i8mm_gated_num_items(const struct i8mm_weights *w, int64_t m);
-void i8mm_gated_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
-                     int64_t item, float *y);
+void i8mm_gated_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
+                     const int32_t *za, int64_t m, int64_t item, float *y);
 int64_t i8mm_amx_gated_num_items(const struct i8mm_weights *w, int64_t rows);
 void i8mm_amx_gated_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
                          int64_t m, int64_t rows, int64_t item, float *y);

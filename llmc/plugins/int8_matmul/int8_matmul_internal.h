@@ -53,13 +53,13 @@ __attribute__((visibility("hidden"))) int i8mm_prefetch_helps(void);
 /* Bytes of one packed panel of a k-row weight: [k / 4][I8MM_PANEL][4] int8. */
 #define PANEL_BYTES(k) ((k) / 4 * I8MM_PANEL * 4)
 
-/* Index of panel p's block g in i8mm_weights.sums and .scales ([num_panels][num_blocks][64]). */
+/* Index of panel p's block g in i8mm_weights.scales ([num_panels][num_blocks][64]). */
 #define PANEL_BLOCK(w, p, g) (((p) * (w)->num_blocks + (g)) * I8MM_PANEL)
 
 /* Rows [m0, m0 + rows) (rows <= I8MM_TILE_ROWS) x panel p on the AVX2 tiles into dst (their
  * first element), rows ld floats apart: vnni.c's tile, bit for bit. */
 __attribute__((visibility("hidden"))) void i8mm_tile_avx2(const struct i8mm_weights *w,
-                                                          const uint8_t *qa, const float *sa,
+                                                          const int8_t *qa, const float *sa,
                                                           int64_t m0, int64_t rows, int64_t p,
                                                           float *dst, int64_t ld);
 

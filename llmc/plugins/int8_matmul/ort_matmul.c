@@ -130,23 +130,21 @@ struct job {
   const struct i8mm_weights *w;
   int input;
   const float *a;
-  uint8_t *qa;
+  int8_t *qa;
   float *sa, *y;
+  int32_t *za;
   int64_t m, tasks;
   int64_t quantize_tasks; /* <= m: a one-row decode step quantizes its row without the pool */
   int64_t amx_rows; /* rows the AMX path computes (i8mm_amx_rows), 0: the VNNI tiles */
   int output_gate;  /* y [m][n / 2] = gelu_tanh(gate) * up */
 };
 
-/* Task t of j->quantize_tasks quantizes a contiguous range of rows (signed codes for AMX). */
+/* Task t of j->quantize_tasks quantizes a contiguous range of rows. */
 static void quantize_task(void *data, size_t task) {
   const struct job *j = data;
   int64_t m0 = j->m * (int64_t)task / j->quantize_tasks;
   int64_t m1 = j->m * ((int64_t)task + 1) / j->quantize_tasks;
-  if (j->amx_rows > 0)
-    i8mm_quantize_rows_signed(j->w, j->a, j->input, m0, m1, (int8_t *)j->qa, j->sa);
-  else
-    i8mm_quantize_rows(j->w, j->a, j->input, m0, m1, j->qa, j->sa);
+  i8mm_quantize_rows(j->w, j->a, j->input, m0, m1, j->qa, j->sa, j->za);
 }
 
 static int64_t num_items(const struct job *j) {
@@ -157,15 +155,14 @@ static int64_t num_items(const struct job *j) {
 }
 
 static void run_item(const struct job *j, int64_t i) {
-  const int8_t *codes = (const int8_t *)j->qa;
   if (j->amx_rows > 0 && j->output_gate)
-    i8mm_amx_gated_item(j->w, codes, j->sa, j->m, j->amx_rows, i, j->y);
+    i8mm_amx_gated_item(j->w, j->qa, j->sa, j->m, j->amx_rows, i, j->y);
   else if (j->amx_rows > 0)
-    i8mm_amx_item(j->w, codes, j->sa, j->m, j->amx_rows, i, j->y);
+    i8mm_amx_item(j->w, j->qa, j->sa, j->m, j->amx_rows, i, j->y);
   else if (j->output_gate)
-    i8mm_gated_item(j->w, j->qa, j->sa, j->m, i, j->y);
+    i8mm_gated_item(j->w, j->qa, j->sa, j->za, j->m, i, j->y);
   else
-    i8mm_item(j->w, j->qa, j->sa, j->m, i, j->y);
+    i8mm_item(j->w, j->qa, j->sa, j->za, j->m, i, j->y);
 }
 
 /* Task t of j->tasks runs a contiguous range of items: whole weight panels per thread, so a
@@ -210,17 +207,19 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
 
   /* The AMX path computes whole 16-row tiles: rows past m are zero codes with zero scales. */
   int64_t amx_rows = i8mm_amx_rows(w, m), rows = amx_rows > 0 ? amx_rows : m;
-  uint8_t *qa = malloc((size_t)(rows * w->k));
+  int8_t *qa = malloc((size_t)(rows * w->k));
   float *sa = malloc((size_t)(rows * w->num_blocks) * sizeof *sa);
-  if (qa == NULL || sa == NULL) {
+  int32_t *za = malloc((size_t)(rows * w->num_blocks) * sizeof *za);
+  if (qa == NULL || sa == NULL || za == NULL) {
     free(qa);
     free(sa);
+    free(za);
     return ort->CreateStatus(ORT_FAIL, "BlockInt8MatMul: out of memory");
   }
   memset(qa + m * w->k, 0, (size_t)((rows - m) * w->k));
   memset(sa + m * w->num_blocks, 0, (size_t)((rows - m) * w->num_blocks) * sizeof *sa);
   long cpus = llmc_op_cpus();
-  struct job job = {w, kernel->input, a, qa, sa, y, m, 1, 1, amx_rows, kernel->output_gate};
+  struct job job = {w, kernel->input, a, qa, sa, y, za, m, 1, 1, amx_rows, kernel->output_gate};
   int64_t items = num_items(&job);
   job.tasks = cpus < items ? cpus : items;
   job.quantize_tasks = cpus < m ? cpus : m;
@@ -228,6 +227,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel_state, OrtKernelContext *con
   llmc_op_parallel_for(ort, context, tile_task, (size_t)job.tasks, &job);
   free(qa);
   free(sa);
+  free(za);
   return NULL;
 }
 

@@ -2,7 +2,10 @@
  * build targets neither it nor AVX2 (avx2.c's tiles; the three give the same floats bit for
  * bit): a tile of up to I8MM_TILE_ROWS rows x one 64-column panel, its int32 accumulators in
  * registers for one block, then scaled by sa * sw into float32 outputs; and the work items
- * (plain and GELU-gated) that run them. The packing and the activations'
+ * (plain and GELU-gated) that run them. vpdpbusd multiplies unsigned by signed bytes: its
+ * unsigned operand is the weight code + 128 (one XOR of each 64-byte load), its signed one the
+ * activation code, and the block's 128 * sum(activation codes), za, is subtracted at the flush:
+ * per row, so nothing beyond the codes and the scales is read per weight panel. The packing and the activations'
  * quantization are in int8_matmul.c. */
 #include <math.h>
 #include <string.h>
@@ -12,10 +15,11 @@
 /* ---- Micro-kernel ----------------------------------------------------------------------------- */
 
 #if I8MM_VNNI
-/* vpdpbusd in place: GCC's intrinsic copies the accumulator around every call. */
-#define DPBUSD(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+/* vpdpbusd in place (acc += u8 u x s8 s per 4-byte lane): GCC's intrinsic copies the
+ * accumulator around every call. */
+#define DPBUSD(acc, u, s) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s))
 
-static inline __m512i broadcast_quad(const uint8_t *p) {
+static inline __m512i broadcast_quad(const int8_t *p) {
   int32_t quad;
   memcpy(&quad, p, 4);
   return _mm512_set1_epi32(quad);
@@ -26,18 +30,19 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
 #define ROW_STEP(r)                                           \
   if (ROWS_HERE > r) {                                           \
     __m512i av = broadcast_quad(ap + r * k);                  \
-    DPBUSD(acc##r##0, av, b0);                            \
-    DPBUSD(acc##r##1, av, b1);                            \
-    DPBUSD(acc##r##2, av, b2);                            \
-    DPBUSD(acc##r##3, av, b3);                            \
+    DPBUSD(acc##r##0, b0, av);                            \
+    DPBUSD(acc##r##1, b1, av);                            \
+    DPBUSD(acc##r##2, b2, av);                            \
+    DPBUSD(acc##r##3, b3, av);                            \
   }
 #define ROW_FLUSH_ONE(r, c)                                                                  \
   out[r][c] = _mm512_fmadd_ps(                                                               \
-      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc##r##c, sum##c)), scale##c), row, \
+      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc##r##c, sum)), scale##c), row,    \
       out[r][c])
 #define ROW_FLUSH(r)                                         \
   if (ROWS_HERE > r) {                                          \
     __m512 row = _mm512_set1_ps(sa[(m0 + r) * nb + g]);      \
+    __m512i sum = _mm512_set1_epi32(za[(m0 + r) * nb + g]);  \
     ROW_FLUSH_ONE(r, 0);                                     \
     ROW_FLUSH_ONE(r, 1);                                     \
     ROW_FLUSH_ONE(r, 2);                                     \
@@ -48,29 +53,28 @@ static inline __m512i broadcast_quad(const uint8_t *p) {
  * float32 outputs wait in out (L1) between blocks. NAME_pf prefetches the next panel as it
  * goes, NAME does not (i8mm_weights.prefetch chooses). */
 #define DEFINE_TILE(ROWS, PREFETCH, NAME)                                                        \
-  static void NAME(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,             \
-                   int64_t m0, int64_t p, float *dst, int64_t ld) {                             \
+  static void NAME(const struct i8mm_weights *w, const int8_t *qa, const float *sa,              \
+                   const int32_t *za, int64_t m0, int64_t p, float *dst, int64_t ld) {          \
     const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                              \
     const int8_t *panel = w->codes + p * PANEL_BYTES(k);                                         \
     enum { ROWS_HERE = ROWS };                                                                   \
-    const __m512i zero = _mm512_setzero_si512();                                                 \
+    const __m512i zero = _mm512_setzero_si512(), flip = _mm512_set1_epi8((char)0x80);            \
     __m512 out[ROWS][4];                                                                         \
     for (int r = 0; r < ROWS; ++r)                                                               \
       for (int c = 0; c < 4; ++c) out[r][c] = _mm512_setzero_ps();                               \
     for (int64_t g = 0; g < nb; ++g) {                                                           \
       ROW_ZERO(0); ROW_ZERO(1); ROW_ZERO(2); ROW_ZERO(3); ROW_ZERO(4); ROW_ZERO(5);              \
       const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);                                \
-      const uint8_t *ap = qa + m0 * k + g * bs;                                                  \
+      const int8_t *ap = qa + m0 * k + g * bs;                                                   \
       for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {                   \
         if (PREFETCH) PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k));                                  \
-        __m512i b0 = _mm512_load_si512(bp), b1 = _mm512_load_si512(bp + 64);                     \
-        __m512i b2 = _mm512_load_si512(bp + 128), b3 = _mm512_load_si512(bp + 192);              \
+        __m512i b0 = _mm512_xor_si512(_mm512_load_si512(bp), flip);                              \
+        __m512i b1 = _mm512_xor_si512(_mm512_load_si512(bp + 64), flip);                         \
+        __m512i b2 = _mm512_xor_si512(_mm512_load_si512(bp + 128), flip);                        \
+        __m512i b3 = _mm512_xor_si512(_mm512_load_si512(bp + 192), flip);                        \
         ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)                  \
       }                                                                                          \
-      const int32_t *sums = w->sums + PANEL_BLOCK(w, p, g);                                      \
       const float *scales = w->scales + PANEL_BLOCK(w, p, g);                                    \
-      __m512i sum0 = _mm512_load_si512(sums), sum1 = _mm512_load_si512(sums + 16);               \
-      __m512i sum2 = _mm512_load_si512(sums + 32), sum3 = _mm512_load_si512(sums + 48);          \
       __m512 scale0 = _mm512_load_ps(scales), scale1 = _mm512_load_ps(scales + 16);              \
       __m512 scale2 = _mm512_load_ps(scales + 32), scale3 = _mm512_load_ps(scales + 48);         \
       ROW_FLUSH(0) ROW_FLUSH(1) ROW_FLUSH(2) ROW_FLUSH(3) ROW_FLUSH(4) ROW_FLUSH(5)              \
@@ -95,7 +99,7 @@ DEFINE_TILES(5)
 DEFINE_TILES(6)
 #endif
 
-static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const float *sa,
+static void tile_portable(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
                           int64_t m0, int64_t rows, int64_t p, float *dst, int64_t ld) {
   const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;
   const int8_t *panel = w->codes + p * PANEL_BYTES(k);
@@ -109,12 +113,11 @@ static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const
         for (int c = 0; c < I8MM_PANEL; ++c) acc[r][c] += av * codes[c * 4];
       }
     }
-    const int32_t *sums = w->sums + PANEL_BLOCK(w, p, g);
     const float *scales = w->scales + PANEL_BLOCK(w, p, g);
     for (int64_t r = 0; r < rows; ++r) {
       float row_scale = sa[(m0 + r) * nb + g];
       for (int c = 0; c < I8MM_PANEL; ++c)
-        out[r][c] = fmaf((float)(acc[r][c] - sums[c]) * scales[c], row_scale, out[r][c]);
+        out[r][c] = fmaf((float)acc[r][c] * scales[c], row_scale, out[r][c]);
     }
   }
   for (int64_t r = 0; r < rows; ++r)
@@ -123,54 +126,52 @@ static void tile_portable(const struct i8mm_weights *w, const uint8_t *qa, const
 }
 
 /* Rows [m0, m0 + rows) x panel p into dst (their first element), rows ld floats apart. */
-static void tile_at(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
-                    int64_t rows, int64_t p, float *dst, int64_t ld) {
+static void tile_at(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
+                    const int32_t *za, int64_t m0, int64_t rows, int64_t p, float *dst,
+                    int64_t ld) {
 #if I8MM_VNNI
-  typedef void (*tile_fn)(const struct i8mm_weights *, const uint8_t *, const float *, int64_t,
-                          int64_t, float *, int64_t);
+  typedef void (*tile_fn)(const struct i8mm_weights *, const int8_t *, const float *,
+                          const int32_t *, int64_t, int64_t, float *, int64_t);
   static const tile_fn tiles[2][I8MM_TILE_ROWS] = { /* one micro-kernel per row count */
       {tile_vnni_1, tile_vnni_2, tile_vnni_3, tile_vnni_4, tile_vnni_5, tile_vnni_6},
       {tile_vnni_1_pf, tile_vnni_2_pf, tile_vnni_3_pf, tile_vnni_4_pf, tile_vnni_5_pf,
        tile_vnni_6_pf}};
   if (rows >= 1 && rows <= I8MM_TILE_ROWS) {
-    tiles[w->prefetch != 0][rows - 1](w, qa, sa, m0, p, dst, ld);
+    tiles[w->prefetch != 0][rows - 1](w, qa, sa, za, m0, p, dst, ld);
     return;
   }
 #elif I8MM_AVX2
+  (void)za; /* the AVX2 tiles multiply signed by signed */
   i8mm_tile_avx2(w, qa, sa, m0, rows, p, dst, ld);
   return;
 #endif
+  (void)za;
   tile_portable(w, qa, sa, m0, rows, p, dst, ld);
-}
-
-void i8mm_tile(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m0,
-               int64_t rows, int64_t p, float *y) {
-  tile_at(w, qa, sa, m0, rows, p, y + m0 * w->n + p * I8MM_PANEL, w->n);
 }
 
 int64_t i8mm_num_items(const struct i8mm_weights *w, int64_t m) {
   return (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS * w->num_panels;
 }
 
-void i8mm_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
-               int64_t item, float *y) {
+void i8mm_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
+               const int32_t *za, int64_t m, int64_t item, float *y) {
   int64_t num_tiles = (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS;
   int64_t p = item / num_tiles, tile = item % num_tiles;
   int64_t m0 = tile * I8MM_TILE_ROWS, rows = m - m0 < I8MM_TILE_ROWS ? m - m0 : I8MM_TILE_ROWS;
-  i8mm_tile(w, qa, sa, m0, rows, p, y);
+  tile_at(w, qa, sa, za, m0, rows, p, y + m0 * w->n + p * I8MM_PANEL, w->n);
 }
 
 int64_t i8mm_gated_num_items(const struct i8mm_weights *w, int64_t m) {
   return (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS * (w->num_panels / 2);
 }
 
-void i8mm_gated_item(const struct i8mm_weights *w, const uint8_t *qa, const float *sa, int64_t m,
-                     int64_t item, float *y) {
+void i8mm_gated_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
+                     const int32_t *za, int64_t m, int64_t item, float *y) {
   int64_t num_tiles = (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS;
   int64_t q = item / num_tiles, m0 = item % num_tiles * I8MM_TILE_ROWS;
   int64_t rows = m - m0 < I8MM_TILE_ROWS ? m - m0 : I8MM_TILE_ROWS;
   float gate[I8MM_TILE_ROWS * I8MM_PANEL], up[I8MM_TILE_ROWS * I8MM_PANEL];
-  tile_at(w, qa, sa, m0, rows, q, gate, I8MM_PANEL);
-  tile_at(w, qa, sa, m0, rows, q + w->num_panels / 2, up, I8MM_PANEL);
+  tile_at(w, qa, sa, za, m0, rows, q, gate, I8MM_PANEL);
+  tile_at(w, qa, sa, za, m0, rows, q + w->num_panels / 2, up, I8MM_PANEL);
   i8mm_gate_tiles(w, rows, m0, q, gate, up, y);
 }
