@@ -4,8 +4,9 @@
  * registers for one block, then scaled by sa * sw into float32 outputs; and the work items
  * (plain and GELU-gated) that run them. vpdpbusd multiplies unsigned by signed bytes: its
  * unsigned operand is the weight code + 128 (one XOR of each 64-byte load), its signed one the
- * activation code, and the block's 128 * sum(activation codes), za, is subtracted at the flush:
- * per row, so nothing beyond the codes and the scales is read per weight panel. The packing and the activations'
+ * activation code, and the accumulators of a row's block start at -za (128 * the sum of its
+ * activation codes), so the flush subtracts nothing and nothing beyond the codes and the scales
+ * is read per weight panel. The packing and the activations'
  * quantization are in int8_matmul.c. */
 #include <math.h>
 #include <string.h>
@@ -25,8 +26,12 @@ static inline __m512i broadcast_quad(const int8_t *p) {
   return _mm512_set1_epi32(quad);
 }
 
-/* One tile row r of the micro-kernel: named accumulators so they stay in registers. */
-#define ROW_ZERO(r) __m512i acc##r##0 = zero, acc##r##1 = zero, acc##r##2 = zero, acc##r##3 = zero
+/* One tile row r of the micro-kernel: named accumulators so they stay in registers, started at
+ * -za of the row's block (a constant ROWS_HERE reads no row past the tile). */
+#define ROW_START(r)                                                                       \
+  const __m512i start##r =                                                                 \
+      _mm512_set1_epi32(ROWS_HERE > r ? -za[(m0 + r) * nb + g] : 0);                       \
+  __m512i acc##r##0 = start##r, acc##r##1 = start##r, acc##r##2 = start##r, acc##r##3 = start##r
 #define ROW_STEP(r)                                           \
   if (ROWS_HERE > r) {                                           \
     __m512i av = broadcast_quad(ap + r * k);                  \
@@ -37,12 +42,11 @@ static inline __m512i broadcast_quad(const int8_t *p) {
   }
 #define ROW_FLUSH_ONE(r, c)                                                                  \
   out[r][c] = _mm512_fmadd_ps(                                                               \
-      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc##r##c, sum)), scale##c), row,    \
+      _mm512_mul_ps(_mm512_cvtepi32_ps(acc##r##c), scale##c), row,                           \
       out[r][c])
 #define ROW_FLUSH(r)                                         \
   if (ROWS_HERE > r) {                                          \
     __m512 row = _mm512_set1_ps(sa[(m0 + r) * nb + g]);      \
-    __m512i sum = _mm512_set1_epi32(za[(m0 + r) * nb + g]);  \
     ROW_FLUSH_ONE(r, 0);                                     \
     ROW_FLUSH_ONE(r, 1);                                     \
     ROW_FLUSH_ONE(r, 2);                                     \
@@ -58,12 +62,12 @@ static inline __m512i broadcast_quad(const int8_t *p) {
     const int64_t k = w->k, bs = w->block_size, nb = w->num_blocks;                              \
     const int8_t *panel = w->codes + p * PANEL_BYTES(k);                                         \
     enum { ROWS_HERE = ROWS };                                                                   \
-    const __m512i zero = _mm512_setzero_si512(), flip = _mm512_set1_epi8((char)0x80);            \
+    const __m512i flip = _mm512_set1_epi8((char)0x80);                                           \
     __m512 out[ROWS][4];                                                                         \
     for (int r = 0; r < ROWS; ++r)                                                               \
       for (int c = 0; c < 4; ++c) out[r][c] = _mm512_setzero_ps();                               \
     for (int64_t g = 0; g < nb; ++g) {                                                           \
-      ROW_ZERO(0); ROW_ZERO(1); ROW_ZERO(2); ROW_ZERO(3); ROW_ZERO(4); ROW_ZERO(5);              \
+      ROW_START(0); ROW_START(1); ROW_START(2); ROW_START(3); ROW_START(4); ROW_START(5);        \
       const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);                                \
       const int8_t *ap = qa + m0 * k + g * bs;                                                   \
       for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {                   \
