@@ -16,11 +16,8 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from llmc.plugins.logit_scores import logit_row_sums
 from llmc.runtime.runners.step_inputs import single_prefill
-
-# Rows of the logits scored at a time: each float32 temporary of [16, 262144] is 16 MiB, so
-# memory stays bounded for Gemma's vocabulary whatever the window length.
-_ROWS_PER_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -144,8 +141,8 @@ def score_logits(
     """The report from (reference, candidate) logits [T, V] float32 of each window in order
     (all T positions of window i's prefill); positions 0..T-2 are scored against the token
     that follows. With ``positions`` (per window, [L] int64 positions below T - 1), the logits
-    are [L, V], those positions' rows, and only they are scored (``_row_sums``,
-    ``_ROWS_PER_CHUNK`` rows at a time). ``data`` is recorded as the text's origin.
+    are [L, V], those positions' rows, and only they are scored (``_window_sums``). ``data``
+    is recorded as the text's origin.
     Raises ValueError as ``score_logit_chunks``."""
     chunks = (LogitsChunk(i, slice(0, None), ref, cand) for i, (ref, cand) in enumerate(logits))
     return score_logit_chunks(chunks, windows, data, progress, positions)
@@ -262,46 +259,7 @@ def score_window_chunks(
 def _window_sums(ref: np.ndarray, cand: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Sums over rows of: reference NLL, engine NLL, KL(ref || engine), argmax agreement.
 
-    ref, cand: [N, V] float32 logits; targets: [N] int64, the token each row predicts.
-    """
-    import torch
-
-    sums = np.zeros(4)
-    for start in range(0, ref.shape[0], _ROWS_PER_CHUNK):
-        rows = slice(start, start + _ROWS_PER_CHUNK)
-        x, y = torch.from_numpy(ref[rows]), torch.from_numpy(cand[rows])
-        sums += _row_sums(x, y, torch.from_numpy(targets[rows])[:, None])
-    return sums
-
-
-def _row_sums(x, y, targets) -> np.ndarray:
-    """``_window_sums`` of one block: x (reference), y (engine) [n, V] float32 torch tensors,
-    targets [n, 1] int64.
-
-    Float32 vector passes with float64 only per row: with p = softmax(x) and d = y - x
-    centred by its p-weighted mean c, KL(p || q) = log(1 + sum p expm1(d)) - sum p d (exactly,
-    for any c), and lse(y) = lse(x) + c + log(1 + sum p expm1(d)). Both sums are of small terms,
-    so neither a shift of all logits (|c| ~ 1) nor their scale costs precision: KL agrees with
-    a float64 log-softmax to 1e-5 relative at per-row KL 1e-6 and is 0 for equal logits
-    (tests/calibration/test_accuracy.py). A reference logit of -inf scores as p = 0."""
-    import torch
-
-    m_x, top_x = x.max(-1, keepdim=True)
-    e_x = torch.exp(x - m_x)  # p times s_x
-    s_x = e_x.sum(-1, keepdim=True)
-    d = torch.where(e_x > 0, y - x, 0.0)
-    c = torch.linalg.vecdot(e_x, d).unsqueeze(1) / s_x
-    d -= c
-    inv_s = 1.0 / s_x.squeeze(1).double()
-    p_d = torch.linalg.vecdot(e_x, d).double() * inv_s
-    log_ratio = torch.log1p(torch.linalg.vecdot(e_x, torch.expm1(d)).double() * inv_s)
-    lse_x = m_x.squeeze(1).double() + torch.log(s_x.squeeze(1).double())
-    lse_y = lse_x + c.squeeze(1).double() + log_ratio
-    return np.array(
-        [
-            (lse_x - x.gather(1, targets).squeeze(1).double()).sum().item(),
-            (lse_y - y.gather(1, targets).squeeze(1).double()).sum().item(),
-            (log_ratio - p_d).sum().item(),
-            (top_x.squeeze(1) == y.argmax(-1)).sum().item(),
-        ]
-    )
+    ref, cand: [N, V] float32 logits; targets: [N] int64, the token each row predicts. The
+    rows are scored by ``logit_row_sums`` (one kernel pass set per row, no temporaries; KL in
+    its centred form, which keeps float64's value at per-row KL 1e-6)."""
+    return logit_row_sums(ref, cand, targets).sum(axis=0)

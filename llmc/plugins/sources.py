@@ -5,7 +5,8 @@ Paths are relative to ``llmc/plugins``. This module imports nothing: ``setup.py`
 ``runpy`` before any dependency is installed.
 """
 
-#: The attention kernel's C sources, compiled together into each library.
+#: The attention kernel's C sources, compiled together into each library, and the accuracy
+#: report's logit scoring (``logit_scores``), which runs on the kernel's thread pool.
 KERNEL_SOURCES = (
     "paged_attention/paged_attention.c",
     "paged_attention/check_metadata.c",
@@ -14,6 +15,7 @@ KERNEL_SOURCES = (
     "paged_attention/prefill_tiles.c",
     "paged_attention/prefill_amx.c",
     "paged_attention/thread_pool.c",
+    "logit_scores/logit_scores.c",
 )
 #: The headers they include.
 KERNEL_HEADERS = (
