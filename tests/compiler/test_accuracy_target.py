@@ -15,7 +15,8 @@ from llmc.compiler.quantize.search.assignment import Unit, make_units, upgrade_p
 from llmc.compiler.quantize.search.path_search import (
     AccuracyTargetError,
     Resume,
-    clearly_misses,
+    Screening,
+    decision,
     search,
 )
 from llmc.compiler.quantize.search.recheck import (
@@ -144,37 +145,60 @@ def test_search_finds_the_cheapest_prefix_that_keeps_the_target():
 
 
 class _Screened(_Additive):
-    """``_Additive`` whose held-out windows are 8, their KLs the total times 1 +- ``spread``
-    (alternating); a screening gives the first 4, each its own report."""
+    """``_Additive`` whose held-out windows are 16, their KLs the total times 1 +- ``spread``
+    (alternating); a screening gives the first few, each its own report."""
 
     def __init__(self, kl, spread: float):
         super().__init__(kl)
-        self.spread, self.screen_calls = spread, 0
+        self.spread, self.screened = spread, []
 
-    def screen(self, assignment) -> list[AccuracyReport]:
-        self.screen_calls += 1
+    def first(self, assignment, count: int) -> list[AccuracyReport]:
+        self.screened.append(count)
         total = self.total(assignment)
-        return [_report(total * (1 + self.spread * (-1) ** i)) for i in range(4)]
+        return [_report(total * (1 + self.spread * (-1) ** i)) for i in range(count)]
+
+    def screening(self) -> Screening:
+        return Screening(self.first, 16)
 
 
-def test_screening_decides_only_clear_misses_and_finds_the_same_assignment():
-    """Screened scorings that miss by far take no full scoring; those near the target or
-    keeping it do; the search ends where the unscreened one does."""
+def test_screening_decides_far_scorings_and_finds_the_same_assignment():
+    """Scorings far from the target on either side are decided on their first windows, those
+    near it take the full scoring; the search ends where the unscreened one does."""
     target = AccuracyTarget("kl", 0.0205)
     unscreened = _Additive(THREE_LAYERS)
     plain = search(target, _units(), 4.0, unscreened.sensitivity, unscreened.heldout)
     tight = _Screened(THREE_LAYERS, spread=0.01)
-    result = search(target, _units(), 4.0, tight.sensitivity, tight.heldout, screen=tight.screen)
-    assert result.rungs == plain.rungs and result.report == plain.report
+    result = search(
+        target, _units(), 4.0, tight.sensitivity, tight.heldout, screen=tight.screening()
+    )
+    assert result.rungs == plain.rungs
     windows = {k: n for k, _, _, n in result.scored}
-    assert windows[0] == 4  # the flat KL 0.17 misses 0.0205 by far: screened out
-    assert windows[result.moves] == 1  # the chosen one: the full scoring (_report's 1 window)
-    assert tight.heldout_calls == sum(n == 1 for n in windows.values()) < tight.screen_calls
-    # Windows that spread as much as the miss decide nothing: every scoring is full.
-    loose = _Screened(THREE_LAYERS, spread=0.9)
-    again = search(target, _units(), 4.0, loose.sensitivity, loose.heldout, screen=loose.screen)
-    assert again.rungs == plain.rungs and loose.heldout_calls == loose.screen_calls
-    assert clearly_misses(AccuracyTarget("top1", 0.9), [_report(0.1, top1=0.5)]) is False
+    assert windows[0] == 4  # the flat KL 0.17 misses 0.0205 by far
+    assert windows[5] == 4  # the most accurate one (KL 0.0) keeps it by far
+    # the chosen KL 0.020 is 2.4% under the target, 3 standard errors are 1.3% at 4 windows
+    assert windows[result.moves] == 4 and result.report.mean_kl == pytest.approx(0.020)
+    assert tight.heldout_calls == 0
+    # A window spread of 10% decides the far ones at 4 windows and the near ones at none.
+    wide = _Screened(THREE_LAYERS, spread=0.1)
+    again = search(target, _units(), 4.0, wide.sensitivity, wide.heldout, screen=wide.screening())
+    windows = {k: n for k, _, _, n in again.scored}
+    assert again.rungs == plain.rungs and windows[0] == 4 and windows[again.moves] == 1
+    assert wide.heldout_calls == sum(n == 1 for n in windows.values()) > 0
+    assert wide.screened.count(8) == wide.heldout_calls  # each full one went through 4 and 8
+
+
+def test_decision_reads_the_spread_and_the_share_of_windows_scored():
+    top1 = AccuracyTarget("top1", 0.95)
+    near = [_report(0.0, top1=v) for v in (0.96, 0.94, 0.97, 0.95)]  # 0.955, se 0.0065
+    assert decision(top1, near, 16) is None
+    assert decision(top1, [_report(0.0, top1=v) for v in (0.91, 0.92, 0.90, 0.91)], 16) is False
+    assert decision(top1, [_report(0.0, top1=v) for v in (0.99, 0.98, 0.99, 0.98)], 16) is True
+    # 0.955 against 0.94: 3 standard errors are 0.0168 with 4 of 16 windows scored (undecided),
+    # 0.0087 with 4 of 5 (the unscored window can move the mean less): kept
+    lower = AccuracyTarget("top1", 0.94)
+    assert decision(lower, near, 16) is None and decision(lower, near, 5) is True
+    assert decision(top1, near, 4) is True  # every window scored: no error left
+    assert decision(top1, near[:1], 16) is None  # one window: no spread to read
 
 
 def test_search_keeps_the_flat_assignment_when_it_meets_the_target():

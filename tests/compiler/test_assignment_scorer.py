@@ -47,5 +47,12 @@ def test_a_resumed_scoring_equals_the_whole_run(tmp_path):
         runs = resumed.runs
         assert [r.num_windows for r in part] == [1, 1] and resumed.score(assignment, "s") == want
         assert resumed.runs == runs + 1
+        # A longer screening runs only the windows past the shorter one's.
+        other = tuple((m, W8) for m in modules[:1])
+        two = resumed.screen(other, "s", 2)
+        runs = resumed.runs
+        three = resumed.screen(other, "s", 3)
+        assert three[:2] == two and len(three) == 3 and resumed.runs == runs + 1
+        assert resumed.score(other, "s") == pooled_report(three, "x") and resumed.runs == runs + 1
     assert got == want and got.mean_kl > 0
     assert pooled_report(part, "x").num_tokens == 2 * 39

@@ -133,11 +133,12 @@ class AssignmentScorer:
 
     def screen(self, assignment: Assignment, which: str, count: int) -> list[AccuracyReport]:
         """One report per window of the first ``count`` windows of set ``which`` (all when it
-        has no more), kept for a ``score`` of the same assignment."""
-        select = range(min(count, len(self.windows[which])))
-        reports = self._score_windows(assignment, which, select)
-        self._screened[(assignment, which)] = reports
-        return reports
+        has no more), kept for a ``score`` or a longer screening of the same assignment: the
+        windows an earlier screening of it scored are not run again."""
+        kept = self._screened.setdefault((assignment, which), [])
+        stop = min(count, len(self.windows[which]))
+        kept += self._score_windows(assignment, which, range(len(kept), max(stop, len(kept))))
+        return kept[:stop]
 
     def _score_windows(self, assignment: Assignment, which: str, select: range):
         """One report per window of set ``which``'s windows ``select`` (consecutive)."""

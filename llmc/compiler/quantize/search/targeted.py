@@ -22,8 +22,8 @@ from llmc.compiler.quantize.search.accuracy_target import AccuracyTarget
 from llmc.compiler.quantize.search.assignment import FLOAT, Unit, ladder_of, make_units
 from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
 from llmc.compiler.quantize.search.path_search import (
-    SCREEN_WINDOWS,
     Resume,
+    Screening,
     SearchResult,
     search,
 )
@@ -107,7 +107,9 @@ class TargetedQuantization:
             lambda a: scorer.score(a, "heldout"),
             progress,
             resume,
-            lambda a: scorer.screen(a, "heldout", SCREEN_WINDOWS),
+            Screening(
+                lambda a, n: scorer.screen(a, "heldout", n), len(scorer.windows["heldout"])
+            ),
         )
 
     def spec_for(self, result: SearchResult) -> QuantSpec:
