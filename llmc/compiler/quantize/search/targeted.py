@@ -107,9 +107,7 @@ class TargetedQuantization:
             lambda a: scorer.score(a, "heldout"),
             progress,
             resume,
-            Screening(
-                lambda a, n: scorer.screen(a, "heldout", n), len(scorer.windows["heldout"])
-            ),
+            Screening(lambda a, n: scorer.screen(a, "heldout", n), len(scorer.windows["heldout"])),
         )
 
     def spec_for(self, result: SearchResult) -> QuantSpec:
