@@ -108,9 +108,9 @@ class _Additive:
         rungs = {unit_name(m): f for m, f in assignment}
         return sum(self.kl[u].get(r, 0.0) for u, r in rungs.items())
 
-    def sensitivity(self, assignment) -> float:
-        self.sensitivity_calls += 1
-        return self.total(assignment)
+    def sensitivity(self, assignments) -> list[float]:
+        self.sensitivity_calls += len(assignments)
+        return [self.total(a) for a in assignments]
 
     def heldout(self, assignment) -> AccuracyReport:
         self.heldout_calls += 1

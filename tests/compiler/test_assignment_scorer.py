@@ -56,3 +56,41 @@ def test_a_resumed_scoring_equals_the_whole_run(tmp_path):
         assert resumed.score(other, "s") == pooled_report(three, "x") and resumed.runs == runs + 1
     assert got == want and got.mean_kl > 0
     assert pooled_report(part, "x").num_tokens == 2 * 39
+
+
+def test_scorings_run_as_streams_equal_each_alone(tmp_path, monkeypatch):
+    """``score_each`` gives each assignment's own ``score`` while making one session per
+    segment and variant: one-module assignments share their float segments."""
+    from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
+
+    ckpt = make_tiny_gemma3(tmp_path / "ckpt", seed=3)
+    proto, _ = float_graph(load_model(resolve_model(str(ckpt)), "float32"), 16)
+    spec = QuantSpec(quant="int8", weight_only8_block_size=32)
+    targets = find_targets(ir.from_proto(proto))
+    modules = [t.module for t in targets if t.module.endswith(("q_proj", "down_proj"))]
+    precomputed = {(t.module, W8): FORMATS[W8].quantize(t.weight(), None, spec) for t in targets}
+    rng = np.random.default_rng(1)
+    sets = {"s": [rng.integers(3, 500, 33) for _ in range(2)]}
+    each = [((m, W8),) for m in modules] + [tuple((m, W8) for m in modules)]
+    made = []
+    session = LayerwiseRunner._session
+    monkeypatch.setattr(
+        LayerwiseRunner, "_session", lambda *a, **k: made.append(a[2]) or session(*a, **k)
+    )
+    with AssignmentScorer(proto, precomputed, sets, {"s": "x"}, 1, resumable=("s",)) as scorer:
+        scorer.score((), "s")  # the reference and the float entries: made before counting
+        made.clear()
+        alone = [scorer.score(a, "s") for a in each]
+        sessions_alone = len(made)
+        made.clear()
+        together = scorer.score_each(each, "s")
+        segment_of = scorer._segments_of_modules()
+        num_segments = scorer._runner().num_segments
+    assert together == alone and len({r.mean_kl for r in alone}) == len(each)
+    # One session per segment and variant among the streams started there: a stream starts at
+    # its first quantized segment; its variant of a segment is its modules quantized in it.
+    variants = 0
+    for i in range(num_segments):
+        started = [a for a in each if min(segment_of[m] for m, _ in a) <= i]
+        variants += len({tuple(sorted(m for m, _ in a if segment_of[m] == i)) for a in started})
+    assert len(made) == variants < sessions_alone

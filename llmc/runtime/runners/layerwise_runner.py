@@ -20,7 +20,7 @@ returned).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,24 @@ class SegmentEntry:
 
     segment: int
     envs: list[dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One of several runs over the same windows that share their segments' sessions
+    (``LayerwiseRunner.run_streams``).
+
+    Attributes:
+        start: where it starts (None: segment 0, from the windows' step inputs).
+        prepare: how it prepares its segments (None: the runner's).
+        variant: ``variant(i)`` names the graph ``prepare`` makes of segment ``i``; streams
+            whose variants of a segment are equal run one session of it (None: a variant of
+            its own for every segment).
+    """
+
+    start: SegmentEntry | None = None
+    prepare: Callable[[Any, str], Any] | None = None
+    variant: Callable[[int], Hashable] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,8 +206,32 @@ class LayerwiseRunner:
         accuracy-target search's one-unit scorings), yielding nothing for the segments before
         it. ``keep``: {segment index: None} to fill with each listed segment's ``SegmentEntry``
         (the arrays are shared, not copied, and outlive the run while held). Raises ValueError
-        for no windows, an unknown ``attention_fpmath``, or a ``start`` of other windows."""
+        for no windows, an unknown ``attention_fpmath``, or a start of other windows."""
+        run = self.run_streams(
+            windows, [Stream(start, prepare)], progress, logits_indices, prepacking,
+            attention_fpmath, keep,
+        )  # fmt: skip
+        for _, out in run:
+            yield out
 
+    def run_streams(
+        self,
+        windows: list[np.ndarray],
+        streams: list[Stream],
+        progress: Callable[[int, int], None] | None = None,
+        logits_indices: list[np.ndarray] | None = None,
+        prepacking: bool = True,
+        attention_fpmath: str | None = None,
+        keep: dict[int, SegmentEntry] | None = None,
+    ) -> Iterator[tuple[int, SegmentOutputs]]:
+        """``run`` of each of ``streams`` over the same ``windows``, interleaved segment by
+        segment so that streams whose segment ``i`` is the same graph (equal ``variant(i)``)
+        run one session of it: yields (stream index, ``SegmentOutputs``); within a segment each
+        stream's windows come together, in order, and every stream that has started gets the
+        segment's closing record. A search's one-module scorings, each quantized in one segment
+        and float after it, make one session per segment and variant instead of one per scoring
+        and segment. ``keep`` records the first stream's entries. Arguments and errors as
+        ``run``'s."""
         if not windows:
             raise ValueError("no windows to run")
         steps: list[StepInputs] = [single_prefill(w, self.block_size) for w in windows]
@@ -198,13 +240,46 @@ class LayerwiseRunner:
                 replace(step, logits_indices=np.asarray(rows, np.int64))
                 for step, rows in zip(steps, logits_indices, strict=True)
             ]
-        envs = [step_feed(step) | lora_feed(step, self._lora) for step in steps]
-        first = 0 if start is None else start.segment
-        if start is not None:
-            if len(start.envs) != len(windows):
-                raise ValueError(f"a start of {len(start.envs)} windows for {len(windows)}")
-            envs = [dict(env) for env in start.envs]
+        envs = [self._stream_envs(steps, stream.start) for stream in streams]
+        first = [0 if stream.start is None else stream.start.segment for stream in streams]
         max_blocks = max(int(s.block_tables.shape[1]) for s in steps)
+        opts = self._session_options(prepacking)
+        plugins = self._plugins(attention_fpmath)
+        for i in range(min(first), self.num_segments):
+            if keep is not None and i in keep:
+                keep[i] = SegmentEntry(i, [dict(env) for env in envs[0]])
+            segment, inputs, outputs = self.segment_to_run(i)
+            caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None
+            started = [k for k in range(len(streams)) if first[k] <= i]
+            for group in _variants(streams, started, i):
+                prepare = streams[group[0]].prepare
+                session = self._session(segment, i, opts, prepare) if outputs else None
+                run = (session, inputs, outputs, plugins[i] if caches is not None else None, caches)
+                for k in group:
+                    for out in self._segment_windows(i, run, steps, envs[k]):
+                        yield k, out
+                    for env in envs[k]:
+                        for name in [n for n in env if self._last_use.get(n, -1) <= i]:
+                            del env[name]
+                del session, run
+            del caches
+            if progress is not None:
+                progress(i + 1, self.num_segments)
+            for k in started:
+                yield k, SegmentOutputs(i, None, {})
+
+    def _stream_envs(self, steps: list[StepInputs], start: SegmentEntry | None) -> list[dict]:
+        """Each window's live tensors where a stream starts: its step inputs at segment 0, or
+        copies of ``start``'s (checked to be of as many windows)."""
+        if start is None:
+            return [step_feed(step) | lora_feed(step, self._lora) for step in steps]
+        if len(start.envs) != len(steps):
+            raise ValueError(f"a start of {len(start.envs)} windows for {len(steps)}")
+        return [dict(env) for env in start.envs]
+
+    def _session_options(self, prepacking: bool):
+        """The runs' ORT session options: the engine's optimizations and entries with
+        ``engine_kernels``, packed weights only where those kernels need them."""
         opts = graph_session_options(self._threads, self._external_data_dir)
         # No packed copies of the weights: ONNX Runtime's MatMul would keep a packed copy of
         # each constant B beside the memory-mapped original (twice a segment's weights; 0.5 GB
@@ -220,28 +295,22 @@ class LayerwiseRunner:
             opts.add_session_config_entry("session.disable_prepacking", "1")
         for key, value in self._session_config.items():
             opts.add_session_config_entry(key, value)
-        plugins = self._plugins(attention_fpmath)
-        for i in range(first, self.num_segments):
-            if keep is not None and i in keep:
-                keep[i] = SegmentEntry(i, [dict(env) for env in envs])
-            segment, inputs, outputs = self.segment_to_run(i)
-            session = self._session(segment, i, opts, prepare) if outputs else None
-            caches = _layer_caches(plugins[i], max_blocks) if i < len(plugins) else None
-            for w, (step, env) in enumerate(zip(steps, envs, strict=True)):
-                for rows, outs in self._window_runs(session, inputs, outputs, env):
-                    env.update(zip(outputs, outs, strict=True))
-                    del outs
-                    if caches is not None:
-                        env[plugins[i].output] = run_plugin(plugins[i], env, caches, step)
-                    tensors = {n: env[n] for n in outputs if n in self._extra or n == self.logits}
-                    yield SegmentOutputs(i, w, tensors, rows)
-                    del tensors
-                for name in [n for n in env if self._last_use.get(n, -1) <= i]:
-                    del env[name]
-            del session, caches
-            if progress is not None:
-                progress(i + 1, self.num_segments)
-            yield SegmentOutputs(i, None, {})
+        return opts
+
+    def _segment_windows(self, i: int, run: tuple, steps: list[StepInputs], envs: list[dict]):
+        """Segment ``i`` over one stream's windows (``envs``, updated in place): ``run`` is
+        (its session or None, inputs, outputs, its plugin call or None, that layer's caches);
+        yields each window's outputs."""
+        session, inputs, outputs, plugin, caches = run
+        for w, (step, env) in enumerate(zip(steps, envs, strict=True)):
+            for rows, outs in self._window_runs(session, inputs, outputs, env):
+                env.update(zip(outputs, outs, strict=True))
+                del outs
+                if plugin is not None:
+                    env[plugin.output] = run_plugin(plugin, env, caches, step)
+                tensors = {n: env[n] for n in outputs if n in self._extra or n == self.logits}
+                yield SegmentOutputs(i, w, tensors, rows)
+                del tensors
 
     def _plugins(self, fpmath_mode: str | None) -> list[PluginCall]:
         """The plan's plugin calls, each with ``fpmath_mode`` when given."""
@@ -283,6 +352,16 @@ class LayerwiseRunner:
         finally:  # loaded (or mapped: the mapping outlives the name) by now
             if prepare is not None and self._external_data_dir is not None:
                 (self._external_data_dir / scratch).unlink(missing_ok=True)
+
+
+def _variants(streams: list[Stream], started: list[int], i: int) -> list[list[int]]:
+    """The indices ``started`` of ``streams`` grouped by their variant of segment ``i``, each
+    group in order, the groups in order of their first stream."""
+    groups: dict[Hashable, list[int]] = {}
+    for k in started:
+        variant = streams[k].variant
+        groups.setdefault((k,) if variant is None else ("variant", variant(i)), []).append(k)
+    return list(groups.values())
 
 
 def _layer_caches(plugin, num_blocks: int) -> tuple[np.ndarray, np.ndarray]:

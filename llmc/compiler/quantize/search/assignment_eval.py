@@ -17,6 +17,7 @@ own accuracy report confirms the choice.
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections import Counter
 from collections.abc import Callable
@@ -41,6 +42,10 @@ from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
 
 Assignment = tuple[tuple[str, str], ...]
+#: Live tensors the streams of one ``score_each`` run may hold (the windows' residual streams
+#: and boundary tensors, per scoring): Gemma 3 270M's 38 one-unit sensitivity scorings of 4
+#: windows x 256 tokens hold about 0.2 GB and run as one.
+STREAM_BYTES = 512 << 20
 #: Logits positions per run of the last segment when scoring (``LayerwiseRunner``'s
 #: ``logits_rows``): [64, 262,144] float32 is 67 MB a copy, where a whole 256-token window's
 #: logits are 0.27 GB, several times over in ONNX Runtime (Gemma 3 270M's held-out scoring
@@ -131,6 +136,64 @@ class AssignmentScorer:
         rest = self._score_windows(assignment, which, range(len(kept), len(self.windows[which])))
         return pooled_report(kept + rest, self.labels[which])
 
+    def score_each(self, assignments: list[Assignment], which: str) -> list[AccuracyReport]:
+        """``score`` of each of ``assignments`` on set ``which``, in runs over the segments
+        that share each segment's session among the assignments that quantize it alike
+        (``LayerwiseRunner.run_streams``): for one-module assignments, one session per segment
+        and module instead of one per segment and assignment. Each stream starts where
+        ``score``'s would (``resumable`` sets). At most ``STREAM_BYTES`` of live tensors a run."""
+        reports: list[AccuracyReport] = []
+        size = self._stream_size(which)
+        for start in range(0, len(assignments), size):
+            reports += self._score_streams(assignments[start : start + size], which)
+        return reports
+
+    def _stream_size(self, which: str) -> int:
+        """How many assignments one ``score_each`` run of set ``which`` takes: ``STREAM_BYTES``
+        over the largest live tensors of a float run's segment entry (resumable sets; else one
+        at a time)."""
+        if which not in self.resumable:
+            return 1
+        entries = [e for e in self._float_entries(which).values() if e is not None]
+        per_stream = max(
+            (sum(a.nbytes for env in e.envs for a in env.values()) for e in entries), default=0
+        )
+        return max(1, STREAM_BYTES // max(1, per_stream))
+
+    def _score_streams(self, assignments: list[Assignment], which: str) -> list[AccuracyReport]:
+        """The pooled report of each of ``assignments`` on set ``which``, run as streams."""
+        from llmc.runtime.runners.layerwise_runner import Stream
+
+        spill, _ = self._reference(which)
+        runner, windows, positions = self._runner(), self.windows[which], self._positions(which)
+        last = runner.num_segments - 1
+        self.runs += 1
+        streams = [
+            Stream(self._start(a, which), self._quantizing(a), self._variant(a))
+            for a in assignments
+        ]
+        run = runner.run_streams(
+            windows, streams, logits_indices=positions, attention_fpmath=self.attention_fpmath
+        )
+        finals = ((k, o) for k, o in run if o.segment == last and o.window is not None)
+        reports: list[AccuracyReport | None] = [None] * len(assignments)
+        for k, outputs in itertools.groupby(finals, key=lambda item: item[0]):
+            chunks = _logits_chunks((o for _, o in outputs), runner.logits, spill, 0)
+            per_window = score_window_chunks(chunks, windows, self.labels[which], None, positions)
+            reports[k] = pooled_report(per_window, self.labels[which])
+        release_freed_memory()
+        return reports
+
+    def _variant(self, assignment: Assignment):
+        """``Stream.variant`` of ``assignment``: segment index -> its (module, format) pairs
+        quantized in that segment (() where it is float)."""
+        segments = self._segments_of_modules()
+        by_segment: dict[int, list[tuple[str, str]]] = {}
+        for module, fmt in assignment:
+            if fmt != FLOAT:
+                by_segment.setdefault(segments[module], []).append((module, fmt))
+        return lambda i: tuple(sorted(by_segment.get(i, ())))
+
     def screen(self, assignment: Assignment, which: str, count: int) -> list[AccuracyReport]:
         """One report per window of the first ``count`` windows of set ``which`` (all when it
         has no more), kept for a ``score`` or a longer screening of the same assignment: the
@@ -154,23 +217,16 @@ class AssignmentScorer:
         self.runs += 1
         prepare = self._quantizing(assignment)
 
-        def chunks():
-            spill.seek(offset)
-            run = runner.run(
-                windows,
-                logits_indices=positions,
-                prepare=prepare,
-                attention_fpmath=self.attention_fpmath,
-                start=self._start(assignment, which, select),
-            )
-            for out in run:
-                if out.segment == last and out.window is not None:
-                    got = out.tensors[runner.logits]
-                    want = np.fromfile(spill, np.float32, got.size).reshape(got.shape)
-                    rows = out.rows or slice(0, None)
-                    yield LogitsChunk(out.window, rows, want, got)
-
-        reports = score_window_chunks(chunks(), windows, self.labels[which], positions=positions)
+        run = runner.run(
+            windows,
+            logits_indices=positions,
+            prepare=prepare,
+            attention_fpmath=self.attention_fpmath,
+            start=self._start(assignment, which, select),
+        )
+        finals = (o for o in run if o.segment == last and o.window is not None)
+        chunks = _logits_chunks(finals, runner.logits, spill, offset)
+        reports = score_window_chunks(chunks, windows, self.labels[which], positions=positions)
         release_freed_memory()  # a scoring's logits and sessions, before the next one
         return reports
 
@@ -305,6 +361,16 @@ def quantize_segment(
     for fmt in used:  # an anchor's key is "<anchor>:<format>"
         FORMATS[fmt.rpartition(":")[2]].rewrite_for_cpu(proto)
     return proto
+
+
+def _logits_chunks(outputs, logits: str, spill, offset: int):
+    """``LogitsChunk``s of a scoring's last-segment ``outputs`` (in window order, each window's
+    rows in order) against the reference logits read from ``spill`` from byte ``offset`` on."""
+    spill.seek(offset)
+    for out in outputs:
+        got = out.tensors[logits]
+        want = np.fromfile(spill, np.float32, got.size).reshape(got.shape)
+        yield LogitsChunk(out.window, out.rows or slice(0, None), want, got)
 
 
 def spill_logits(

@@ -157,15 +157,16 @@ def search(
     target: AccuracyTarget,
     units: list[Unit],
     float_bytes: float,
-    sensitivity_kl: Callable[[Assignment], float],
+    sensitivity_kl: Callable[[list[Assignment]], list[float]],
     heldout: Callable[[Assignment], AccuracyReport],
     progress: Callable[[str], None] | None = None,
     resume: Resume | None = None,
     screen: Screening | None = None,
 ) -> SearchResult:
-    """Search as the module docstring says. ``sensitivity_kl(assignment)`` scores an assignment
-    on the calibration windows (mean KL), ``heldout(assignment)`` on the held-out ones,
-    ``screen`` a few of them at a time (None: no screening; ``heldout`` may reuse them);
+    """Search as the module docstring says. ``sensitivity_kl(assignments)`` scores each of
+    ``assignments`` on the calibration windows (mean KL), ``heldout(assignment)`` one on the
+    held-out ones, ``screen`` a few of those at a time (None: no screening; ``heldout`` may
+    reuse them);
     ``progress`` is told each scoring; ``resume`` continues a search past the assignment an
     engine missed with. Raises AccuracyTargetError when no quantized assignment (past
     ``resume.moves``) keeps ``target`` (``resume.target``), ValueError for no units."""
@@ -267,14 +268,15 @@ def decision(
 
 
 def _sensitivity(units: list[Unit], sensitivity_kl, say) -> dict[str, dict[str, float]]:
-    """{unit: {rung: KL}}: each unit alone at each rung below float, the rest float."""
+    """{unit: {rung: KL}}: each unit alone at each rung below float, the rest float, scored in
+    one call (``sensitivity_kl`` may share the float segments among them)."""
     all_float = {u.name: FLOAT for u in units}
+    pairs = [(u, rung) for u in units for rung in u.ladder[:-1]]
+    kls = sensitivity_kl([assignment_of(units, all_float | {u.name: r}) for u, r in pairs])
     sensitivity: dict[str, dict[str, float]] = {}
-    for u in units:
-        for rung in u.ladder[:-1]:
-            kl = sensitivity_kl(assignment_of(units, all_float | {u.name: rung}))
-            sensitivity.setdefault(u.name, {})[rung] = kl
-            say(f"sensitivity {u.name} {rung}: KL {kl:.4g}")
+    for (u, rung), kl in zip(pairs, kls, strict=True):
+        sensitivity.setdefault(u.name, {})[rung] = kl
+        say(f"sensitivity {u.name} {rung}: KL {kl:.4g}")
     return sensitivity
 
 

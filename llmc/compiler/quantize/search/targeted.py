@@ -103,7 +103,7 @@ class TargetedQuantization:
             target,
             self.units,
             self.float_bytes,
-            lambda a: scorer.score(a, "sensitivity").mean_kl,
+            lambda each: [r.mean_kl for r in scorer.score_each(each, "sensitivity")],
             lambda a: scorer.score(a, "heldout"),
             progress,
             resume,
