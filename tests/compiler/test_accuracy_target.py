@@ -16,6 +16,7 @@ from llmc.compiler.quantize.search.path_search import (
     AccuracyTargetError,
     Resume,
     Screening,
+    _screened,
     decision,
     search,
 )
@@ -184,7 +185,21 @@ def test_screening_decides_far_scorings_and_finds_the_same_assignment():
     windows = {k: n for k, _, _, n in again.scored}
     assert again.rungs == plain.rungs and windows[0] == 4 and windows[again.moves] == 1
     assert wide.heldout_calls == sum(n == 1 for n in windows.values()) > 0
-    assert wide.screened.count(8) == wide.heldout_calls  # each full one went through 4 and 8
+    # the near ones miss or keep by less than 8 windows could decide: from 4 windows to all
+    assert wide.screened.count(8) == 0 and wide.screened.count(4) == len(windows)
+
+
+def test_a_screening_stage_that_could_decide_is_run():
+    """0.94 from 4 windows spread 0.0115 misses 0.95 by less than 3 standard errors (0.015);
+    8 windows of that spread could decide (0.0087): the 8-window stage is run, and decides."""
+    values = [0.93, 0.95, 0.93, 0.95] * 4
+
+    def first(assignment, count):
+        return [_report(0.0, top1=v) for v in values[:count]]
+
+    screening = Screening(first, 16)
+    report = _screened(AccuracyTarget("top1", 0.95), None, screening)(())
+    assert report.num_windows == 8 and report.top1_agreement == pytest.approx(0.94)
 
 
 def test_decision_reads_the_spread_and_the_share_of_windows_scored():

@@ -232,17 +232,23 @@ def search(
 
 def _screened(target: AccuracyTarget, heldout, screen: Screening | None):
     """``heldout``, or where ``screen`` is given, an assignment's screening (its first windows
-    pooled) when that decides it (``decision``) at a stage of ``SCREEN_WINDOWS``."""
+    pooled) when that decides it (``decision``) at a stage of ``SCREEN_WINDOWS``. A stage that
+    could not decide at the margin and spread its previous stage measured is skipped (each
+    stage costs the segments' sessions again: a near assignment goes from 4 windows to all)."""
     if screen is None:
         return heldout
 
     def measured(assignment: Assignment) -> AccuracyReport:
+        seen: tuple[float, float] | None = None  # (margin, spread) of the last stage
         for count in SCREEN_WINDOWS:
             if count >= screen.num_windows:
                 break
+            if seen is not None and abs(seen[0]) <= _bound(seen[1], count, screen.num_windows):
+                continue
             part = screen.first(assignment, count)
             if decision(target, part, screen.num_windows) is not None:
                 return pooled_report(part, part[0].data)
+            seen = _margin_and_spread(target, part)
         return heldout(assignment)
 
     return measured
@@ -256,15 +262,25 @@ def decision(
     pooled value lies more than ``SCREEN_Z`` standard errors of the set's mean from the target
     (the windows' spread over sqrt(n), times sqrt(1 - n / num_windows)). None: undecided, or
     fewer than 2 windows."""
-    n = len(per_window)
-    if n < 2:
+    if len(per_window) < 2:
         return None
-    values = [target.measure(r) for r in per_window]
-    error = statistics.stdev(values) / math.sqrt(n) * math.sqrt(max(0.0, 1 - n / num_windows))
-    margin = -target.shortfall(pooled_report(per_window, per_window[0].data))
-    if abs(margin) <= SCREEN_Z * error:
+    margin, spread = _margin_and_spread(target, per_window)
+    if abs(margin) <= _bound(spread, len(per_window), num_windows):
         return None
     return margin > 0
+
+
+def _margin_and_spread(target: AccuracyTarget, per_window: list[AccuracyReport]):
+    """(how far the pooled value keeps the target, negative when it misses; the per-window
+    values' standard deviation), from at least 2 windows."""
+    values = [target.measure(r) for r in per_window]
+    margin = -target.shortfall(pooled_report(per_window, per_window[0].data))
+    return margin, statistics.stdev(values)
+
+
+def _bound(spread: float, n: int, num_windows: int) -> float:
+    """``SCREEN_Z`` standard errors of the mean of ``n`` of ``num_windows`` windows."""
+    return SCREEN_Z * spread / math.sqrt(n) * math.sqrt(max(0.0, 1 - n / num_windows))
 
 
 def _sensitivity(units: list[Unit], sensitivity_kl, say) -> dict[str, dict[str, float]]:
