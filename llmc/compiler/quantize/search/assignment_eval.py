@@ -172,12 +172,9 @@ class AssignmentScorer:
             Stream(self._start(a, which), self._quantizing(a), self._variant(a))
             for a in assignments
         ]
-        # Each segment's sessions (one per variant) come and go: their memory goes back to the
-        # system before the next segment's, as after each scoring run alone.
         run = runner.run_streams(
-            windows, streams, lambda *_: release_freed_memory(), positions,
-            attention_fpmath=self.attention_fpmath,
-        )  # fmt: skip
+            windows, streams, logits_indices=positions, attention_fpmath=self.attention_fpmath
+        )
         finals = ((k, o) for k, o in run if o.segment == last and o.window is not None)
         reports: list[AccuracyReport | None] = [None] * len(assignments)
         for k, outputs in itertools.groupby(finals, key=lambda item: item[0]):
