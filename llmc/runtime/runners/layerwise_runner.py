@@ -35,6 +35,10 @@ from llmc.runtime.runners.lora_feed import lora_feed, zero_slots
 from llmc.runtime.runners.ort_runner import graph_session_options, run_plugin, step_feed
 from llmc.runtime.runners.step_inputs import StepInputs, single_prefill
 
+#: Ops whose kernels read packed weights (MatMulNBits computes at its accuracy level only from
+#: them; Q/DQ MatMuls fuse into such kernels under ``engine_kernels``).
+QUANTIZED_OPS = frozenset({"DequantizeLinear", "QuantizeLinear", "MatMulNBits", "MatMulInteger"})
+
 
 @dataclass(frozen=True)
 class SegmentEntry:
@@ -243,7 +247,8 @@ class LayerwiseRunner:
         envs = [self._stream_envs(steps, stream.start) for stream in streams]
         first = [0 if stream.start is None else stream.start.segment for stream in streams]
         max_blocks = max(int(s.block_tables.shape[1]) for s in steps)
-        opts = self._session_options(prepacking)
+        # float segments run unpacked whatever ``prepacking`` says (``_session``)
+        opts = (self._session_options(prepacking), self._session_options(False))
         plugins = self._plugins(attention_fpmath)
         for i in range(min(first), self.num_segments):
             if keep is not None and i in keep:
@@ -338,16 +343,24 @@ class LayerwiseRunner:
             rows = slice(start, start + len(feed["logits_indices"]))
             yield rows, session.run(outputs, feed)
 
-    def _session(self, segment, i: int, opts, prepare=None):
+    def _session(self, segment, i: int, opts: tuple, prepare=None):
+        """Segment ``i`` prepared (``prepare``, else the runner's) in an ORT session with
+        ``opts`` = (options for a quantized graph, options without packed weights). A graph
+        with no quantized node (``QUANTIZED_OPS``) takes the second: ORT's float MatMul gives
+        the same numbers from the memory-mapped weights as from a packed copy, and the copy of
+        a float vocabulary projection is 0.67 GB at Gemma 3's."""
         import onnxruntime as ort
 
         scratch = f"segment_{i:03d}.prepared.data"
         prepare = prepare or self._prepare
         if prepare is not None:
             segment = prepare(segment, scratch)
+        quantized = any(n.op_type in QUANTIZED_OPS for n in segment.graph.node)
         try:
             return ort.InferenceSession(
-                segment.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+                segment.SerializeToString(),
+                opts[0] if quantized else opts[1],
+                providers=["CPUExecutionProvider"],
             )
         finally:  # loaded (or mapped: the mapping outlives the name) by now
             if prepare is not None and self._external_data_dir is not None:
