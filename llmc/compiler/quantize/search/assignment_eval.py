@@ -42,10 +42,11 @@ from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
 
 Assignment = tuple[tuple[str, str], ...]
-#: Live tensors the streams of one ``score_each`` run may hold (the windows' residual streams
-#: and boundary tensors, per scoring): Gemma 3 270M's 38 one-unit sensitivity scorings of 4
-#: windows x 256 tokens hold about 0.2 GB and run as one.
-STREAM_BYTES = 512 << 20
+#: Live tensors the streams of one ``score_each`` run may hold, counted as a float run's
+#: segment entry (the windows' residual streams and boundary tensors) per stream. The streams
+#: hold about 4x that while they run (ONNX Runtime's outputs, the plugin's): Gemma 3 270M's 38
+#: one-unit sensitivity scorings of 4 windows x 256 tokens (8 MB an entry) run in 3 batches.
+STREAM_BYTES = 128 << 20
 #: Logits positions per run of the last segment when scoring (``LayerwiseRunner``'s
 #: ``logits_rows``): [64, 262,144] float32 is 67 MB a copy, where a whole 256-token window's
 #: logits are 0.27 GB, several times over in ONNX Runtime (Gemma 3 270M's held-out scoring
