@@ -147,7 +147,8 @@ class AssignmentScorer:
         reports: list[AccuracyReport] = []
         size = self._stream_size(which)
         for start in range(0, len(assignments), size):
-            reports += self._score_streams(assignments[start : start + size], which)
+            batch = self._score_streams(assignments[start : start + size], which)
+            reports += [pooled_report(r, self.labels[which]) for r in batch]
         return reports
 
     def _stream_size(self, which: str) -> int:
@@ -162,28 +163,37 @@ class AssignmentScorer:
         )
         return max(1, STREAM_BYTES // max(1, per_stream))
 
-    def _score_streams(self, assignments: list[Assignment], which: str) -> list[AccuracyReport]:
-        """The pooled report of each of ``assignments`` on set ``which``, run as streams."""
+    def _score_streams(
+        self, assignments: list[Assignment], which: str, select: range | None = None
+    ) -> list[list[AccuracyReport]]:
+        """One report per window of set ``which``'s windows ``select`` (consecutive; default
+        all) for each of ``assignments``, run as streams of one ``run_streams``."""
         from llmc.runtime.runners.layerwise_runner import Stream
 
-        spill, _ = self._reference(which)
-        runner, windows, positions = self._runner(), self.windows[which], self._positions(which)
+        select = range(len(self.windows[which])) if select is None else select
+        if not select:
+            return [[] for _ in assignments]
+        spill, shapes = self._reference(which)
+        runner = self._runner()
+        windows = self.windows[which][select.start : select.stop]
+        positions = self._positions(which)
+        positions = None if positions is None else positions[select.start : select.stop]
+        offset = sum(rows * vocab for rows, vocab in shapes[: select.start]) * 4  # float32
         last = runner.num_segments - 1
         self.runs += 1
         streams = [
-            Stream(self._start(a, which), self._quantizing(a), self._variant(a))
+            Stream(self._start(a, which, select), self._quantizing(a), self._variant(a))
             for a in assignments
         ]
         run = runner.run_streams(
             windows, streams, logits_indices=positions, attention_fpmath=self.attention_fpmath
         )
         finals = ((k, o) for k, o in run if o.segment == last and o.window is not None)
-        reports: list[AccuracyReport | None] = [None] * len(assignments)
+        reports: list[list[AccuracyReport]] = [[] for _ in assignments]
         for k, outputs in itertools.groupby(finals, key=lambda item: item[0]):
-            chunks = _logits_chunks((o for _, o in outputs), runner.logits, spill, 0)
-            per_window = score_window_chunks(chunks, windows, self.labels[which], None, positions)
-            reports[k] = pooled_report(per_window, self.labels[which])
-        release_freed_memory()
+            chunks = _logits_chunks((o for _, o in outputs), runner.logits, spill, offset)
+            reports[k] = score_window_chunks(chunks, windows, self.labels[which], None, positions)
+        release_freed_memory()  # the scorings' logits and sessions, before the next ones
         return reports
 
     def _variant(self, assignment: Assignment):
@@ -207,30 +217,7 @@ class AssignmentScorer:
 
     def _score_windows(self, assignment: Assignment, which: str, select: range):
         """One report per window of set ``which``'s windows ``select`` (consecutive)."""
-        if not select:
-            return []
-        spill, shapes = self._reference(which)
-        runner = self._runner()
-        windows = self.windows[which][select.start : select.stop]
-        positions = self._positions(which)
-        positions = None if positions is None else positions[select.start : select.stop]
-        offset = sum(rows * vocab for rows, vocab in shapes[: select.start]) * 4  # float32
-        last = runner.num_segments - 1
-        self.runs += 1
-        prepare = self._quantizing(assignment)
-
-        run = runner.run(
-            windows,
-            logits_indices=positions,
-            prepare=prepare,
-            attention_fpmath=self.attention_fpmath,
-            start=self._start(assignment, which, select),
-        )
-        finals = (o for o in run if o.segment == last and o.window is not None)
-        chunks = _logits_chunks(finals, runner.logits, spill, offset)
-        reports = score_window_chunks(chunks, windows, self.labels[which], positions=positions)
-        release_freed_memory()  # a scoring's logits and sessions, before the next one
-        return reports
+        return self._score_streams([assignment], which, select)[0]
 
     def _start(self, assignment: Assignment, which: str, select: range | None = None):
         """The ``SegmentEntry`` a scoring of ``assignment`` on set ``which`` (its windows
