@@ -181,8 +181,15 @@ class AssignmentScorer:
         offset = sum(rows * vocab for rows, vocab in shapes[: select.start]) * 4  # float32
         last = runner.num_segments - 1
         self.runs += 1
+        # Variants only where streams share: a lone scoring's modules need no segment index
+        # (the held-out set's, e.g. an anchor's vocabulary projection, are not looked up).
+        shared = len(assignments) > 1
         streams = [
-            Stream(self._start(a, which, select), self._quantizing(a), self._variant(a))
+            Stream(
+                self._start(a, which, select),
+                self._quantizing(a),
+                self._variant(a) if shared else None,
+            )
             for a in assignments
         ]
         run = runner.run_streams(
