@@ -361,12 +361,16 @@ def quantize_segment(
 
 def _logits_chunks(outputs, logits: str, spill, offset: int):
     """``LogitsChunk``s of a scoring's last-segment ``outputs`` (in window order, each window's
-    rows in order) against the reference logits read from ``spill`` from byte ``offset`` on."""
-    spill.seek(offset)
+    rows in order) against the reference logits in ``spill`` from byte ``offset`` on. Each
+    chunk's reference is mapped from the file, not copied (the file's pages are cached: a
+    read copied 4.3 GB per scoring of Gemma 3 270M's held-out set at ~3 GB/s), and unmapped
+    once the chunk is scored."""
     for out in outputs:
         got = out.tensors[logits]
-        want = np.fromfile(spill, np.float32, got.size).reshape(got.shape)
+        want = np.memmap(spill, np.float32, "r", offset=offset, shape=got.shape)
+        offset += got.size * 4  # float32
         yield LogitsChunk(out.window, out.rows or slice(0, None), want, got)
+        del want
 
 
 def spill_logits(
