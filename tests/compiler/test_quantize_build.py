@@ -12,12 +12,12 @@ from onnx import numpy_helper
 
 from llmc.calibration.data import CalibrationDataError
 from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import OP_TYPE as BLOCK_INT8
-from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import block_int8_matmul_isa
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.manifest import read_manifest
 from llmc.errors import BuildConfigError
+from llmc.plugins.int8_matmul import block_int8_matmul_isa
 from llmc.runtime.llm import LLM
 from llmc.runtime.sampling_params import SamplingParams
 from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3

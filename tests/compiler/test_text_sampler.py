@@ -75,8 +75,8 @@ def test_cached_texts_are_the_samplers_and_are_sampled_once(sampler, tmp_path):
 
 def test_the_sampler_engine_runs_this_hosts_8_bit_kernel(sampler):
     """Where the host runs ``llmc::BlockInt8MatMul``, the sampler's 8-bit MatMuls are on it."""
-    from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import block_int8_matmul_isa
     from llmc.engine.isa import detect_host_isa
+    from llmc.plugins.int8_matmul import block_int8_matmul_isa
 
     graph = onnx.load(str(sampler.engine_dir() / "engine.onnx"), load_external_data=False)
     ops = [n.op_type for n in graph.graph.node]

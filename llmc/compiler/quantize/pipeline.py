@@ -17,11 +17,14 @@ from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.front import family_of
 from llmc.compiler.quantize.qdq import GraphQuantizer, QuantReport, calibration_tensors, gptq_keys
+from llmc.compiler.quantize.search.heldout_scoring import ScoringGraph
 from llmc.compiler.quantize.tensor_spill import TensorSpill
 from llmc.compiler.quantize.texts import TextSource, windows_of
 from llmc.compiler.weights.stored_weights import segment_widener
+from llmc.engine.isa import detect_host_isa
 from llmc.engine.plugin import engine_attention_fpmath
 from llmc.heap import release_freed_memory
+from llmc.plugins.int8_matmul import block_int8_matmul_isa
 
 if TYPE_CHECKING:
     from llmc.compiler.config.build_config import BuildConfig
@@ -100,12 +103,13 @@ def quantize(
         report = _quantize_segments(parts, quantizer, targeted, anchors)
     if targeted is not None or anchors is not None:
         texts = (calib_source, heldout_source, hf_model, tokenizer, windows)
-        graph_run = (
+        graph_run = ScoringGraph(
             float_model,
             weights_dir,
             segment_widener(weights_dir),
             session_config(spec.quant),
             scoring_fpmath(config, spec.quant),
+            scoring_block_int8(config, spec.quant),
         )
         searches = (targeted, anchors, report)
         report = _score_heldout(config, graph, spill, searches, texts, graph_run, stage, resume)
@@ -288,6 +292,14 @@ def _cache_use(calibrated: bool, cached: bool, cache) -> str:
     if not calibrated:
         return "none"
     return "read" if cached else cache.skipped or "saved"
+
+
+def scoring_block_int8(config, quant: str) -> bool:
+    """Whether held-out scorings run 8-bit weight-only modules on ``llmc::BlockInt8MatMul``:
+    where a cpu engine of ``quant`` built on this host does (``host.plan_cpu``)."""
+    if family_of(config.target.arch) != "cpu" or quant == "none":
+        return False
+    return block_int8_matmul_isa(detect_host_isa().features) is not None
 
 
 def scoring_fpmath(config, quant: str) -> str:

@@ -31,6 +31,7 @@ from llmc.engine.kv_cache import kv_cache_numpy_dtype
 from llmc.engine.plan import PluginCall
 from llmc.engine.plugin import FPMATH_MODES
 from llmc.engine.split import split_at_plugins
+from llmc.plugins.paged_attention import ort_op
 from llmc.runtime.runners.lora_feed import lora_feed, zero_slots
 from llmc.runtime.runners.ort_runner import graph_session_options, run_plugin, step_feed
 from llmc.runtime.runners.step_inputs import StepInputs, single_prefill
@@ -110,8 +111,9 @@ class LayerwiseRunner:
             (``llmc.compiler.weights.stored_weights.widen_segment``).
         engine_kernels: optimize each segment as the CPU lowering does (ORT_ENABLE_ALL, so
             Q/DQ MatMuls fuse into the kernels an engine runs) with ``session_config``'s
-            entries, instead of ORT_ENABLE_BASIC; for scoring quantized graphs as the engine
-            would compute them.
+            entries, instead of ORT_ENABLE_BASIC, and llmc's custom ops registered (where
+            the library is built); for scoring quantized graphs as the engine would compute
+            them.
         logits_rows: compute a window's logits at most this many positions per run of the
             last segment (records with ``rows``); None: all in one run. The last segment's
             ``extra_outputs`` then come with every chunk (the same values).
@@ -296,6 +298,7 @@ class LayerwiseRunner:
             import onnxruntime as ort
 
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            ort_op.register(opts)  # llmc's kernels a prepared segment may run (BlockInt8MatMul)
         if not self._engine_kernels or not prepacking:
             opts.add_session_config_entry("session.disable_prepacking", "1")
         for key, value in self._session_config.items():

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import block_int8_matmul_isa
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.plugin import engine_attention_fpmath
 from llmc.engine.provider import ProviderChoice, provider_for_dtype
 from llmc.errors import BuildConfigError
+from llmc.plugins.int8_matmul import block_int8_matmul_isa
 from llmc.plugins.paged_attention import ort_op
 
 

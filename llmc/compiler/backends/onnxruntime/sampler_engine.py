@@ -19,12 +19,12 @@ import onnx
 import onnx_ir as ir
 
 from llmc.compiler.backends.onnxruntime.lower import lower_to_cpu
-from llmc.compiler.backends.onnxruntime.rewrites.int8_matmul import block_int8_matmul_isa
 from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.quantize.qdq import GraphQuantizer
 from llmc.engine.isa import detect_host_isa
 from llmc.heap import release_freed_memory
+from llmc.plugins.int8_matmul import block_int8_matmul_isa
 from llmc.plugins.paged_attention import ort_op
 from llmc.quant.protocol import QuantSpec
 

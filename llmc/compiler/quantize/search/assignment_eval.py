@@ -37,6 +37,7 @@ from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.matmul_targets import find_targets
 from llmc.compiler.quantize.qdq import UniqueNames, drop_dead, write_linear
 from llmc.compiler.quantize.search.assignment import FLOAT
+from llmc.compiler.quantize.search.engine_int8 import to_block_int8
 from llmc.compiler.quantize.tensor_spill import drop_pages
 from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
@@ -86,6 +87,9 @@ class AssignmentScorer:
             whose first quantized module is in segment k starts there, its first k segments
             being the float graph's. The search's one-unit sensitivity scorings run half the
             graph on average so.
+        block_int8: run 8-bit weight-only modules on ``llmc::BlockInt8MatMul``
+            (``engine_int8``), as the cpu engine built on this host does (``host.plan_cpu``'s
+            ``block_int8``), instead of ONNX Runtime's ``MatMulNBits``.
     """
 
     def __init__(
@@ -101,8 +105,10 @@ class AssignmentScorer:
         strides: dict[str, int] | None = None,
         attention_fpmath: str = "strict",
         resumable: tuple[str, ...] = (),
+        block_int8: bool = False,
     ):
         self.float_model, self.precomputed = float_model, precomputed
+        self.block_int8 = block_int8
         self.attention_fpmath, self.resumable = attention_fpmath, resumable
         self._entries: dict[str, dict] = {}
         self._screened: dict[tuple[Assignment, str], list[AccuracyReport]] = {}
@@ -318,7 +324,9 @@ class AssignmentScorer:
         def prepare(segment: onnx.ModelProto, scratch: str) -> onnx.ModelProto:
             if self.prepare is not None:
                 segment = self.prepare(segment, scratch)
-            return quantize_segment(segment, wanted, self.precomputed, self.weights_dir)
+            return quantize_segment(
+                segment, wanted, self.precomputed, self.weights_dir, self.block_int8
+            )
 
         return prepare
 
@@ -328,12 +336,15 @@ def quantize_segment(
     wanted: dict[str, str],
     precomputed: dict[tuple[str, str], QuantizedLinear],
     data_dir: Path | None,
+    block_int8: bool = False,
 ) -> onnx.ModelProto:
     """``segment`` with each target module in ``wanted`` ({module: format name, or
     ``"<anchor>:<format name>"`` for an anchor's weights}) replaced by its
-    ``precomputed`` Q/DQ form and the formats' CPU rewrites applied; ``segment`` itself when
-    it has none. External data stays referenced (resolved in ``data_dir``). Spilled weights
-    (memory maps) give their pages back once copied into the segment."""
+    ``precomputed`` Q/DQ form and the formats' CPU rewrites applied, then with ``block_int8``
+    its 8-bit weight-only MatMuls on llmc's kernel (``engine_int8.to_block_int8``);
+    ``segment`` itself when it has none. External data stays referenced (resolved in
+    ``data_dir``). Spilled weights (memory maps) give their pages back once copied into the
+    segment."""
     model = ir.from_proto(segment)
     if data_dir is not None:
         ir.external_data.set_base_dir(model.graph, data_dir)
@@ -356,6 +367,8 @@ def quantize_segment(
         drop_pages(ql.smoothing)
     for fmt in used:  # an anchor's key is "<anchor>:<format>"
         FORMATS[fmt.rpartition(":")[2]].rewrite_for_cpu(proto)
+    if block_int8:
+        to_block_int8(proto)
     return proto
 
 

@@ -6,19 +6,42 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from llmc.compiler.quantize.search.assignment_eval import AssignmentScorer
 
 
-def score_heldout(config, targeted, anchors, texts, graph_run, progress, resume=None):
+@dataclass(frozen=True)
+class ScoringGraph:
+    """The float graph the scorings run and how they run it, as ``AssignmentScorer`` takes it.
+
+    Attributes:
+        float_model: the float engine graph (``onnx.ModelProto``).
+        weights_dir: where its external data is (None: weights in the proto).
+        prepare: its segments' own preparation (widening 16-bit stored weights) or None.
+        session_config: the engine's ONNX Runtime session entries.
+        attention_fpmath: the engine's attention ``fpmath_mode``.
+        block_int8: 8-bit weight-only modules on ``llmc::BlockInt8MatMul``, as the engine.
+    """
+
+    float_model: Any
+    weights_dir: Path | None
+    prepare: Callable | None
+    session_config: dict[str, str]
+    attention_fpmath: str
+    block_int8: bool
+
+
+def score_heldout(config, targeted, anchors, texts, graph: ScoringGraph, progress, resume=None):
     """(the search's ``SearchResult`` or None, the anchor's manifest record or None).
 
     ``targeted``: a ``TargetedQuantization`` or None; ``anchors``: an ``AnchorQuantization``
     or None; ``texts``: (calibration source, held-out source, ``load(source, num)`` giving
     ``num`` windows of a source, the calibration windows already loaded or []);
-    ``graph_run``: (the float graph, its weights directory or None, its segments' ``prepare``
-    or None, the engine's ORT session entries, the engine's attention ``fpmath_mode``), as
-    ``AssignmentScorer`` takes them. The
+    ``graph``: what the scorings run. The
     sensitivities are scored on the first calibration windows (sampled anew when the statistics
     came from the cache), everything else on the held-out windows of the accuracy report.
     ``progress(done, total)`` counts scorings; ``resume`` (a ``path_search.Resume``) resumes
@@ -40,10 +63,10 @@ def score_heldout(config, targeted, anchors, texts, graph_run, progress, resume=
         sets["sensitivity"] = windows[:SENSITIVITY_WINDOWS] or load(
             calib_source, min(SENSITIVITY_WINDOWS, calib.calib_samples)
         )
-    float_model, weights_dir, prepare, session_config, fpmath = graph_run
     scorer = AssignmentScorer(
-        float_model, precomputed, sets, labels, config.target.threads, weights_dir, prepare,
-        session_config, {"sensitivity": SENSITIVITY_STRIDE}, fpmath, ("sensitivity",),
+        graph.float_model, precomputed, sets, labels, config.target.threads, graph.weights_dir,
+        graph.prepare, graph.session_config, {"sensitivity": SENSITIVITY_STRIDE},
+        graph.attention_fpmath, ("sensitivity",), graph.block_int8,
     )  # fmt: skip
     done, total = itertools.count(1), _scorings(targeted, resume) + (anchors is not None)
     tick = lambda _=None: progress(next(done), total)  # noqa: E731

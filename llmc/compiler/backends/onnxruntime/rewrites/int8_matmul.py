@@ -29,21 +29,9 @@ from onnx import helper
 
 from llmc.compiler.backends.onnxruntime.rewrites.node_attributes import attributes
 from llmc.engine.plugin import DOMAIN
-from llmc.plugins.paged_attention import ort_op
+from llmc.plugins.int8_matmul import OP_TYPE
 
-OP_TYPE = "BlockInt8MatMul"
-#: The ISA features the kernel's tiles run on, best first (``llmc.engine.isa`` names).
-KERNEL_ISAS = ("avx512-vnni", "avx2")
 _KEPT_ATTRIBUTES = ("K", "N", "bits", "block_size")
-
-
-def block_int8_matmul_isa(host_features: tuple[str, ...]) -> str | None:
-    """The ISA feature an engine built here runs BlockInt8MatMul's tiles on (the first of
-    ``KERNEL_ISAS`` the host has), or None where it has neither or the custom-op library is not
-    built (``setup.py``)."""
-    if ort_op.library_path() is None:
-        return None
-    return next((isa for isa in KERNEL_ISAS if isa in host_features), None)
 
 
 def _eligible(node: onnx.NodeProto) -> bool:
