@@ -55,16 +55,18 @@ def gptq_round_chunks(
     hessian: np.ndarray,
     rounder: Rounder,
     smoothing: np.ndarray | None = None,
+    factor: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Iterator[tuple[slice, np.ndarray]]:
     """``gptq_round`` one chunk of output channels at a time: yields (``rows``, the rounded
     ``weight[:, rows]`` [K, len(rows)] float32) for consecutive slices of at most ``ROWS``.
     Only one chunk's copies are alive at a time (``weight`` is read, not copied whole: a
-    128256 x 3072 vocabulary projection is 1.6 GB in float32). Raises ValueError on mismatched
-    shapes."""
+    128256 x 3072 vocabulary projection is 1.6 GB in float32). ``factor``: ``act_order_factor``
+    of (``hessian``, ``smoothing``) when the caller made it already. Raises ValueError on
+    mismatched shapes."""
     k, n = weight.shape
     if hessian.shape != (k, k):
         raise ValueError(f"Hessian {hessian.shape} does not match weight {weight.shape}")
-    order, u = _act_order_factor(hessian, smoothing)
+    order, u = factor if factor is not None else act_order_factor(hessian, smoothing)
     index = order.numpy()
     for r1 in range(0, n, ROWS):
         rows = slice(r1, min(r1 + ROWS, n))
@@ -77,7 +79,7 @@ def gptq_round_chunks(
         yield rows, chunk
 
 
-def _act_order_factor(
+def act_order_factor(
     hessian: np.ndarray, smoothing: np.ndarray | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(order, U): the input channels in descending ``diag(H)`` order ([K] int64; dead channels

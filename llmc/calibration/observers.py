@@ -17,7 +17,7 @@ quantize-dequantize error on the sample, searched over 0.3..1.0 x max).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +40,9 @@ class TensorStats:
         gram: [C, C] X^T X over all rows (float64 while collected; float32 once a segment is
             done, as the cache stores it: ``stats_cache.as_stored``), or None when not
             collected.
+        factors: GPTQ's factorizations of ``gram`` made so far, by smoothing
+            (``llmc.compiler.quantize.rounding``): the formats one module is rounded in, and
+            the column chunks of a wide one, factor it once. Not stored.
     """
 
     channel_absmax: np.ndarray
@@ -47,6 +50,7 @@ class TensorStats:
     rows: int
     sample: np.ndarray
     gram: np.ndarray | None = None
+    factors: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def absmax(self) -> float:

@@ -122,8 +122,8 @@ def test_smoothing_factors_the_gram_of_the_smoothed_inputs():
     gram = x.T @ x
     gram[3, :] = gram[:, 3] = 0.0  # a channel that never sees input
     smoothed = (x / s) * (np.arange(K) != 3)
-    order, u = gptq._act_order_factor(gram, s)
-    want_order, want_u = gptq._act_order_factor(smoothed.T @ smoothed)
+    order, u = gptq.act_order_factor(gram, s)
+    want_order, want_u = gptq.act_order_factor(smoothed.T @ smoothed)
     assert order.tolist() == want_order.tolist()
     np.testing.assert_allclose(u.numpy(), want_u.numpy(), rtol=1e-5, atol=1e-6)
     assert gram[3, 3] == 0.0  # read, not changed
@@ -144,7 +144,7 @@ def test_act_order_factor_is_the_factor_of_the_damped_inverse(k):
     hessian = x.T @ x
     if k > 1:
         hessian[0, :] = hessian[:, 0] = 0.0  # a channel that never sees input
-    order, u = gptq._act_order_factor(hessian)
+    order, u = gptq.act_order_factor(hessian)
     diag = np.diagonal(hessian).copy()
     diag[diag <= 0] = 1.0
     assert sorted(order.tolist()) == list(range(k))  # a permutation, by descending diag(H)
@@ -159,3 +159,31 @@ def test_act_order_factor_is_the_factor_of_the_damped_inverse(k):
         torch.cholesky_inverse(torch.linalg.cholesky(ordered)), upper=True
     )
     torch.testing.assert_close(u, paper.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_one_statistics_object_is_factored_once_for_every_rounding_of_its_input(monkeypatch):
+    """Rounding two formats, and a second module reading the same input, with one
+    ``TensorStats`` factors its Gram matrix once (per smoothing), with the codes each rounding
+    gives on its own."""
+    from llmc.calibration.observers import TensorStats
+    from llmc.compiler.quantize import rounding
+    from llmc.quant.protocol import QuantSpec
+
+    rng = np.random.default_rng(5)
+    x = correlated_inputs(rng)
+    w = rng.standard_normal((K, N)).astype(np.float32) * 0.05
+    gram = x.T.astype(np.float64) @ x
+    stats = TensorStats(np.abs(x).max(0), np.abs(x).sum(0), ROWS, x[:8], gram)
+    spec = QuantSpec(quant="fp8", weight_rounding="gptq")
+    made = []
+    real = gptq.act_order_factor
+    monkeypatch.setattr(gptq, "act_order_factor", lambda *a: made.append(1) or real(*a))
+    smoothing = np.linspace(0.5, 2.0, K).astype(np.float32)
+    for kind in ("fp8", "int8_blockwise", "int4"):
+        got, how = rounding.rounded(rtn(w, kind), w, stats, None, spec)
+        alone = gptq_on_grid(w, rtn(w, kind), gram)
+        assert how == "gptq" and np.array_equal(got.data, alone.data)
+    assert len(made) == 3 + 1  # the three lone roundings, and one for the statistics
+    smoothed, _ = rounding.rounded(rtn(w, "int8"), w, stats, smoothing, spec)
+    assert np.array_equal(smoothed.data, gptq_on_grid(w, rtn(w, "int8"), gram, smoothing).data)
+    assert len(made) == 4 + 2 and len(stats.factors) == 2  # one more for the smoothed inputs
