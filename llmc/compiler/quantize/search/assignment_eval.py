@@ -360,6 +360,8 @@ def quantize_segment(
         used[fmt] += 1
     if not used:
         return segment
+    if block_int8:
+        to_block_int8(model)
     drop_dead(model.graph)
     proto = ir.to_proto(model)  # a copy of the weights: spilled ones need no pages any more
     for ql in written:
@@ -367,8 +369,6 @@ def quantize_segment(
         drop_pages(ql.smoothing)
     for fmt in used:  # an anchor's key is "<anchor>:<format>"
         FORMATS[fmt.rpartition(":")[2]].rewrite_for_cpu(proto)
-    if block_int8:
-        to_block_int8(proto)
     return proto
 
 
