@@ -364,6 +364,8 @@ def quantize_segment(
         to_block_int8(model)
     drop_dead(model.graph)
     proto = ir.to_proto(model)  # a copy of the weights: spilled ones need no pages any more
+    for value in model.graph.initializers.values():  # the ir graph is a reference cycle: its
+        value.const_value = None  # arrays (the kernel's weight layouts) go now, not at a GC
     for ql in written:
         drop_pages(ql.weight.data)
         drop_pages(ql.smoothing)
