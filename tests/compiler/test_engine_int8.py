@@ -114,11 +114,11 @@ def test_weights_the_kernel_does_not_take_are_left_to_onnx_runtime():
 
 @needs_kernel
 def test_a_scoring_on_the_kernel_reports_what_one_on_matmulnbits_does(tmp_path, monkeypatch):
-    from llmc.compiler.quantize.search import assignment_eval
+    from llmc.compiler.quantize.search import segment_quantizer
 
     converted = []
     monkeypatch.setattr(
-        assignment_eval, "to_block_int8", lambda m: converted.append(to_block_int8(m))
+        segment_quantizer, "to_block_int8", lambda m: converted.append(to_block_int8(m))
     )
     ckpt = make_tiny_gemma3(tmp_path / "ckpt", seed=4)
     proto, _ = float_graph(load_model(resolve_model(str(ckpt)), "float32"), 16)
