@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmc.calibration.accuracy import AccuracyReport
+from llmc.calibration.accuracy import AccuracyReport, pooled_report
 from llmc.compiler.build import build
 from llmc.compiler.config.build_config import BuildConfig
 from llmc.compiler.quantize.search import path_search
@@ -194,6 +194,51 @@ def test_screening_decides_far_scorings_and_finds_the_same_assignment():
     assert wide.heldout_calls == sum(n == 1 for n in windows.values()) > 0
     # the near ones miss or keep by less than 8 windows could decide: from 4 windows to all
     assert wide.screened.count(8) == 0 and wide.screened.count(4) == len(windows)
+
+
+class _Noisy(_Additive):
+    """Top-1 agreement 1 - 2 x the additive KL, each of 16 windows 0.05 off it (alternating
+    sign); a screening gives the first few, as ``_Screened`` does."""
+
+    def __init__(self, kl):
+        super().__init__(kl)
+        self.screened: list[int] = []
+
+    def _window(self, assignment, i: int) -> AccuracyReport:
+        return _report(0.0, top1=1 - 2 * self.total(assignment) + 0.05 * (-1) ** i)
+
+    def first(self, assignment, count: int) -> list[AccuracyReport]:
+        self.screened.append(count)
+        return [self._window(assignment, i) for i in range(count)]
+
+    def heldout(self, assignment) -> AccuracyReport:
+        self.heldout_calls += 1
+        return pooled_report([self._window(assignment, i) for i in range(16)], "test")
+
+
+def test_a_scoring_expected_near_the_target_takes_every_window_at_once(monkeypatch):
+    """Bisection's scorings between two scored ends expected within a 4-window screening's
+    error of the target skip the screening (each stage a run of its own), and the search ends
+    where it does with every scoring screened first."""
+    params = {f"model.layers.{i}.mlp.down_proj": 100 for i in range(18)}
+    units = make_units(params, dict.fromkeys(params, "fp8"), LADDER)
+    fp8 = [0.002 + 0.001 * ((7 * i) % 18) for i in range(18)]  # shuffled, 0.002-0.019
+    kl = {f"model.layers.{i}": {"fp8": v, "int8_weight_only": v / 10} for i, v in enumerate(fp8)}
+    target = AccuracyTarget("top1", 0.8)
+    noisy = _Noisy(kl)
+    result = search(
+        target, units, 4.0, noisy.sensitivity, noisy.heldout,
+        screen=Screening(noisy.first, 16),
+    )  # fmt: skip
+    monkeypatch.setattr(path_search, "_expected_margin", lambda *a: None)
+    plain = _Noisy(kl)
+    again = search(
+        target, units, 4.0, plain.sensitivity, plain.heldout,
+        screen=Screening(plain.first, 16),
+    )  # fmt: skip
+    assert result.moves == again.moves and result.scored == again.scored
+    assert noisy.heldout_calls == plain.heldout_calls > 0
+    assert len(noisy.screened) < len(plain.screened)
 
 
 def test_a_screening_stage_that_could_decide_is_run():

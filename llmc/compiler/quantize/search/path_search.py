@@ -199,10 +199,10 @@ def search(
     candidates = path[:-1]  # the last move leaves every unit float
     reports: dict[int, AccuracyReport] = {}
 
-    def score(k: int) -> AccuracyReport:  # the assignment after moves 1..k (k >= 1)
+    def score(k: int, expected: float | None = None) -> AccuracyReport:  # after moves 1..k
         if k not in reports:
             move = candidates[k - 1]
-            report = reports[k] = measured(assignment_of(units, dict(move.rungs)))
+            report = reports[k] = measured(assignment_of(units, dict(move.rungs)), expected)
             scored.append((k, move.weight_bytes, target.measure(report), report.num_windows))
             say(f"{k} moves ({move.weight_bytes / 1e6:.1f} MB): {scored[-1][2]:.4g}")
         return reports[k]
@@ -231,7 +231,7 @@ def search(
     tolerance = BYTES_TOLERANCE * flat_bytes
     while lo < hi and weight_bytes(hi) - weight_bytes(lo - 1) > tolerance:
         mid = (lo + hi) // 2
-        if target.met(score(mid)):
+        if target.met(score(mid, _expected_margin(target, reports, flat, mid, (lo, hi)))):
             hi = mid
         else:
             lo = mid + 1
@@ -243,17 +243,33 @@ def search(
     )  # fmt: skip
 
 
+def _expected_margin(target, reports, flat, k: int, bracket: tuple[int, int]) -> float | None:
+    """The margin to the target (negative: a miss) expected after ``k`` moves, interpolated
+    linearly between the scored ends of ``bracket`` = (lo, hi): lo - 1 moves (the flat
+    assignment at 0) and hi. None where lo - 1 has no score (a resumed search's start)."""
+    lo, hi = bracket
+    below = flat if lo == 1 else reports.get(lo - 1)
+    if below is None:
+        return None
+    a, b = -target.shortfall(below), -target.shortfall(reports[hi])
+    return a + (b - a) * (k - lo + 1) / (hi - lo + 1)
+
+
 def _screened(target: AccuracyTarget, heldout, screen: Screening | None):
     """``heldout``, or where ``screen`` is given, an assignment's screening (its first windows
     pooled) when that decides it (``decision``) at a stage of ``SCREEN_WINDOWS``. A stage that
     could not decide at the margin and spread its previous stage measured is skipped (each
-    stage costs the segments' sessions again: a near assignment goes from 4 windows to all)."""
+    stage costs the segments' sessions again: a near assignment goes from 4 windows to all);
+    before its first stage, an assignment's margin is the one expected of it (``measured``'s
+    second argument: between its bisection bracket's ends) and its spread the one the last
+    screening measured, so a scoring expected near the target takes every window at once."""
     if screen is None:
-        return heldout
+        return lambda assignment, expected=None: heldout(assignment)
+    last_spread: list[float] = []  # the per-window spread of the last stage run
 
-    def measured(assignment: Assignment) -> AccuracyReport:
-        seen: tuple[float, float] | None = None  # (margin, spread) of the last stage
-        for count in SCREEN_WINDOWS:
+    def measured(assignment: Assignment, expected: float | None = None) -> AccuracyReport:
+        seen = None if expected is None or not last_spread else (expected, last_spread[-1])
+        for count in SCREEN_WINDOWS:  # seen: (margin, spread) of the last stage
             if count >= screen.num_windows:
                 break
             if seen is not None and abs(seen[0]) <= _bound(seen[1], count, screen.num_windows):
@@ -262,6 +278,7 @@ def _screened(target: AccuracyTarget, heldout, screen: Screening | None):
             if decision(target, part, screen.num_windows) is not None:
                 return pooled_report(part, part[0].data)
             seen = _margin_and_spread(target, part)
+            last_spread.append(seen[1])
         return heldout(assignment)
 
     return measured
