@@ -192,8 +192,9 @@ def test_screening_decides_far_scorings_and_finds_the_same_assignment():
     windows = {k: n for k, _, _, n in again.scored}
     assert again.rungs == plain.rungs and windows[0] == 4 and windows[again.moves] == 1
     assert wide.heldout_calls == sum(n == 1 for n in windows.values()) > 0
-    # the near ones miss or keep by less than 8 windows could decide: from 4 windows to all
-    assert wide.screened.count(8) == 0 and wide.screened.count(4) == len(windows)
+    # the near ones miss or keep by less than 8 windows could decide: from 4 windows to all,
+    # or to all at once where their bracket's ends made them expected near (one of them here)
+    assert wide.screened.count(8) == 0 and wide.screened == [4] * (len(windows) - 1)
 
 
 class _Noisy(_Additive):

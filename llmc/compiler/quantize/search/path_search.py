@@ -229,9 +229,11 @@ def search(
         return candidates[k - 1].weight_bytes if k else flat_bytes
 
     tolerance = BYTES_TOLERANCE * flat_bytes
+    removed = _kl_removed(candidates)
     while lo < hi and weight_bytes(hi) - weight_bytes(lo - 1) > tolerance:
         mid = (lo + hi) // 2
-        if target.met(score(mid, _expected_margin(target, reports, flat, mid, (lo, hi)))):
+        expected = _expected_margin(target, reports, flat, mid, (lo, hi), removed)
+        if target.met(score(mid, expected)):
             hi = mid
         else:
             lo = mid + 1
@@ -243,16 +245,30 @@ def search(
     )  # fmt: skip
 
 
-def _expected_margin(target, reports, flat, k: int, bracket: tuple[int, int]) -> float | None:
+def _kl_removed(moves) -> list[float]:
+    """[len(moves) + 1]: the KL the first k moves are expected to remove (the sum of their
+    sensitivities' gains, a negative one from noisy sensitivities counted 0), or k itself where
+    they remove none."""
+    removed = [0.0]
+    for move in moves:
+        removed.append(removed[-1] + max(0.0, move.kl_removed))
+    return removed if removed[-1] > 0 else [float(k) for k in range(len(removed))]
+
+
+def _expected_margin(target, reports, flat, k: int, bracket, removed) -> float | None:
     """The margin to the target (negative: a miss) expected after ``k`` moves, interpolated
-    linearly between the scored ends of ``bracket`` = (lo, hi): lo - 1 moves (the flat
-    assignment at 0) and hi. None where lo - 1 has no score (a resumed search's start)."""
+    linearly in the KL the moves are expected to remove (``removed``, ``_kl_removed``: the path
+    takes the most KL per byte first, so accuracy rises faster along its first moves) between
+    the scored ends of ``bracket`` = (lo, hi): lo - 1 moves (the flat assignment at 0) and hi.
+    None where lo - 1 has no score (a resumed search's start)."""
     lo, hi = bracket
     below = flat if lo == 1 else reports.get(lo - 1)
     if below is None:
         return None
     a, b = -target.shortfall(below), -target.shortfall(reports[hi])
-    return a + (b - a) * (k - lo + 1) / (hi - lo + 1)
+    span = removed[hi] - removed[lo - 1]
+    share = (removed[k] - removed[lo - 1]) / span if span > 0 else 0.5
+    return a + (b - a) * share
 
 
 def _screened(target: AccuracyTarget, heldout, screen: Screening | None):
