@@ -4,11 +4,11 @@ clients hanging up after two events.
 
 Checked: every request that was not dropped finishes with exactly the tokens it asked for
 (``ignore_eos``), its own usage (every (prompt length, max_tokens) pair is distinct, so a response
-delivered to the wrong client would show), one response id per request; the server aborts
-exactly the dropped requests, counts every request once (by finish reason) and every prompt token
-once; afterwards no request is running or waiting and every KV block is free (engine statistics
-and the ``vllm:kv_cache_usage_perc`` gauge). Throughput and p95 TTFT are printed (``-s``), not
-asserted.
+delivered to the wrong client would show), one response id per request; the server aborts only
+dropped requests, most of them (one can finish before its hang-up is read), counts every request
+once (by finish reason) and every prompt token once; afterwards no request is running or waiting
+and every KV block is free (engine statistics and the ``vllm:kv_cache_usage_perc`` gauge).
+Throughput and p95 TTFT are printed (``-s``), not asserted.
 """
 
 from __future__ import annotations
@@ -99,20 +99,27 @@ def test_load_200_requests_32_concurrent_10_percent_dropped(served: LiveServer) 
     ids = [r.response_id for r in results]
     assert None not in ids and len(set(ids)) == NUM_REQUESTS
 
-    # The server side: exactly the dropped requests were aborted; nothing is left running; the
-    # others were counted once each; every block is back in the pool.
+    # The server side: only dropped requests were aborted, most of them. A dropped request can
+    # finish in the engine before the server reads its hang-up (tokens are generated ahead of
+    # the client's reading); it is then not aborted, and it counts by length only if its
+    # stream delivered the last output before the hang-up. Nothing is left running; every
+    # request was counted once; every block is back in the pool.
     deadline = time.monotonic() + 30
-    while (
-        served.engine.num_running or served.engine.num_waiting or len(served.aborted) < len(dropped)
-    ):
-        assert time.monotonic() < deadline, "the server did not settle"
+    while served.engine.num_running or served.engine.num_waiting:
+        assert time.monotonic() < deadline, (
+            f"the server did not settle: {served.engine.num_running} running, "
+            f"{served.engine.num_waiting} waiting, {len(served.aborted)} aborted"
+        )
         time.sleep(0.01)
-    assert sorted(served.aborted) == sorted(r.response_id for r in dropped)
+    aborted = set(served.aborted)
+    assert len(aborted) == len(served.aborted) <= NUM_DROPPED
+    assert aborted <= {r.response_id for r in dropped}
+    assert len(aborted) > NUM_DROPPED // 2, f"only {len(aborted)} of {NUM_DROPPED} aborted"
     assert not served.llm_engine.has_unfinished_requests()
-    # Every request ended once on the server: by length, or aborted when its client left.
     success = "vllm:request_success_total"
-    assert _metric(served.url, success, finished_reason="length") == len(kept)
-    assert _metric(served.url, success, finished_reason="abort") == len(dropped)
+    by_length = _metric(served.url, success, finished_reason="length")
+    assert by_length is not None and len(kept) <= by_length <= NUM_REQUESTS - len(aborted)
+    assert _metric(served.url, success, finished_reason="abort") == NUM_REQUESTS - by_length
     assert _metric(served.url, success) == NUM_REQUESTS
     assert _metric(served.url, "vllm:prompt_tokens_total") == sum(q.prompt_len for q in requests)
     generated = _metric(served.url, "vllm:generation_tokens_total")
@@ -127,7 +134,8 @@ def test_load_200_requests_32_concurrent_10_percent_dropped(served: LiveServer) 
 
     summary = summarize(results, duration)
     print(
-        f"\nload: {summary.completed} completed, {summary.disconnected} dropped in "
+        f"\nload: {summary.completed} completed, {summary.disconnected} dropped "
+        f"({len(aborted)} aborted) in "
         f"{duration:.2f} s; {summary.request_throughput:.1f} req/s, "
         f"{summary.output_throughput:.0f} output tok/s; TTFT p50 "
         f"{summary.ttft_ms.percentiles['p50']:.0f} ms, p95 {summary.ttft_ms.percentiles['p95']:.0f}"
