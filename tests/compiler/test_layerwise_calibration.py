@@ -59,6 +59,42 @@ def test_layerwise_logits_equal_whole_graph(tiny):
         np.testing.assert_array_equal(got[i], want)
 
 
+def test_chunked_prefill_steps_give_the_single_prefill_logits(tiny):
+    """``prefill_chunks``: the steps, run in order on one runner (each reading the earlier
+    chunks' keys and values from its cache), give a window's logits row for row as one prefill
+    step does, to float32 rounding; a chunk of 0 is refused."""
+    from llmc.runtime.runners.step_inputs import prefill_chunks
+
+    proto, windows = tiny
+    runner = OrtRunner.from_model(proto, -(-SEQ // BLOCK))
+    for window in windows[:3]:
+        steps = list(prefill_chunks(window, BLOCK, 7))
+        assert [s.num_tokens for s in steps][:-1] == [7] * (len(steps) - 1)
+        got = np.concatenate([runner.execute(step) for step in steps])
+        want = runner.execute(single_prefill(window, BLOCK, all_logits=True))
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)  # MatMul blocks by rows
+    with pytest.raises(ValueError, match="chunk"):
+        next(prefill_chunks(windows[0], BLOCK, 0))
+
+
+def test_a_window_s_logits_are_released_before_the_next_window_runs(tiny):
+    """The runner holds no window's logits once the consumer dropped them: a logits chunk per
+    window held to the end of the last segment was 16 x 67 MB at Gemma 3's vocabulary."""
+    import weakref
+
+    proto, windows = tiny
+    runner = LayerwiseRunner(proto, logits_rows=16)
+    last, previous, seen = runner.num_segments - 1, None, 0
+    for out in runner.run(windows):
+        if out.segment != last or out.window is None:
+            continue
+        assert previous is None or previous() is None, "an earlier chunk's logits are alive"
+        previous = weakref.ref(out.tensors[runner.logits])
+        seen += 1
+        del out
+    assert seen == sum(-(-len(w) // 16) for w in windows)
+
+
 @pytest.mark.parametrize("strided", [False, True])
 def test_logits_in_chunks_of_rows_are_the_whole_logits(tiny, strided):
     """``logits_rows`` computes each window's logits a few positions per run of the last
@@ -263,15 +299,17 @@ def test_quantized_by_segment_equals_all_at_once(tiny, tmp_path):
     assert again.finish().modules == want_report.modules
 
 
-def test_accuracy_report_equals_whole_graph_scoring(tmp_path):
+def test_accuracy_report_equals_whole_graph_scoring(tmp_path, monkeypatch):
     """The build's accuracy report (reference run one segment at a time, its logits spilled to
-    disk, the engine loaded after) equals scoring the whole float graph and the engine side by
-    side (``evaluate_accuracy``) on the same windows."""
+    disk, the engine loaded after and run in chunked-prefill steps of ``LOGITS_ROWS``
+    positions, here 16 of a window's 48) equals scoring the whole float graph and the engine
+    side by side (``evaluate_accuracy``, one prefill step per window) on the same windows."""
     from llmc.calibration.accuracy import evaluate_accuracy
     from llmc.compiler.backends.onnxruntime import accuracy
     from llmc.compiler.build import build
     from llmc.compiler.config.build_config import BuildConfig
     from llmc.compiler.quantize import texts
+    from llmc.compiler.quantize.search import assignment_eval
     from tests.tiny_models import SHAKESPEARE
 
     ckpt = make_tiny_gemma3(tmp_path / "ckpt", seed=2, sharp=True)
@@ -293,6 +331,7 @@ def test_accuracy_report_equals_whole_graph_scoring(tmp_path):
     model, tokenizer = load_model(src, "float32"), load_tokenizer(src)
     proto, _ = float_graph(model, BLOCK)
     _, heldout = texts.text_sources(config.calibration)
+    monkeypatch.setattr(assignment_eval, "LOGITS_ROWS", 16)
     got = accuracy.accuracy_report(
         config, proto, engine_dir, model, tokenizer, heldout, None, tmp_path
     )
@@ -305,5 +344,6 @@ def test_accuracy_report_equals_whole_graph_scoring(tmp_path):
         BLOCK,
         heldout.describe(),
     )
-    assert got == want
+    # The same logits; the float64 sums of a window's rows are added per chunk (1e-15 apart).
+    assert got.to_dict() == pytest.approx(want.to_dict(), rel=1e-12, abs=1e-12)
     assert got.num_windows == 3 and 0 < got.top1_agreement <= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,3 +72,27 @@ def single_prefill(token_ids: np.ndarray, block_size: int, all_logits: bool = Tr
         slot_mapping=np.arange(t, dtype=np.int64),
         logits_indices=np.arange(t, dtype=np.int64) if all_logits else np.array([t - 1]),
     )
+
+
+def prefill_chunks(token_ids: np.ndarray, block_size: int, chunk: int) -> Iterator[StepInputs]:
+    """``single_prefill``'s sequence as consecutive chunked-prefill steps of at most ``chunk``
+    tokens, each asking for all its positions' logits: the logits of every position, at most
+    [chunk, V] per step instead of [T, V] at once. Each step reads the earlier chunks' keys
+    and values from the same blocks ``0..ceil(T/block_size)-1`` (the runner keeps them between
+    steps, as an engine step does), so the runner needs as many KV blocks as
+    ``single_prefill``'s. Raises ValueError for an empty sequence or ``chunk`` below 1."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1, got {chunk}")
+    whole = single_prefill(token_ids, block_size, all_logits=True)
+    t = whole.num_tokens
+    for start in range(0, t, chunk):
+        stop = min(t, start + chunk)
+        yield StepInputs(
+            input_ids=whole.input_ids[start:stop],
+            positions=whole.positions[start:stop],
+            seq_lens=np.array([stop], np.int32),
+            query_start_loc=np.array([0, stop - start], np.int32),
+            block_tables=whole.block_tables,
+            slot_mapping=whole.slot_mapping[start:stop],
+            logits_indices=np.arange(stop - start, dtype=np.int64),
+        )

@@ -33,15 +33,15 @@ def accuracy_report(
     (``llmc.calibration.accuracy.AccuracyReport``). The reference runs one segment at a time
     over every window (``LayerwiseRunner``, its weights read from ``external_data_dir`` for a
     streamed graph) and its logits go to a temporary file there; the engine is loaded after
-    the reference is released and scored window by window against them, so the build holds
-    one model at a time."""
+    the reference is released and scored against them ``LOGITS_ROWS`` positions per
+    chunked-prefill step, so the build holds one model and a few rows of logits at a time."""
     import tempfile
 
-    from llmc.calibration.accuracy import check_windows, score_logits
+    from llmc.calibration.accuracy import LogitsChunk, check_windows, score_logit_chunks
     from llmc.compiler.quantize.search.assignment_eval import LOGITS_ROWS, spill_logits
     from llmc.runtime.runners.cpu_runner import cpu_runner
     from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
-    from llmc.runtime.runners.step_inputs import single_prefill
+    from llmc.runtime.runners.step_inputs import prefill_chunks
 
     calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
     windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
@@ -59,10 +59,20 @@ def accuracy_report(
         release_freed_memory()  # the reference's last segment (vocabulary projection, logits)
         engine = cpu_runner(engine_dir, -(-calib.calib_seq_len // block_size), threads, provider)
 
-        def pairs():
-            spill.seek(0)
-            for window, shape in zip(windows, shapes, strict=True):
-                want = np.fromfile(spill, np.float32, shape[0] * shape[1]).reshape(shape)
-                yield want, engine.execute(single_prefill(window, block_size, all_logits=True))
+        def chunks():
+            """The engine's logits of each window, ``LOGITS_ROWS`` positions per chunked-prefill
+            step (a 256-token window's whole [T, V] logits are 0.27 GB a copy, several in ONNX
+            Runtime), beside the reference's rows mapped from the spill file."""
+            offset = 0
+            for i, (window, (_, vocab)) in enumerate(zip(windows, shapes, strict=True)):
+                for step in prefill_chunks(window, block_size, LOGITS_ROWS):
+                    got = engine.execute(step)
+                    want = np.memmap(spill, np.float32, "r", offset=offset, shape=got.shape)
+                    if got.shape[1] != vocab:
+                        raise ValueError(f"engine vocabulary {got.shape[1]}, reference {vocab}")
+                    rows = slice(int(step.positions[0]), int(step.positions[-1]) + 1)
+                    offset += got.size * 4  # float32
+                    yield LogitsChunk(i, rows, want, got)
+                    del want, got
 
-        return score_logits(pairs(), windows, source.describe())
+        return score_logit_chunks(chunks(), windows, source.describe())
