@@ -2,7 +2,11 @@
 
 A sampler thread reads the build's resident set size (psutil, every ``interval_s``: the
 process's plus its child processes', e.g. TensorRT for RTX's builder) while a stage runs and
-keeps the stage's peak; the build's ``stage`` callable
+keeps the stage's peak. A sampler misses what a stage allocates and frees between two samples
+(or while a thread holds the GIL): on Linux the process's own high-water mark (``VmHWM``) is
+read too, and reset to the current RSS at each stage's start (``/proc/self/clear_refs``), so a
+stage's peak is exact for the process itself (Gemma 3 270M's fp8 accuracy-target search: 3.42
+GB, where sampling saw 2.98). The build's ``stage`` callable
 wraps the display's (``BuildProgress.stage``) with this one, so every stage is measured whether
 or not a terminal shows it. RSS includes file pages the process has mapped and touched
 (memory-mapped checkpoint and external-data files), which is what the kernel charges the build
@@ -39,6 +43,8 @@ class BuildStats:
     interval_s: float = 0.05
     stages: dict[str, StageStats] = field(default_factory=dict)
     _start: float = field(default_factory=time.perf_counter)
+    #: peaks of the stages running now, outermost first (a nested stage resets the mark)
+    _open: list[list[int]] = field(default_factory=list)
 
     @contextmanager
     def stage(self, name: str):
@@ -49,28 +55,41 @@ class BuildStats:
         # freed pages) is released here, so a stage's peak does not stack on it.
         release_freed_memory()
         proc = psutil.Process()
-        peak = process_rss(proc)
+        self._fold(take_peak())
+        peak = [process_rss(proc)]
+        self._open.append(peak)
         stop = threading.Event()
 
         def sample() -> None:
-            nonlocal peak
             while not stop.wait(self.interval_s):
-                peak = max(peak, process_rss(proc))
+                peak[0] = max(peak[0], process_rss(proc))
 
         sampler = threading.Thread(target=sample, name=f"rss:{name}", daemon=True)
         sampler.start()
         start = time.perf_counter()
         try:
             if self.display is not None:
-                with self.display(name) as tick:
+                with self.display(name, lambda: self._peak_now(peak)) as tick:
                     yield tick
             else:
                 yield lambda done, total: None
         finally:
             stop.set()
             sampler.join()
-            peak = max(peak, process_rss(proc))
-            self.stages[name] = StageStats(time.perf_counter() - start, peak)
+            peak[0] = max(peak[0], process_rss(proc))
+            self._fold(take_peak())
+            self._open = [p for p in self._open if p is not peak]
+            self.stages[name] = StageStats(time.perf_counter() - start, peak[0])
+
+    def _peak_now(self, peak: list[int]) -> int:
+        """The peak of the open stage whose cell is ``peak``, the high-water mark counted."""
+        self._fold(take_peak())
+        return peak[0]
+
+    def _fold(self, mark: int | None) -> None:
+        """Count the high-water mark ``mark`` (bytes; None: not known) in every open stage."""
+        for peak in self._open if mark is not None else ():
+            peak[0] = max(peak[0], mark)
 
     @property
     def peak_rss_bytes(self) -> int:
@@ -101,3 +120,17 @@ def process_rss(proc) -> int:
         except psutil.Error:  # exited between the listing and the read
             pass
     return total
+
+
+def take_peak() -> int | None:
+    """This process's peak RSS since the last call (Linux ``VmHWM``, bytes), reset to its
+    current RSS; None where ``/proc`` does not offer both (another OS, a restricted
+    ``/proc``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024  # kB

@@ -65,9 +65,11 @@ class BuildProgress:
         self._display.stop()
         return False
 
-    def stage(self, name: str):
-        """Context manager for one stage; yields ``tick(done, total)`` for sub-steps."""
-        return self._display.stage(name)
+    def stage(self, name: str, peak: Callable[[], int] | None = None):
+        """Context manager for one stage; yields ``tick(done, total)`` for sub-steps.
+        ``peak()``: the stage's exact peak RSS so far (bytes, ``BuildStats``), which a line
+        display's end line reports where it exceeds what its own sampling saw."""
+        return self._display.stage(name, peak)
 
 
 class _RichDisplay:
@@ -93,7 +95,7 @@ class _RichDisplay:
         self._progress.stop()
 
     @contextmanager
-    def stage(self, name: str):
+    def stage(self, name: str, peak: Callable[[], int] | None = None):
         task = self._progress.add_task(name, total=1)
         start = time.perf_counter()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -63,8 +64,9 @@ class LineDisplay:
             self._thread.join()
 
     @contextmanager
-    def stage(self, name: str):
-        """One stage's start and done lines; yields ``tick(done, total)``."""
+    def stage(self, name: str, peak: Callable[[], int] | None = None):
+        """One stage's start and done lines; yields ``tick(done, total)``. The done line's
+        peak RSS is the highest of this display's samples and ``peak()`` (bytes), if given."""
         rss = _rss()
         with self._lock:
             self._stages.append(name)
@@ -84,9 +86,10 @@ class LineDisplay:
         finally:
             with self._lock:
                 self._stages.remove(name)
-                peak = max(self._peaks.pop(name), _rss())
+                sampled = max(self._peaks.pop(name), _rss())
             wall = time.perf_counter() - begin
-            self._emit("done", name, _rss(), wall_s=round(wall, 1), peak_rss_gb=_gb(peak))
+            most = max(sampled, peak() if peak is not None else 0)
+            self._emit("done", name, _rss(), wall_s=round(wall, 1), peak_rss_gb=_gb(most))
 
     def _watch(self) -> None:
         while not self._stop.wait(self.sample_s):
