@@ -30,7 +30,7 @@ class RecordingProgress:
         self.stages: list[str] = []
 
     @contextlib.contextmanager
-    def stage(self, name: str):
+    def stage(self, name: str, peak=None):
         self.stages.append(name)
         yield lambda done, total: None
 

@@ -40,7 +40,7 @@ class StageNames:
         self.names: list[str] = []
 
     @contextlib.contextmanager
-    def stage(self, name: str):
+    def stage(self, name: str, peak=None):
         self.names.append(name)
         yield lambda done, total: None
 

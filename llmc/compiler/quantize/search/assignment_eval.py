@@ -41,9 +41,8 @@ from llmc.quant.protocol import QuantizedLinear
 Assignment = tuple[tuple[str, str], ...]
 #: Live tensors the streams of one ``score_each`` run may hold, counted as a float run's
 #: largest segment entry (the windows' residual streams and boundary tensors) per stream.
-#: Measured on Gemma 3 270M's fp8 -> top1=0.95 search (38 one-unit sensitivity scorings of 4
-#: windows x 256 tokens): the search's peak RSS 3.65 GB at this budget, 3.75 GB with every
-#: scoring in one run (512 MiB), 3.25 GB scoring them one at a time.
+#: Gemma 3 270M's fp8 -> top1=0.95 search (38 one-unit sensitivity scorings of 4 windows x 256
+#: tokens) runs them in batches of 15, 15, 7 so; at most 2.1 GB resident between segments.
 STREAM_BYTES = 128 << 20
 #: Logits positions per run of the last segment when scoring (``LayerwiseRunner``'s
 #: ``logits_rows``): [64, 262,144] float32 is 67 MB a copy, where a whole 256-token window's
