@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import mmap
 import os
 import sys
 
@@ -114,10 +115,14 @@ def resident_share(array: np.ndarray) -> float:
 
 
 def test_resident_share_tells_a_fresh_mapping_from_a_written_one() -> None:
-    fresh = np.empty(8 * 2**20, np.uint8)  # above malloc's mmap threshold: untouched pages
-    assert resident_share(fresh) < 0.5
+    # A mapping of its own: np.empty may reuse heap pages an earlier test wrote (malloc's mmap
+    # threshold grows to 32 MB after large frees), which are resident.
+    mapping = mmap.mmap(-1, 8 * 2**20)
+    fresh = np.frombuffer(mapping, np.uint8)
+    assert resident_share(fresh) == 0.0
     fresh[:] = 1
     assert resident_share(fresh) == 1.0
+    del fresh
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads residency with Linux's mincore")
