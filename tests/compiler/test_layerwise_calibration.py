@@ -347,3 +347,31 @@ def test_accuracy_report_equals_whole_graph_scoring(tmp_path, monkeypatch):
     # The same logits; the float64 sums of a window's rows are added per chunk (1e-15 apart).
     assert got.to_dict() == pytest.approx(want.to_dict(), rel=1e-12, abs=1e-12)
     assert got.num_windows == 3 and 0 < got.top1_agreement <= 1
+
+
+@pytest.mark.parametrize(
+    ("op", "zero_point", "packed"),
+    [
+        ("QuantizeLinear", onnx.TensorProto.FLOAT8E4M3FN, False),  # FP8 emulation: float MatMuls
+        ("DequantizeLinear", onnx.TensorProto.FLOAT8E4M3FN, False),
+        ("QuantizeLinear", onnx.TensorProto.INT8, True),  # W8A8: MatMulIntegerToFloat
+        ("DequantizeLinear", onnx.TensorProto.UINT4, True),  # block-wise int4: MatMulNBits
+        ("QuantizeLinear", None, True),  # no zero point: uint8
+    ],
+)
+def test_packed_weights_only_where_an_integer_kernel_needs_them(op, zero_point, packed):
+    """A segment runs with packed weights when ORT fuses its Q/DQ into an integer kernel, not
+    for FP8 Q/DQ, whose float MatMuls (a float vocabulary projection's 0.67 GB among them) need
+    no packed copy."""
+    from onnx import helper
+
+    from llmc.runtime.runners.layerwise_runner import needs_packed_weights
+
+    inits = [numpy_helper.from_array(np.ones(1, np.float32), "scale")]
+    inputs = ["x", "scale"]
+    if zero_point is not None:
+        inits.append(helper.make_tensor("zero_point", zero_point, [1], [0]))
+        inputs.append("zero_point")
+    io = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"])], "g", io[:1], io[1:], inits)
+    assert needs_packed_weights(helper.make_model(graph)) is packed

@@ -4,9 +4,10 @@ A sampler thread reads the build's resident set size (psutil, every ``interval_s
 process's plus its child processes', e.g. TensorRT for RTX's builder) while a stage runs and
 keeps the stage's peak. A sampler misses what a stage allocates and frees between two samples
 (or while a thread holds the GIL): on Linux the process's own high-water mark (``VmHWM``) is
-read too, and reset to the current RSS at each stage's start (``/proc/self/clear_refs``), so a
-stage's peak is exact for the process itself (Gemma 3 270M's fp8 accuracy-target search: 3.42
-GB, where sampling saw 2.98). The build's ``stage`` callable
+read at each stage's start and end too, and a stage in which it rose has it as its peak, so
+the build's peak (the highest stage's) is exact for the process itself (Gemma 3 270M's fp8
+accuracy-target search: 3.42 GB, where sampling saw 2.98). The mark is never reset (that would
+also reset what ``/usr/bin/time`` and ``getrusage`` report). The build's ``stage`` callable
 wraps the display's (``BuildProgress.stage``) with this one, so every stage is measured whether
 or not a terminal shows it. RSS includes file pages the process has mapped and touched
 (memory-mapped checkpoint and external-data files), which is what the kernel charges the build
@@ -43,8 +44,6 @@ class BuildStats:
     interval_s: float = 0.05
     stages: dict[str, StageStats] = field(default_factory=dict)
     _start: float = field(default_factory=time.perf_counter)
-    #: peaks of the stages running now, outermost first (a nested stage resets the mark)
-    _open: list[list[int]] = field(default_factory=list)
 
     @contextmanager
     def stage(self, name: str):
@@ -55,41 +54,34 @@ class BuildStats:
         # freed pages) is released here, so a stage's peak does not stack on it.
         release_freed_memory()
         proc = psutil.Process()
-        self._fold(take_peak())
-        peak = [process_rss(proc)]
-        self._open.append(peak)
+        mark = high_water_mark()
+        peak = process_rss(proc)
         stop = threading.Event()
 
         def sample() -> None:
+            nonlocal peak
             while not stop.wait(self.interval_s):
-                peak[0] = max(peak[0], process_rss(proc))
+                peak = max(peak, process_rss(proc))
+
+        def peak_now() -> int:
+            """The stage's peak so far: sampled, or the process's mark where it rose."""
+            now = high_water_mark()
+            risen = now if mark is not None and now is not None and now > mark else 0
+            return max(peak, process_rss(proc), risen)
 
         sampler = threading.Thread(target=sample, name=f"rss:{name}", daemon=True)
         sampler.start()
         start = time.perf_counter()
         try:
             if self.display is not None:
-                with self.display(name, lambda: self._peak_now(peak)) as tick:
+                with self.display(name, peak_now) as tick:
                     yield tick
             else:
                 yield lambda done, total: None
         finally:
             stop.set()
             sampler.join()
-            peak[0] = max(peak[0], process_rss(proc))
-            self._fold(take_peak())
-            self._open = [p for p in self._open if p is not peak]
-            self.stages[name] = StageStats(time.perf_counter() - start, peak[0])
-
-    def _peak_now(self, peak: list[int]) -> int:
-        """The peak of the open stage whose cell is ``peak``, the high-water mark counted."""
-        self._fold(take_peak())
-        return peak[0]
-
-    def _fold(self, mark: int | None) -> None:
-        """Count the high-water mark ``mark`` (bytes; None: not known) in every open stage."""
-        for peak in self._open if mark is not None else ():
-            peak[0] = max(peak[0], mark)
+            self.stages[name] = StageStats(time.perf_counter() - start, peak_now())
 
     @property
     def peak_rss_bytes(self) -> int:
@@ -122,15 +114,12 @@ def process_rss(proc) -> int:
     return total
 
 
-def take_peak() -> int | None:
-    """This process's peak RSS since the last call (Linux ``VmHWM``, bytes), reset to its
-    current RSS; None where ``/proc`` does not offer both (another OS, a restricted
-    ``/proc``)."""
+def high_water_mark() -> int | None:
+    """This process's peak RSS so far (Linux ``VmHWM``, bytes); None where ``/proc`` does not
+    offer it (another OS, a restricted ``/proc``)."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             line = next(x for x in f if x.startswith("VmHWM:"))
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
     except (OSError, StopIteration):
         return None
     return int(line.split()[1]) * 1024  # kB
