@@ -6,7 +6,7 @@ keeps the stage's peak. A sampler misses what a stage allocates and frees betwee
 (or while a thread holds the GIL): on Linux the process's own high-water mark (``VmHWM``) is
 read at each stage's start and end too, and a stage in which it rose has it as its peak, so
 the build's peak (the highest stage's) is exact for the process itself (Gemma 3 270M's fp8
-accuracy-target search: 3.42 GB, where sampling saw 2.98). The mark is never reset (that would
+accuracy-target search peaked 0.44 GB above what sampling saw). The mark is never reset (that would
 also reset what ``/usr/bin/time`` and ``getrusage`` report). The build's ``stage`` callable
 wraps the display's (``BuildProgress.stage``) with this one, so every stage is measured whether
 or not a terminal shows it. RSS includes file pages the process has mapped and touched
