@@ -365,7 +365,7 @@ def test_packed_weights_only_where_an_integer_kernel_needs_them(op, zero_point, 
     no packed copy."""
     from onnx import helper
 
-    from llmc.runtime.runners.layerwise_runner import needs_packed_weights
+    from llmc.runtime.runners.packed_weights import needs_packed_weights
 
     inits = [numpy_helper.from_array(np.ones(1, np.float32), "scale")]
     inputs = ["x", "scale"]
