@@ -82,15 +82,9 @@ def test_gguf_build_scores_llama_cpp_q8_0(tmp_path):
     assert "llama.cpp Q8_0" in result.format()
 
 
-def test_anchor_weights_go_to_disk_as_they_are_made(tmp_path):
-    """With a spill directory (a streamed build) each anchor weight is a read-only memory map of
-    a file there, equal to the one made in memory: a build holds one layer's anchor, not the
-    model's."""
+def _two_layer_model():
+    """An ir model of two 64x64 MatMuls named as layers' down projections."""
     import onnx_ir as ir
-
-    from llmc.compiler.quantize.anchors import AnchorQuantization
-    from llmc.compiler.quantize.tensor_spill import drop_pages
-    from llmc.quant.protocol import QuantSpec
 
     rng = np.random.default_rng(0)
     x = ir.Value(name="x", shape=ir.Shape([2, 64]), type=ir.TensorType(ir.DataType.FLOAT))
@@ -105,17 +99,54 @@ def test_anchor_weights_go_to_disk_as_they_are_made(tmp_path):
     graph = ir.Graph([x], [value], nodes=nodes, opset_imports={"": 21}, name="g")
     for node in nodes:
         graph.register_initializer(node.inputs[1])
+    return ir.Model(graph, ir_version=10)
+
+
+def _anchor(spill_dir):
+    """The round-to-nearest anchor of an int4 spec whose down projections are 8-bit
+    weight-only (no statistics needed), made whole."""
+    from llmc.compiler.quantize.anchors import AnchorQuantization
+    from llmc.quant.protocol import QuantSpec
+
     spec = QuantSpec(quant="int4", weight_only8=("*.down_proj",), int4_block_size=32)
-    in_memory = AnchorQuantization(ir.Model(graph, ir_version=10), spec, None)
-    spilled = AnchorQuantization(ir.Model(graph, ir_version=10), spec, None, tmp_path)
-    for anchors in (in_memory, spilled):
-        anchors.finish()  # 8-bit weight-only needs no statistics
-    assert len(spilled.precomputed) == 2
-    for key, ql in spilled.precomputed.items():
+    anchors = AnchorQuantization(_two_layer_model(), spec, None, spill_dir)
+    anchors.finish()
+    return anchors.precomputed
+
+
+def _search_formats(spill_dir):
+    """The fp8 ``--accuracy-target`` search's modules in each format of their ladder (fp8,
+    8-bit weight-only), from synthetic activation statistics."""
+    from llmc.calibration.observers import TensorStats
+    from llmc.compiler.quantize.search.targeted import TargetedQuantization
+    from llmc.quant.protocol import QuantSpec
+
+    rng = np.random.default_rng(1)
+    sample = rng.normal(size=(16, 64)).astype(np.float32)
+    stats = TensorStats(np.abs(sample).max(0), np.abs(sample).sum(0, dtype=np.float64), 16, sample)
+    targeted = TargetedQuantization(
+        _two_layer_model(), QuantSpec(quant="fp8"), "cpu", "float32", spill_dir
+    )
+    targeted.add({f"model.layers.{i}.mlp.down_proj": stats for i in range(2)})
+    targeted.finish()
+    return targeted.precomputed
+
+
+@pytest.mark.parametrize("make,count", [(_anchor, 2), (_search_formats, 4)])
+def test_search_and_anchor_weights_go_to_disk_as_they_are_made(make, count, tmp_path):
+    """With a spill directory (a streamed build) each anchor weight, and each module's weight
+    in each format the search may give it, is a read-only memory map of a file there, equal to
+    the one made in memory: a build holds one layer's, not the model's."""
+    from llmc.compiler.quantize.tensor_spill import drop_pages
+
+    in_memory, spilled = make(None), make(tmp_path)
+    assert len(spilled) == count
+    for key, ql in spilled.items():
         assert isinstance(ql.weight.data, np.memmap) and not ql.weight.data.flags.writeable
         assert Path(ql.weight.data.filename).parent == tmp_path
-        np.testing.assert_array_equal(ql.weight.data, in_memory.precomputed[key].weight.data)
-        np.testing.assert_array_equal(ql.weight.scale, in_memory.precomputed[key].weight.scale)
+        assert not isinstance(in_memory[key].weight.data, np.memmap)
+        np.testing.assert_array_equal(ql.weight.data, in_memory[key].weight.data)
+        np.testing.assert_array_equal(ql.weight.scale, in_memory[key].weight.scale)
         drop_pages(ql.weight.data)  # once written into a segment: read from disk again if used
-        np.testing.assert_array_equal(ql.weight.data, in_memory.precomputed[key].weight.data)
+        np.testing.assert_array_equal(ql.weight.data, in_memory[key].weight.data)
     drop_pages(np.ones(3))  # not a memory map: left alone

@@ -28,7 +28,7 @@ from llmc.calibration.observers import TensorStats
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.matmul_targets import find_targets
 from llmc.compiler.quantize.qdq import base_format, kept_float
-from llmc.compiler.quantize.tensor_spill import SPILL_THRESHOLD_BYTES, spill_array
+from llmc.compiler.quantize.tensor_spill import spill_linear
 from llmc.quant.ggml_q8_0 import QK8_0, quantize_q8_0
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
 
@@ -119,7 +119,7 @@ class AnchorQuantization:
                 weight = target.weight_for(fmt_obj)
                 ql = fmt_obj.quantize(weight, stats.get(module), self.rtn_spec)
             if self.spill_dir is not None:
-                ql = _spilled(ql, self.spill_dir / f"anchor_{len(self.precomputed)}")
+                ql = spill_linear(ql, self.spill_dir / f"anchor_{len(self.precomputed)}")
             self.precomputed[(module, self.key(module))] = ql
             del weight  # no view of the memory-mapped weight may outlive its release
             target.release()
@@ -134,15 +134,6 @@ class AnchorQuantization:
         if self.gguf is not None:
             out["source_types"] = self.gguf.counts
         return out
-
-
-def _spilled(ql: QuantizedLinear, stem: Path) -> QuantizedLinear:
-    """``ql`` with its codes (and a large smoothing vector) on disk at ``stem.*``."""
-    weight = replace(ql.weight, data=spill_array(ql.weight.data, stem.with_suffix(".codes")))
-    smoothing = ql.smoothing
-    if smoothing is not None and smoothing.nbytes >= SPILL_THRESHOLD_BYTES:
-        smoothing = spill_array(smoothing, stem.with_suffix(".smoothing"))
-    return replace(ql, weight=weight, smoothing=smoothing)
 
 
 def format_anchor(engine: dict, anchor: dict) -> str:

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 QUANTIZED_GRAPH = "quantized.onnx"
 #: Its quantized weights as they are made, before the graph is written (``TensorSpill``).
 QUANTIZED_SPILL = "quantized.spill"
-#: Where a streamed build's anchor weights are written as they are made (``anchors``).
-ANCHOR_SPILL_DIR = "anchor.spill"
+#: Where a streamed build's search and anchor weights are written as they are made
+#: (``targeted``, ``anchors``).
+SEARCH_SPILL_DIR = "search.spill"
 
 
 def quantize(
@@ -84,7 +85,7 @@ def quantize(
     # A streamed build's quantized weights go to disk as they are made (``TensorSpill``).
     spill = TensorSpill(work_dir / QUANTIZED_SPILL) if weights_dir is not None else None
     streamed_work = work_dir if weights_dir is not None else None
-    targeted, anchors, anchor_dir = _searches(config, graph, spec, streamed_work, gguf_types)
+    targeted, anchors, search_dir = _searches(config, graph, spec, streamed_work, gguf_types)
     if (targeted or anchors) and heldout_source is None:
         raise ValueError("--accuracy-target and the accuracy anchor need held-out text")
     quantizer = GraphQuantizer(graph, spec, spill)
@@ -114,8 +115,8 @@ def quantize(
         searches = (targeted, anchors, report)
         report = _score_heldout(config, graph, spill, searches, texts, graph_run, stage, resume)
         del targeted, anchors, quantizer  # the weights of the formats and anchors not chosen
-        if anchor_dir is not None:
-            shutil.rmtree(anchor_dir)
+        if search_dir is not None:
+            shutil.rmtree(search_dir)
         release_freed_memory()
     used = _cache_use(bool(tensors), cached, cache)
     report.spec["calibration"] = _calibration_record(calib_source, calib, key, used)
@@ -174,22 +175,25 @@ def _calibration_key(config, checkpoint_digest, calib_source, sampler, tensors, 
 
 
 def _searches(config, graph, spec, streamed_work: Path | None, gguf_types):
-    """(targeted, anchors, anchor_dir): the ``--accuracy-target`` search's per-format
-    quantization and the accuracy anchor's (None when not asked for); a streamed build's
-    anchors go to disk under ``streamed_work`` (``anchor_dir``, else None)."""
-    targeted = anchors = anchor_dir = None
-    if config.quantization.target is not None:
+    """(targeted, anchors, search_dir): the ``--accuracy-target`` search's per-format
+    quantization and the accuracy anchor's (None when not asked for); a streamed build writes
+    their weights under ``streamed_work`` (``search_dir``, else None)."""
+    target, anchor = config.quantization.target is not None, config.calibration.anchor == "auto"
+    search_dir = None
+    if streamed_work is not None and (target or anchor):
+        search_dir = streamed_work / SEARCH_SPILL_DIR
+        search_dir.mkdir(exist_ok=True)
+    targeted = anchors = None
+    if target:
         from llmc.compiler.quantize.search.targeted import TargetedQuantization
 
-        targeted = TargetedQuantization(graph, spec, config.target.arch, str(config.source.dtype))
-    if config.calibration.anchor == "auto":
+        arch, dtype = config.target.arch, str(config.source.dtype)
+        targeted = TargetedQuantization(graph, spec, arch, dtype, search_dir)
+    if anchor:
         from llmc.compiler.quantize.anchors import AnchorQuantization
 
-        if streamed_work is not None:
-            anchor_dir = streamed_work / ANCHOR_SPILL_DIR
-            anchor_dir.mkdir(exist_ok=True)
-        anchors = AnchorQuantization(graph, spec, gguf_types, anchor_dir)
-    return targeted, anchors, anchor_dir
+        anchors = AnchorQuantization(graph, spec, gguf_types, search_dir)
+    return targeted, anchors, search_dir
 
 
 def _calibration_title(quant: str, cached: bool, tensors, windows: list, calib) -> str:

@@ -23,7 +23,7 @@ from llmc.calibration.observers import TensorStats
 from llmc.compiler.quantize import microscaling_graph
 from llmc.compiler.quantize.formats import FORMATS, WEIGHT_ONLY8
 from llmc.compiler.quantize.matmul_targets import QuantTarget, find_targets, is_excluded
-from llmc.compiler.quantize.tensor_spill import TensorSpill
+from llmc.compiler.quantize.tensor_spill import TensorSpill, drop_pages
 from llmc.engine.plugin import DOMAIN, OP_TYPE
 from llmc.quant.grids import FP8_E4M3, INT8, QuantizedWeight
 from llmc.quant.microscaling import BlockActivationQuant, MicroscaledWeight
@@ -175,6 +175,8 @@ class GraphQuantizer:
             target.release()
             emulated = fmt.cpu_weight(ql.weight) if spec.cpu_weights else None
             write_linear(self.model.graph, target, ql, self._names, emulated)
+            drop_pages(ql.weight.data)  # a spilled precomputed form, copied into the spill
+            drop_pages(ql.smoothing)
             entry = {"shape": list(target.shape), **ql.record}
             entry.setdefault("format", fmt.label)
             self.report.modules[module] = entry

@@ -9,10 +9,13 @@ pointing into the spill file, which ``ir.save`` copies into the engine's externa
 from __future__ import annotations
 
 import mmap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
+
+from llmc.quant.protocol import QuantizedLinear
 
 #: Arrays smaller than this stay in memory (scales, zero points, norm weights).
 SPILL_THRESHOLD_BYTES = 64 << 10
@@ -71,6 +74,17 @@ def spill_array(array: np.ndarray, path: Path) -> np.ndarray:
     if contiguous.size == 0:
         return contiguous
     return np.memmap(path, dtype=contiguous.dtype, mode="r", shape=contiguous.shape)
+
+
+def spill_linear(ql: QuantizedLinear, stem: Path) -> QuantizedLinear:
+    """``ql`` with its codes (and a smoothing vector of ``SPILL_THRESHOLD_BYTES`` or more) on
+    disk at ``stem.codes`` / ``stem.smoothing``, memory-mapped (``spill_array``); scales and
+    zero points stay in memory. Raises OSError when a file cannot be written."""
+    weight = replace(ql.weight, data=spill_array(ql.weight.data, stem.with_suffix(".codes")))
+    smoothing = ql.smoothing
+    if smoothing is not None and smoothing.nbytes >= SPILL_THRESHOLD_BYTES:
+        smoothing = spill_array(smoothing, stem.with_suffix(".smoothing"))
+    return replace(ql, weight=weight, smoothing=smoothing)
 
 
 def drop_pages(array: object) -> None:

@@ -4,13 +4,17 @@ ladder while its calibration statistics are in memory, the search (``search.sear
 on the float graph with those weights written in (``assignment_eval``), and the spec that
 writes the chosen assignment.
 
-Memory: every module is held once per format of its ladder below float (about 2 bytes per
-parameter for fp8 -> 8-bit weight-only) until the engine graph is written.
+Memory: every module is made once per format of its ladder below float (about 2 bytes per
+parameter for fp8 -> 8-bit weight-only) and kept until the engine graph is written: in memory,
+or, with a spill directory (a streamed build), on disk and memory-mapped, its pages read while a
+scoring copies it into a segment and given back after (``segment_quantizer``). Measured on the
+fp8 ``top1=0.95`` build of Gemma 3 270M: 0.6 GB of C heap in the search held in memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import onnx_ir as ir
 
@@ -27,6 +31,7 @@ from llmc.compiler.quantize.search.path_search import (
     SearchResult,
     search,
 )
+from llmc.compiler.quantize.tensor_spill import spill_linear
 from llmc.quant.protocol import QuantizedLinear, QuantSpec
 
 #: Calibration windows the per-unit sensitivities are scored on, at every k-th position (the
@@ -39,10 +44,14 @@ FLOAT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 
 class TargetedQuantization:
     """The state of one ``--accuracy-target`` quantization of ``graph`` (the ir model the
-    engine's Q/DQ nodes are written into) for ``spec`` on target ``arch``."""
+    engine's Q/DQ nodes are written into) for ``spec`` on target ``arch``; with ``spill_dir``
+    the quantized modules' codes are written there as they are made (``spill_linear``)."""
 
-    def __init__(self, graph: ir.Model, spec: QuantSpec, arch: str, dtype: str):
+    def __init__(
+        self, graph: ir.Model, spec: QuantSpec, arch: str, dtype: str, spill_dir: Path | None = None
+    ):
         self.graph, self.spec, self.float_bytes = graph, spec, FLOAT_BYTES[dtype]
+        self.spill_dir = spill_dir
         self.targets = {t.module: t for t in find_targets(graph)}
         ladder = tuple(f for f in ladder_of(spec.quant) if f == FLOAT or FORMATS[f].runs_on(arch))
         quantized = {m: t for m, t in self.targets.items() if not kept_float(m, spec)}
@@ -83,9 +92,10 @@ class TargetedQuantization:
             for fmt in sorted(todo):
                 if FORMATS[fmt].needs_stats and module not in stats:
                     raise ValueError(f"no calibration statistics for {module!r}")
-                self.precomputed[(module, fmt)] = FORMATS[fmt].quantize(
-                    weight, stats.get(module), self.spec
-                )
+                ql = FORMATS[fmt].quantize(weight, stats.get(module), self.spec)
+                if self.spill_dir is not None:
+                    ql = spill_linear(ql, self.spill_dir / f"target_{len(self.precomputed)}")
+                self.precomputed[(module, fmt)] = ql
             del weight
             target.release()
 
