@@ -8,7 +8,8 @@ rewrite (FP8 emulation, ...) runs on it. So an assignment costs one pass over th
 float model's weights are read one segment at a time, and the numbers are those of the Q/DQ
 graph the build would write, attention run with the engine's ``fpmath_mode`` (bfloat16 prefill
 on AMX hosts). Logits are scored against the float graph's, computed once per window set and
-kept in a temporary file (``spill_logits``).
+kept in a temporary file (``spill_logits``); in a streamed build the float run's segment
+entries a scoring starts from are kept in one too (``entry_spill``).
 
 Segments are optimized as the CPU lowering optimizes them, so quantized MatMuls run on the
 engine's fused kernels. Not modelled: a quantized KV cache (``--kv-cache-dtype``); the engine's
@@ -34,6 +35,7 @@ from llmc.calibration.accuracy import (
 )
 from llmc.compiler.quantize.matmul_targets import find_targets
 from llmc.compiler.quantize.search.assignment import FLOAT
+from llmc.compiler.quantize.search.entry_spill import drop_entry_pages, spill_entries
 from llmc.compiler.quantize.search.segment_quantizer import quantize_segment
 from llmc.heap import release_freed_memory
 from llmc.quant.protocol import QuantizedLinear
@@ -113,6 +115,7 @@ class AssignmentScorer:
         self.windows, self.labels = windows, labels
         self.threads, self.weights_dir, self.prepare = threads, weights_dir, prepare
         self._spills: dict[str, tuple[tempfile._TemporaryFileWrapper, list]] = {}
+        self._entry_file = None  # the spilled segment entries (``entry_spill``)
         self._layerwise = None
         self.runs = 0
 
@@ -122,6 +125,9 @@ class AssignmentScorer:
             spill.close()
         self._spills.clear()
         self._entries.clear()
+        if self._entry_file is not None:
+            self._entry_file.close()
+            self._entry_file = None
         self._screened.clear()
         self._layerwise = None  # its segments: a copy of the float graph's weights
 
@@ -201,6 +207,8 @@ class AssignmentScorer:
         for k, outputs in itertools.groupby(finals, key=lambda item: item[0]):
             chunks = _logits_chunks((o for _, o in outputs), runner.logits, spill, offset)
             reports[k] = score_window_chunks(chunks, windows, self.labels[which], None, positions)
+        if which in self._entries:
+            drop_entry_pages(self._entries[which])  # the spilled entries the streams read
         release_freed_memory()  # the scorings' logits and sessions, before the next ones
         return reports
 
@@ -268,6 +276,9 @@ class AssignmentScorer:
             )
             for _ in run:
                 pass
+            if self.weights_dir is not None:  # a streamed build: the entries go to disk
+                self._entry_file = self._entry_file or tempfile.TemporaryFile(dir=self.weights_dir)
+                keep = spill_entries(keep, self._entry_file)
             self._entries[which] = keep
         return self._entries[which]
 
