@@ -50,6 +50,9 @@ def _high_water_mark() -> int:
 
 
 def main(argv: list[str]) -> int:
+    """Measure each of ``--providers`` on each engine directory, each pair in a child process
+    (``--one``), and print the table; returns 0. Raises CalledProcessError when a child fails
+    (a provider that cannot run here)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("engines", nargs="+", type=Path)
     parser.add_argument("--providers", nargs="+", default=[CPU_EP, HYBRID])
