@@ -32,7 +32,6 @@ def spill_entries(entries: Entries, file: BinaryIO) -> Entries:
             continue
         envs = [{name: _spilled(a, file) for name, a in env.items()} for env in entry.envs]
         out[index] = SegmentEntry(entry.segment, envs)
-    file.flush()
     return out
 
 
@@ -43,7 +42,7 @@ def _spilled(array: np.ndarray, file: BinaryIO) -> np.ndarray:
     file.seek(0, 2)
     offset = file.tell()
     file.write(contiguous.tobytes())
-    file.flush()
+    file.flush()  # mapped at once: the bytes must be in the file, not in its buffer
     return np.memmap(file, contiguous.dtype, "r", offset=offset, shape=contiguous.shape)
 
 
