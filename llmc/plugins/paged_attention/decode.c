@@ -19,14 +19,19 @@ struct prefetch_rows {
   int row_bytes;
 };
 
-/* Ask for rows [i, i + n) of `pf` (those that exist) to be brought into the cache. Why in small
+/* Ask for rows [i, i + n) of `pf` (those that exist) to be brought into L2. Why in small
  * portions between computations rather than one burst per tile: a core tracks only a few dozen
- * outstanding misses, and a burst of hundreds stalls it instead of overlapping the loads. */
+ * outstanding misses, and a burst of hundreds stalls it instead of overlapping the loads. Why L2
+ * (locality 2, prefetcht1) and not L1: a tile's key rows being scored and its value rows being
+ * prefetched are two tiles of TILE rows of head_dim floats, 32 KB each at head_dim 256 -- more
+ * than a 32 KB L1 holds, so rows prefetched into L1 evicted each other before they were read.
+ * Measured on an AMD EPYC Zen 4 (32 KB L1, one core, 16 sequences x 192 tokens x 18 layers of
+ * a float32 cache from memory): 10.7 ms into L1, 6.7 ms into L2, 13.8 ms without prefetching. */
 static inline void prefetch_rows(const struct prefetch_rows *pf, int i, int n) {
   if (pf->base == NULL) return;
   for (int r = i; r < i + n && r < pf->rows; ++r) {
     const char *row = pf->base + r * pf->stride_bytes;
-    for (int b = 0; b < pf->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+    for (int b = 0; b < pf->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
   }
 }
 
