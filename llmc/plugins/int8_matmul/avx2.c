@@ -111,7 +111,7 @@ static void one_row(const struct i8mm_weights *w, const int8_t *qa, const float 
     const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);
     const int8_t *ap = qa + m0 * k + g * bs;
     for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {
-      PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k));
+      PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k), _MM_HINT_T0);
       __m256i av = broadcast_quad(ap);
       for (int c = 0; c < 8; ++c) {
         __m256i wv = _mm256_load_si256((const __m256i *)(bp + 32 * c));

@@ -34,7 +34,8 @@ struct i8mm_weights {
   int64_t k, n, block_size, num_blocks, num_panels;
   int8_t *codes;   /* [num_panels][k / 4][I8MM_PANEL][4]: qw - 128, zero past column n */
   float *scales;   /* [num_panels][num_blocks][I8MM_PANEL]: sw, zero past column n */
-  int prefetch;    /* 1: the VNNI tiles prefetch the next panel (i8mm_pack: not on AMD) */
+  int prefetch;    /* 1: the VNNI tiles prefetch the next panel into L1 in every product
+                    * (i8mm_pack: not on AMD, where vnni.c's panel_prefetch chooses) */
 };
 
 /* Repack MatMulNBits' 8-bit weight: b [n][k / block_size][block_size] uint8 codes (zero point

@@ -33,17 +33,18 @@
 #endif
 
 #if I8MM_VNNI || I8MM_AVX2
-/* The same 256 bytes of the next panel, into L1: a thread runs panels in memory order, and on a
- * weight larger than L2 (a vocabulary projection) the first tile of each panel otherwise waits
- * on memory (measured on an Intel Xeon: 1.24x on a [640, 262144] projection at M = 16, nothing
- * lost at M = 128; the VNNI tiles skip it where i8mm_prefetch_helps says it costs). A prefetch
- * past the last panel is dropped, never a fault. */
-#define PREFETCH_NEXT_PANEL(p)                                  \
-  do {                                                          \
-    _mm_prefetch((const char *)(p), _MM_HINT_T0);               \
-    _mm_prefetch((const char *)(p) + 64, _MM_HINT_T0);          \
-    _mm_prefetch((const char *)(p) + 128, _MM_HINT_T0);         \
-    _mm_prefetch((const char *)(p) + 192, _MM_HINT_T0);         \
+/* The same 256 bytes of the next panel, into L1 (hint _MM_HINT_T0) or L2 (_MM_HINT_T1): a
+ * thread runs panels in memory order, and on a weight larger than L2 (a vocabulary projection)
+ * the first tile of each panel otherwise waits on memory (an Intel Xeon, into L1: 1.24x on a
+ * [640, 262144] projection at M = 16, nothing lost at M = 128). Where the tiles prefetch, and
+ * into which level, is panel_prefetch's choice (vnni.c). A prefetch past the last panel is
+ * dropped, never a fault. */
+#define PREFETCH_NEXT_PANEL(p, hint)                  \
+  do {                                                \
+    _mm_prefetch((const char *)(p), hint);            \
+    _mm_prefetch((const char *)(p) + 64, hint);       \
+    _mm_prefetch((const char *)(p) + 128, hint);      \
+    _mm_prefetch((const char *)(p) + 192, hint);      \
   } while (0)
 #endif
 

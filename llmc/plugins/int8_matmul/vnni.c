@@ -13,6 +13,11 @@
 
 #include "int8_matmul_internal.h"
 
+/* Where the VNNI tiles prefetch the next panel (panel_prefetch). */
+enum { PANEL_PREFETCH_NONE = 0, PANEL_PREFETCH_L1 = 1, PANEL_PREFETCH_L2 = 2 };
+/* Bytes of packed codes from which a weight counts as larger than L2 (1-2 MB a core). */
+#define PANEL_PREFETCH_MIN_BYTES ((int64_t)8 << 20)
+
 /* ---- Micro-kernel ----------------------------------------------------------------------------- */
 
 #if I8MM_VNNI
@@ -54,8 +59,8 @@ static inline __m512i broadcast_quad(const int8_t *p) {
   }
 
 /* A tile of ROWS rows x one panel: per block, 4 x ROWS int32 accumulators in registers; the
- * float32 outputs wait in out (L1) between blocks. NAME_pf prefetches the next panel as it
- * goes, NAME does not (i8mm_weights.prefetch chooses). */
+ * float32 outputs wait in out (L1) between blocks. PREFETCH: the next panel as it goes into L1
+ * (PANEL_PREFETCH_L1), L2 (PANEL_PREFETCH_L2) or not at all (panel_prefetch chooses). */
 #define DEFINE_TILE(ROWS, PREFETCH, NAME)                                                        \
   static void NAME(const struct i8mm_weights *w, const int8_t *qa, const float *sa,              \
                    const int32_t *za, int64_t m0, int64_t p, float *dst, int64_t ld) {          \
@@ -71,7 +76,8 @@ static inline __m512i broadcast_quad(const int8_t *p) {
       const int8_t *bp = panel + g * (bs / 4) * (I8MM_PANEL * 4);                                \
       const int8_t *ap = qa + m0 * k + g * bs;                                                   \
       for (int64_t kq = 0; kq < bs / 4; ++kq, bp += I8MM_PANEL * 4, ap += 4) {                   \
-        if (PREFETCH) PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k));                                  \
+        if (PREFETCH == PANEL_PREFETCH_L1) PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k), _MM_HINT_T0); \
+        if (PREFETCH == PANEL_PREFETCH_L2) PREFETCH_NEXT_PANEL(bp + PANEL_BYTES(k), _MM_HINT_T1); \
         __m512i b0 = _mm512_xor_si512(_mm512_load_si512(bp), flip);                              \
         __m512i b1 = _mm512_xor_si512(_mm512_load_si512(bp + 64), flip);                         \
         __m512i b2 = _mm512_xor_si512(_mm512_load_si512(bp + 128), flip);                        \
@@ -92,9 +98,10 @@ static inline __m512i broadcast_quad(const int8_t *p) {
     }                                                                                            \
   }
 
-#define DEFINE_TILES(ROWS)                        \
-  DEFINE_TILE(ROWS, 0, tile_vnni_##ROWS)          \
-  DEFINE_TILE(ROWS, 1, tile_vnni_##ROWS##_pf)
+#define DEFINE_TILES(ROWS)                                           \
+  DEFINE_TILE(ROWS, PANEL_PREFETCH_NONE, tile_vnni_##ROWS)           \
+  DEFINE_TILE(ROWS, PANEL_PREFETCH_L1, tile_vnni_##ROWS##_l1)        \
+  DEFINE_TILE(ROWS, PANEL_PREFETCH_L2, tile_vnni_##ROWS##_l2)
 DEFINE_TILES(1)
 DEFINE_TILES(2)
 DEFINE_TILES(3)
@@ -129,19 +136,22 @@ static void tile_portable(const struct i8mm_weights *w, const int8_t *qa, const 
       dst[r * ld + c] = out[r][c];
 }
 
-/* Rows [m0, m0 + rows) x panel p into dst (their first element), rows ld floats apart. */
+/* Rows [m0, m0 + rows) x panel p into dst (their first element), rows ld floats apart;
+ * prefetch: a PANEL_PREFETCH_* of the VNNI tiles. */
 static void tile_at(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
                     const int32_t *za, int64_t m0, int64_t rows, int64_t p, float *dst,
-                    int64_t ld) {
+                    int64_t ld, int prefetch) {
 #if I8MM_VNNI
   typedef void (*tile_fn)(const struct i8mm_weights *, const int8_t *, const float *,
                           const int32_t *, int64_t, int64_t, float *, int64_t);
-  static const tile_fn tiles[2][I8MM_TILE_ROWS] = { /* one micro-kernel per row count */
+  static const tile_fn tiles[3][I8MM_TILE_ROWS] = { /* one micro-kernel per row count */
       {tile_vnni_1, tile_vnni_2, tile_vnni_3, tile_vnni_4, tile_vnni_5, tile_vnni_6},
-      {tile_vnni_1_pf, tile_vnni_2_pf, tile_vnni_3_pf, tile_vnni_4_pf, tile_vnni_5_pf,
-       tile_vnni_6_pf}};
+      {tile_vnni_1_l1, tile_vnni_2_l1, tile_vnni_3_l1, tile_vnni_4_l1, tile_vnni_5_l1,
+       tile_vnni_6_l1},
+      {tile_vnni_1_l2, tile_vnni_2_l2, tile_vnni_3_l2, tile_vnni_4_l2, tile_vnni_5_l2,
+       tile_vnni_6_l2}};
   if (rows >= 1 && rows <= I8MM_TILE_ROWS) {
-    tiles[w->prefetch != 0][rows - 1](w, qa, sa, za, m0, p, dst, ld);
+    tiles[prefetch][rows - 1](w, qa, sa, za, m0, p, dst, ld);
     return;
   }
 #elif I8MM_AVX2
@@ -150,7 +160,24 @@ static void tile_at(const struct i8mm_weights *w, const int8_t *qa, const float 
   return;
 #endif
   (void)za;
+  (void)prefetch;
   tile_portable(w, qa, sa, m0, rows, p, dst, ld);
+}
+
+/* Where the tiles of an m-row product prefetch the next panel (PANEL_PREFETCH_*): into L1 in
+ * every product where i8mm_weights.prefetch says so (Intel); elsewhere into L2, only where each
+ * panel serves two or three tiles (7-18 rows: a decode step of that many sequences) and the
+ * weight is larger than L2. Why: on an AMD EPYC Zen 4
+ * (32 KB L1, benchmarks/bench_int8_tiles.c, one core) a 40 KB panel prefetched into L1 evicted
+ * the one being read (the [640, 262144] vocabulary projection at M = 16: 20.1 ms without, 20.9
+ * ms into L1), into L2 it ran at 17.9 ms; a one-tile product streams faster on the hardware
+ * prefetcher alone (M = 1: 5.8 ms without, 7.0 ms into L2), and at M = 6, 32 and 128 and on
+ * weights inside the caches the prefetch changed nothing or cost up to 3%. */
+static int panel_prefetch(const struct i8mm_weights *w, int64_t m) {
+  if (w->prefetch) return PANEL_PREFETCH_L1;
+  int several_tiles = m > I8MM_TILE_ROWS && m <= 3 * I8MM_TILE_ROWS;
+  int beyond_l2 = w->num_panels * PANEL_BYTES(w->k) >= PANEL_PREFETCH_MIN_BYTES;
+  return several_tiles && beyond_l2 ? PANEL_PREFETCH_L2 : PANEL_PREFETCH_NONE;
 }
 
 int64_t i8mm_num_items(const struct i8mm_weights *w, int64_t m) {
@@ -162,7 +189,8 @@ void i8mm_item(const struct i8mm_weights *w, const int8_t *qa, const float *sa,
   int64_t num_tiles = (m + I8MM_TILE_ROWS - 1) / I8MM_TILE_ROWS;
   int64_t p = item / num_tiles, tile = item % num_tiles;
   int64_t m0 = tile * I8MM_TILE_ROWS, rows = m - m0 < I8MM_TILE_ROWS ? m - m0 : I8MM_TILE_ROWS;
-  tile_at(w, qa, sa, za, m0, rows, p, y + m0 * w->n + p * I8MM_PANEL, w->n);
+  tile_at(w, qa, sa, za, m0, rows, p, y + m0 * w->n + p * I8MM_PANEL, w->n,
+          panel_prefetch(w, m));
 }
 
 int64_t i8mm_gated_num_items(const struct i8mm_weights *w, int64_t m) {
@@ -175,7 +203,8 @@ void i8mm_gated_item(const struct i8mm_weights *w, const int8_t *qa, const float
   int64_t q = item / num_tiles, m0 = item % num_tiles * I8MM_TILE_ROWS;
   int64_t rows = m - m0 < I8MM_TILE_ROWS ? m - m0 : I8MM_TILE_ROWS;
   float gate[I8MM_TILE_ROWS * I8MM_PANEL], up[I8MM_TILE_ROWS * I8MM_PANEL];
-  tile_at(w, qa, sa, za, m0, rows, q, gate, I8MM_PANEL);
-  tile_at(w, qa, sa, za, m0, rows, q + w->num_panels / 2, up, I8MM_PANEL);
+  int prefetch = panel_prefetch(w, m);
+  tile_at(w, qa, sa, za, m0, rows, q, gate, I8MM_PANEL, prefetch);
+  tile_at(w, qa, sa, za, m0, rows, q + w->num_panels / 2, up, I8MM_PANEL, prefetch);
   i8mm_gate_tiles(w, rows, m0, q, gate, up, y);
 }
