@@ -106,6 +106,7 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
         (70, 256, 100, 128),  # the AMX path where the host has it: 32 + 32 + 16 rows, padded
         (16, 256, 100, 128),  # the AMX path's fewest rows: one 16-row tile
         (32, 128, 64, 64),
+        (16, 640, 16384, 32),  # 16 rows over a 10 MB weight: the tiles' next-panel prefetch
     ],
 )
 def test_matches_the_defined_arithmetic(m: int, k: int, n: int, block: int) -> None:
