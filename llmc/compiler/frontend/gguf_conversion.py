@@ -11,7 +11,7 @@ of a file converted before reads them back (Gemma 3 270M, 2-core host: the build
 model" 8 s against 81 s, "load weights" 3 s against 65 s). A part is
 kept only when it loads back the same (config fields; tokenizer vocabulary, special tokens, chat
 template and the ids of probe texts), under a temporary name renamed when complete, so a
-concurrent build never reads half of one.
+concurrent build never reads half of one (``kept_conversion``).
 
 A kept tokenizer is read back as ``PreTrainedTokenizerFast``: ``tokenizers``' own serialization
 of the converted pipeline, without the model class's Python copies of the vocabulary and merges
@@ -23,17 +23,11 @@ for its whole run and by the server that loads the engine's copy.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from llmc.cache_home import cache_home
-
-#: The packages whose code converts the metadata.
-CONVERTING_PACKAGES = ("transformers", "tokenizers")
+from llmc.compiler.frontend.kept_conversion import kept, package_versions, same_tokenizer
 
 
 def gguf_tokenizer(directory: Path, gguf_file: str, digest: str, root: Path | None = None) -> Any:
@@ -43,10 +37,11 @@ def gguf_tokenizer(directory: Path, gguf_file: str, digest: str, root: Path | No
     transformers raises for a file it cannot convert; OSError when the cache cannot be written."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    def convert() -> Any:
+        return AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_file)
+
     part = conversion_dir(digest, root) / "tokenizer"
-    return _converted(
-        AutoTokenizer, directory, gguf_file, part, _same_tokenizer, PreTrainedTokenizerFast
-    )
+    return kept(convert, part, same_tokenizer, PreTrainedTokenizerFast, str(directory))
 
 
 def gguf_config(directory: Path, gguf_file: str, digest: str, root: Path | None = None) -> Any:
@@ -54,87 +49,18 @@ def gguf_config(directory: Path, gguf_file: str, digest: str, root: Path | None 
     ``gguf_tokenizer`` caches the tokenizer."""
     from transformers import AutoConfig
 
+    def convert() -> Any:
+        return AutoConfig.from_pretrained(str(directory), gguf_file=gguf_file)
+
     part = conversion_dir(digest, root) / "config"
-    return _converted(AutoConfig, directory, gguf_file, part, _same_config)
+    return kept(convert, part, _same_config, AutoConfig, str(directory))
 
 
 def conversion_dir(digest: str, root: Path | None = None) -> Path:
     """``root / KEY`` (``root`` default ``cache_home() / "gguf"``): KEY the SHA-256 of the GGUF
-    file's ``digest`` and the versions of ``CONVERTING_PACKAGES``."""
+    file's ``digest`` and the versions of the converting packages (``package_versions``)."""
     root = cache_home() / "gguf" if root is None else root
-    versions = [f"{name}=={metadata.version(name)}" for name in CONVERTING_PACKAGES]
-    return root / hashlib.sha256("\0".join([digest, *versions]).encode()).hexdigest()
-
-
-def _converted(
-    auto: Any,
-    directory: Path,
-    gguf_file: str,
-    part: Path,
-    agree: Callable[[Any, Any], bool],
-    reader: Any = None,
-) -> Any:
-    """``reader.from_pretrained(part)`` (``reader``, default ``auto``: ``AutoConfig``,
-    ``AutoTokenizer`` or a class) when ``part`` was kept; else the conversion
-    ``auto.from_pretrained(directory, gguf_file=...)``, kept in ``part`` for the next build when
-    what ``reader`` loads back from its ``save_pretrained`` files ``agree``s with it, and then
-    read back from there. A conversion that does not load back the same is returned and not
-    kept: the next build converts it again. Either way the result is named after
-    ``directory``, as the file's own load is."""
-    reader = auto if reader is None else reader
-    if part.is_dir():
-        result = reader.from_pretrained(str(part))
-    else:
-        result = auto.from_pretrained(str(directory), gguf_file=gguf_file)
-        converted = result
-        if _keep(result, part, lambda path: agree(converted, reader.from_pretrained(str(path)))):
-            del result, converted
-            result = reader.from_pretrained(str(part))
-    result.name_or_path = str(directory)
-    return result
-
-
-def _keep(converted: Any, part: Path, loads_back: Callable[[Path], bool]) -> bool:
-    """Save ``converted`` to ``part`` under a temporary name, renamed into place when
-    ``loads_back`` says its files give it back; removed otherwise. Returns whether ``part``
-    holds a kept copy (this one, or another build's renamed first)."""
-    partial = part.with_name(f"{part.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    converted.save_pretrained(str(partial))
-    if not loads_back(partial):
-        shutil.rmtree(partial, ignore_errors=True)
-        return False
-    try:
-        os.replace(partial, part)
-    except OSError:  # another build renamed its copy first: keep that one
-        shutil.rmtree(partial, ignore_errors=True)
-    return part.is_dir()
-
-
-#: Texts both tokenizers must encode alike: words, runs of spaces, tabs and newlines, digits,
-#: accents, code, and every special token.
-_PROBES = ("The capital of France is", "  two  spaces\tand a tab\n\n", "ünïcödé 12345", "def f(x):")
-
-
-def _same_tokenizer(converted: Any, read: Any) -> bool:
-    """Whether ``read`` tokenizes as ``converted``: the same vocabulary, special tokens and
-    chat template, and the same ids and decoded text for ``_PROBES`` and the special tokens
-    (``read`` may be another class: ``PreTrainedTokenizerFast``)."""
-    if read.get_vocab() != converted.get_vocab():
-        return False
-    if read.all_special_tokens != converted.all_special_tokens:
-        return False
-    if read.chat_template != converted.chat_template:
-        return False
-    texts = [*_PROBES, " ".join(converted.all_special_tokens)]
-    try:
-        ids = [read(text).input_ids for text in texts]
-        decoded = [read.decode(i) for i in ids]
-    except Exception:  # noqa: BLE001 - any failure of the reloaded tokenizer means "not the same"
-        return False
-    return ids == [converted(t).input_ids for t in texts] and decoded == [
-        converted.decode(i) for i in ids
-    ]
+    return root / hashlib.sha256("\0".join([digest, *package_versions()]).encode()).hexdigest()
 
 
 def _same_config(converted: Any, read: Any) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmc.compiler.frontend.checkpoint_config import check_gguf_config, check_safetensors_config
+from llmc.compiler.frontend.directory_tokenizer import directory_tokenizer
 from llmc.compiler.frontend.gguf_conversion import gguf_tokenizer
 from llmc.compiler.frontend.gguf_file import check_gguf
 from llmc.compiler.frontend.model_dims import ModelDims, gguf_dims, read_config_dims
@@ -147,16 +148,19 @@ def load_model(src: ModelSource, dtype: str = "float32"):
 
 
 def load_tokenizer(src: ModelSource, digest: str | None = None):
-    """Load the HF tokenizer that belongs to the checkpoint (from the GGUF file if there is one:
-    through the conversion cache, ``gguf_conversion``, when the file's sha256 ``digest`` is
-    given)."""
-    from transformers import AutoTokenizer
-
+    """Load the HF tokenizer that belongs to the checkpoint: from the GGUF file if there is one
+    (through the conversion cache, ``gguf_conversion``, when the file's sha256 ``digest`` is
+    given), else the directory's, held as ``PreTrainedTokenizerFast`` where it tokenizes the
+    same (``directory_tokenizer``). Raises what transformers raises for a checkpoint without a
+    tokenizer."""
     if src.gguf_file and digest is not None:
         tokenizer = gguf_tokenizer(src.directory, src.gguf_file, digest)
+    elif src.gguf_file:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(src.directory), gguf_file=src.gguf_file)
     else:
-        kwargs = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(str(src.directory), **kwargs)
+        tokenizer = directory_tokenizer(src.directory)
     if src.alias is not None and src.alias.chat_template and not tokenizer.chat_template:
         tokenizer.chat_template = src.alias.chat_template
     return tokenizer
