@@ -10,9 +10,11 @@ of a 1B-class model are gigabytes in all, tens of megabytes per segment).
 The cache is a convenience and may not take the disk a build needs: Gram matrices grow with
 the square of a layer's width (a Llama-3.2-3B-shaped model's are 0.42 GB per layer, 12 GB in
 all; a Llama-3.1-8B one's would be about 1 GB per layer, 33 GB in all). A segment is saved
-only while the disk keeps ``MIN_FREE_BYTES`` (or a tenth of a smaller disk) free after it; past
-that the cache stops, deletes what it wrote, and the build goes on without it
-(``StatsCache.skipped`` says why).
+only while the disk keeps the build's reserve free after it (``build_reserve``: room for the
+quantized weights and the engine still to be written, at most twice the float weights, and
+1 GiB; ``MIN_FREE_BYTES`` or a tenth of a smaller disk when no build names one); past that the
+cache stops, deletes what it wrote, and the build goes on without it (``StatsCache.skipped``
+says why).
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ _COMPLETE = "complete"
 #: own files (its float graph, quantized weights and engine: several GB at billions of
 #: parameters) come first.
 MIN_FREE_BYTES = 10 << 30
+#: What a build's reserve adds to its files still to be written: its reports, logs and the
+#: provider probe's scratch.
+RESERVE_MARGIN_BYTES = 1 << 30
+
+
+def build_reserve(float_weight_bytes: int) -> int:
+    """The disk space (bytes) a build of a float graph with ``float_weight_bytes`` of weights
+    keeps free from its statistics cache: its quantized weights and its engine, each at most
+    the float weights' bytes, and ``RESERVE_MARGIN_BYTES``."""
+    return 2 * float_weight_bytes + RESERVE_MARGIN_BYTES
 
 
 class StatsCache:

@@ -3,10 +3,18 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
+import pytest
 
 from llmc.calibration.observers import TensorStats
-from llmc.calibration.stats_cache import StatsCache, stats_bytes
+from llmc.calibration.stats_cache import (
+    RESERVE_MARGIN_BYTES,
+    StatsCache,
+    build_reserve,
+    stats_bytes,
+)
 
 
 def _stats(seed: int, channels: int = 16) -> dict[str, TensorStats]:
@@ -57,3 +65,15 @@ def test_stats_bytes_is_what_lands_on_disk(tmp_path):
     cache.save(0, stats)
     on_disk = sum(p.stat().st_size for p in (tmp_path / "key").iterdir())
     assert 0.9 * on_disk <= stats_bytes(stats) <= on_disk
+
+
+def test_a_builds_reserve_follows_its_weights_not_the_disk(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    if free < RESERVE_MARGIN_BYTES + (64 << 20):
+        pytest.skip("under the reserve margin free on this disk")
+    # A tiny model's build caches with a few GB free: it keeps room for its own few MB.
+    assert StatsCache(tmp_path / "tiny", build_reserve(4 << 20)).save(0, _stats(0))
+    # A build whose quantized weights and engine would not fit beside the cache does not cache.
+    large = StatsCache(tmp_path / "large", build_reserve(free // 2))
+    assert not large.save(0, _stats(0))
+    assert "GB" in large.skipped

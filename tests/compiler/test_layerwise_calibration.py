@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from llmc.calibration.collect import collect_by_segment, collect_stats
-from llmc.calibration.stats_cache import StatsCache
+from llmc.calibration.stats_cache import StatsCache, build_reserve
 from llmc.compiler.backends.onnxruntime.lower import set_fpmath_mode
 from llmc.compiler.frontend.model_source import load_model, load_tokenizer, resolve_model
 from llmc.compiler.quantize.qdq import (
@@ -274,7 +274,7 @@ def test_quantized_by_segment_equals_all_at_once(tiny, tmp_path):
     want = {t.name: numpy_helper.to_array(t) for t in ir.to_proto(graph).graph.initializer}
 
     # Segment by segment, through the cache: each part is saved, quantized, then dropped.
-    cache = StatsCache(tmp_path / "cache")
+    cache = StatsCache(tmp_path / "cache", build_reserve(proto.ByteSize()))  # the tiny build's
     runner = LayerwiseRunner(proto, extra_outputs=tuple(dict.fromkeys(tensors.values())))
     parts = ir.from_proto(proto)
     quantizer = GraphQuantizer(parts, spec)

@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from llmc.calibration.data import TextSampler
-from llmc.calibration.stats_cache import StatsCache, as_stored
+from llmc.calibration.stats_cache import StatsCache, as_stored, build_reserve
 from llmc.compiler.frontend.streamed_export import load_float_graph
 from llmc.compiler.quantize.formats import FORMATS
 from llmc.compiler.quantize.front import family_of
@@ -81,7 +81,7 @@ def quantize(
     gram_keys = gptq_keys(graph, spec)
     sampler = None if calib_source.path else _sampler_kind(hf_model)
     key = _calibration_key(config, checkpoint_digest, calib_source, sampler, tensors, gram_keys)
-    cache = StatsCache(calib.stats_path(key))
+    cache = StatsCache(calib.stats_path(key), build_reserve(_weight_bytes(graph)))
     # A streamed build's quantized weights go to disk as they are made (``TensorSpill``).
     spill = TensorSpill(work_dir / QUANTIZED_SPILL) if weights_dir is not None else None
     streamed_work = work_dir if weights_dir is not None else None
@@ -151,6 +151,13 @@ def _sampler_kind(hf_model) -> str:
     """What samples the calibration text: a ``TextSampler``'s kind, or a transformers model's
     class."""
     return hf_model.kind if isinstance(hf_model, TextSampler) else type(hf_model).__name__
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    """The bytes of ``model``'s initializers (from their shapes: external data is not read)."""
+    return sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
 
 
 def _calibration_key(config, checkpoint_digest, calib_source, sampler, tensors, gram_keys) -> str:
