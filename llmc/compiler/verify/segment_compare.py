@@ -1,8 +1,10 @@
 """Comparing one engine segment with the same segment of the unquantized graph (``llmc verify``).
 
-Polygraphy's comparator (``OnnxrtRunner`` + ``Comparator.compare_accuracy``) runs both segments
-on the same captured inputs; ``match_names`` first re-matches engine tensors the exporter named
-differently in another process. See ``llmc.compiler.verify.verify`` for how the inputs are captured.
+Polygraphy's comparator (``OnnxrtRunner`` + ``Comparator.compare_accuracy``) compares the engine
+segment, run on the unquantized graph's inputs of that segment, with the unquantized graph's
+outputs of it: both captured from one reference run (``verify``'s, segment by segment), so the
+reference never holds more than one segment's weights. ``match_names`` first re-matches engine
+tensors the exporter named differently in another process.
 """
 
 from __future__ import annotations
@@ -74,31 +76,20 @@ def relative_error(a, b) -> float:
     return float(np.abs(a - b).mean() / max(np.abs(b).mean(), 1e-30)) if a.size else 0.0
 
 
-def _sessions(engine_file: Path, ref_model, provider, threads: int):
-    """(engine segment's session on ``provider``, as ``OrtRunner`` loads it; the unquantized
-    segment's on the CPU EP)."""
+def _session(engine_file: Path, provider, threads: int):
+    """The engine segment's session on ``provider``, as ``OrtRunner`` loads it."""
     import onnxruntime as ort
 
     opts = session_options(threads)
     if provider.optimize_at_build:  # as OrtRunner loads it: optimized at build time
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    engine_sess = ort.InferenceSession(
-        str(engine_file), opts, providers=bind_provider(opts, provider)
-    )
-    ref_opts = session_options(threads)
-    ref_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    ref_opts.log_severity_level = 3
-    ref_sess = ort.InferenceSession(
-        ref_model.SerializeToString(), ref_opts, providers=["CPUExecutionProvider"]
-    )
-    return engine_sess, ref_sess
+    return ort.InferenceSession(str(engine_file), opts, providers=bind_provider(opts, provider))
 
 
 def compare_segment(
     index: int,
     engine_dir: Path,
     spec,
-    ref_model,
     ref_spec,
     env: dict,
     renamed: dict[str, str],
@@ -108,51 +99,48 @@ def compare_segment(
     rtol: float,
     atol: float,
 ) -> SegmentComparison:
-    """Run engine segment ``spec`` (file in ``engine_dir``, on ``provider``) and the unquantized
-    ``ref_model`` (its ``SegmentSpec`` is ``ref_spec``) on the inputs captured in ``env`` through
-    Polygraphy, and compare the engine segment's outputs with their reference tensors (names
-    mapped through ``renamed``; see ``match_names``) at ``rtol`` / ``atol``. Never raises for a
-    mismatch: a segment that cannot be compared is returned failed, with a note."""
+    """Run engine segment ``spec`` (file in ``engine_dir``, on ``provider``) through Polygraphy
+    on the unquantized graph's inputs of it captured in ``env``, and compare its outputs with
+    the unquantized segment's (``ref_spec``: a ``SegmentSpec``; its outputs in ``env`` too;
+    names mapped through ``renamed``, see ``match_names``) at ``rtol`` / ``atol``. Never raises
+    for a mismatch: a segment that cannot be compared is returned failed, with a note."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
+    from polygraphy.comparator import (
+        Comparator,
+        IterationResult,
+        SimpleCompareFunc,
+    )
     from polygraphy.exception import PolygraphyException
     from polygraphy.logger import G_LOGGER
 
     ref_of = {n: renamed.get(n, n) for n in [*spec.inputs, *spec.outputs]}
     outputs = tuple(o for o in spec.outputs if ref_of[o] in ref_spec.outputs)
     missing = [n for n in spec.inputs if ref_of[n] not in env]
-    missing += [n for n in ref_spec.inputs if n not in env]
+    missing += [ref_of[o] for o in outputs if ref_of[o] not in env]
     note = None
     if missing:
-        note = f"inputs not in the unquantized graph: {', '.join(missing[:3])}"
+        note = f"tensors not in the unquantized graph's run: {', '.join(missing[:3])}"
     elif len(outputs) < len(spec.outputs):
         lost = [o for o in spec.outputs if o not in outputs]
         note = f"outputs not in the unquantized graph: {', '.join(lost[:3])}"
     if note is not None:
         return SegmentComparison(index, spec.file, outputs, False, math.nan, math.nan, note)
 
-    engine_sess, ref_sess = _sessions(engine_dir / spec.file, ref_model, provider, threads)
+    engine_sess = _session(engine_dir / spec.file, provider, threads)
     engine_name, ref_name = f"engine-segment-{index}", f"unquantized-segment-{index}"
     compare = SimpleCompareFunc(
         rtol=rtol,
         atol=atol,
         find_output_func=lambda name, _i, _result: [ref_of.get(name, name)],
     )
+    reference = {ref_of[o]: env[ref_of[o]] for o in outputs}
     try:
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
-            # One run per runner: a renamed tensor feeds the engine under its engine name.
-            results = RunResults()
-            for runner, feed in (
-                (
-                    OnnxrtRunner(lambda: engine_sess, name=engine_name),
-                    {n: env[ref_of[n]] for n in spec.inputs},
-                ),
-                (
-                    OnnxrtRunner(lambda: ref_sess, name=ref_name),
-                    {n: env[n] for n in ref_spec.inputs},
-                ),
-            ):
-                results.extend(Comparator.run([runner], data_loader=[feed]))
+            # A renamed tensor feeds the engine under its engine name.
+            feed = {n: env[ref_of[n]] for n in spec.inputs}
+            runner = OnnxrtRunner(lambda: engine_sess, name=engine_name)
+            results = Comparator.run([runner], data_loader=[feed])
+            results.append((ref_name, [IterationResult(reference, runner_name=ref_name)]))
             accuracy = Comparator.compare_accuracy(results, compare_func=compare)
     except PolygraphyException as e:
         return SegmentComparison(index, spec.file, outputs, False, math.nan, math.nan, str(e))

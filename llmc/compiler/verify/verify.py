@@ -1,19 +1,23 @@
 """``llmc verify``: check a built engine against the unquantized model it was built from.
 
 The reference is rebuilt from the engine manifest's source checkpoint (its digest must match the
-manifest) as the unquantized engine graph (``stages.export.float_graph``). Two checks run on it:
+manifest) as the unquantized engine graph, written to a work directory and run one segment at a
+time (``reference_run``): verifying an engine holds one segment of the float model, never the
+whole of it. Two checks run on it:
 
 1. The accuracy report (``llmc.calibration.accuracy``) on held-out text: ``--data`` (its held-out
    part), else the file the build's report names if it still exists, else text sampled from the
-   model with the held-out seed.
+   unquantized graph with the held-out seed (the build's sampler and text cache). The engine is
+   loaded after the reference has run and scored against its logits, as in a build.
 2. Per segment, Polygraphy's comparator (``OnnxrtRunner`` + ``Comparator.compare_accuracy``, as
-   TensorRT users run it): the reference runs one window and every tensor crossing a segment
-   boundary is captured; then each engine segment and the matching unquantized segment run on
-   the same captured inputs, so an error shows up in the segment that makes it instead of
-   piling up through the layers. Engine segments and the unquantized graph's segments share
-   their boundary tensor names because both are cut by ``split_at_plugins`` from the same
-   export, except where the exporter names tensors differently from run to run
-   (``match_names`` re-matches those by value and the result lists them).
+   TensorRT users run it): the reference's run of the first window keeps every tensor crossing a
+   segment boundary; each engine segment runs on the unquantized graph's inputs of it and its
+   outputs are compared with the unquantized graph's, so an error shows up in the segment that
+   makes it instead of piling up through the layers. Engine segments and the unquantized
+   graph's segments share their boundary tensor names because both are cut by
+   ``split_at_plugins`` from the same export, except where the exporter names tensors
+   differently from run to run (``match_names`` re-matches those by value and the result lists
+   them).
 
 The verdict is Polygraphy's on the logits segment at the given tolerances. Its elementwise check
 fails an element only when it exceeds both ``atol`` and ``rtol`` (relative to the reference). The
@@ -26,24 +30,26 @@ with the accuracy report.
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmc.calibration.accuracy import AccuracyReport, evaluate_accuracy
+from llmc.calibration.accuracy import AccuracyReport, score_logit_chunks
 from llmc.calibration.data import HELDOUT, load_windows
-from llmc.compiler.frontend.model_source import load_model, resolve_model, sha256_files
-from llmc.compiler.stages.export import float_graph
+from llmc.compiler.backends.onnxruntime.accuracy import engine_logit_chunks
+from llmc.compiler.config.calibration import CalibrationOptions
+from llmc.compiler.frontend.model_source import resolve_model, sha256_files
 from llmc.compiler.stages.progress import stage_of
 from llmc.compiler.verify.config import VerifyConfig, VerifyError
+from llmc.compiler.verify.reference_run import reference_graph, reference_runner, run_reference
 from llmc.compiler.verify.segment_compare import SegmentComparison, compare_segment, match_names
 from llmc.engine.host import check_host
 from llmc.engine.isa import detect_host_isa
 from llmc.engine.manifest import read_manifest, verify_files
 from llmc.engine.plan import load_plan
-from llmc.engine.split import split_at_plugins
 from llmc.errors import ModelSourceError
+from llmc.heap import release_freed_memory
 from llmc.runtime.runners.cpu_runner import cpu_runner
-from llmc.runtime.runners.ort_runner import OrtRunner
 from llmc.runtime.runners.step_inputs import single_prefill
 
 
@@ -72,7 +78,7 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
     ``progress`` is a ``BuildProgress`` (or None). Raises EngineError subclasses (no engine,
     built for another host, damaged files), VerifyError (bad option, checkpoint digest differs),
     ModelSourceError (checkpoint not found) and CalibrationDataError (bad ``--data``) before the
-    model is loaded.
+    model is exported.
     """
     import onnxruntime as ort
     from transformers import AutoTokenizer
@@ -84,6 +90,8 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
         check_host(manifest, detect_host_isa(), {"onnxruntime": ort.__version__})
         verify_files(manifest, engine_dir)
         seq_len = config.window_len(manifest.max_seq_len)
+        block, provider, plan = manifest.block_size, manifest.provider, load_plan(engine_dir)
+        num_blocks = math.ceil(seq_len / block)
         stored = _stored_report(manifest.accuracy_report)
         tokenizer = AutoTokenizer.from_pretrained(str(engine_dir / "tokenizer"))
         data = config.data or (_data_file(stored.data) if stored is not None else None)
@@ -92,42 +100,40 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
             windows, label = load_windows(HELDOUT, data, None, tokenizer, config.windows, seq_len)
     with stage("resolve model"):
         src = _checkpoint(manifest, config.model)
-    with stage("load weights"):
-        model = load_model(src, "float32")
-    proto, _ = float_graph(model, manifest.block_size, stage)
-    if windows is None:
-        with stage("sample held-out text"):
-            windows, label = load_windows(HELDOUT, None, model, tokenizer, config.windows, seq_len)
-    del model
-    plan = load_plan(engine_dir)
-    node_outputs = {o for n in proto.graph.node for o in n.output}
-    # Every engine boundary tensor the unquantized graph computes leaves its segment there too.
-    boundaries = tuple(
-        sorted({n for s in plan.segments for n in (*s.inputs, *s.outputs)} & node_outputs)
-    )
-    num_blocks = math.ceil(seq_len / manifest.block_size)
-    with stage("accuracy report") as tick:
-        reference = OrtRunner.from_model(proto, num_blocks, config.threads, boundaries)
-        provider = manifest.provider
-        engine = cpu_runner(engine_dir, num_blocks, config.threads, provider)
-        report = evaluate_accuracy(reference, engine, windows, manifest.block_size, label, tick)
-        if engine.single_graph:  # it returns the logits alone: run the segments to capture
-            del engine
-            engine = cpu_runner(engine_dir, num_blocks, config.threads, provider, False)
-        # Every boundary tensor of both, for one window.
-        step = single_prefill(windows[0], manifest.block_size)
-        env, engine_env = reference.run_step(step), engine.run_step(step)
-        del engine, reference
+    with tempfile.TemporaryDirectory(prefix="llmc-verify-") as work:
+        reference = reference_graph(src, manifest.checkpoint_digest, block, Path(work), stage)
+        if windows is None:
+            with stage("sample held-out text"):
+                sampler = _sampler(reference, tokenizer, manifest, config.threads)
+                windows, label = load_windows(
+                    HELDOUT, None, sampler, tokenizer, config.windows, seq_len
+                )
+                del sampler
+        node_outputs = {o for n in reference.proto.graph.node for o in n.output}
+        # Every engine boundary tensor the unquantized graph computes leaves its segment there.
+        boundaries = tuple(
+            sorted({n for s in plan.segments for n in (*s.inputs, *s.outputs)} & node_outputs)
+        )
+        with stage("accuracy report") as tick, tempfile.TemporaryFile(dir=work) as spill:
+            runner = reference_runner(reference, config.threads, boundaries)
+            ref_plan = runner.plan
+            shapes, env = run_reference(runner, windows, spill, tick)
+            del runner
+            release_freed_memory()
+            engine = cpu_runner(engine_dir, num_blocks, config.threads, provider)
+            chunks = engine_logit_chunks(engine, windows, shapes, spill, block)
+            report = score_logit_chunks(chunks, windows, label)
+    if engine.single_graph:  # it returns the logits alone: run the segments to capture
+        del engine
+        engine = cpu_runner(engine_dir, num_blocks, config.threads, provider, False)
+    with stage("compare segments (Polygraphy)") as tick:
+        # Every boundary tensor of the engine, for the first window.
+        engine_env = engine.run_step(single_prefill(windows[0], block))
+        del engine
         renamed = match_names(engine_env, env, boundaries)
         del engine_env
-    with stage("compare segments (Polygraphy)") as tick:
-        # Split again rather than keep the runner's segments: one copy of the weights at a time.
-        ref_segments, ref_plan = split_at_plugins(proto, extra_outputs=boundaries)
-        del proto
         captured = (env, renamed, provider)
-        segments = _compare_segments(
-            engine_dir, plan, ref_segments, ref_plan, captured, config, tick
-        )
+        segments = _compare_segments(engine_dir, plan, ref_plan, captured, config, tick)
     logits = next(i for i, s in enumerate(plan.segments) if plan.logits in s.outputs)
     anchor = (manifest.quantization or {}).get("spec", {}).get("anchor")
     return VerifyResult(
@@ -136,11 +142,11 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
     )  # fmt: skip
 
 
-def _compare_segments(engine_dir, plan, ref_segments, ref_plan, captured, config, tick) -> list:
-    """``compare_segment`` of each engine segment against the unquantized graph's
-    (``ref_segments``, freed as they are compared) on the boundary tensors ``captured`` =
-    (reference env, engine names by reference name, provider). Raises VerifyError when the two
-    graphs do not have the same segments."""
+def _compare_segments(engine_dir, plan, ref_plan, captured, config, tick) -> list:
+    """``compare_segment`` of each engine segment against the unquantized graph's (its plan
+    ``ref_plan``) on the boundary tensors ``captured`` = (reference env, engine names by
+    reference name, provider). Raises VerifyError when the two graphs do not have the same
+    segments."""
     env, renamed, provider = captured
     if len(ref_plan.segments) != len(plan.segments):
         raise VerifyError(
@@ -149,13 +155,11 @@ def _compare_segments(engine_dir, plan, ref_segments, ref_plan, captured, config
         )
     segments = []
     for i, (spec, ref_spec) in enumerate(zip(plan.segments, ref_plan.segments, strict=True)):
-        ref_model, ref_segments[i] = ref_segments[i], None  # free each segment once compared
         segments.append(
             compare_segment(
                 i,
                 engine_dir,
                 spec,
-                ref_model,
                 ref_spec,
                 env,
                 renamed,
@@ -165,9 +169,26 @@ def _compare_segments(engine_dir, plan, ref_segments, ref_plan, captured, config
                 atol=config.atol,
             )  # fmt: skip
         )
-        del ref_model
         tick(i + 1, len(plan.segments))
     return segments
+
+
+def _sampler(reference, tokenizer, manifest, threads: int):
+    """What samples held-out text from the unquantized graph (its weights on disk): the build's
+    sampler (``EngineTextSampler``), its texts read from and kept in the build's text cache
+    (``CachedTextSampler``, by the checkpoint's digest), so a verify of an engine whose build
+    sampled its held-out text scores the same text."""
+    from llmc.compiler.backends.onnxruntime.text_sampler import (
+        CachedTextSampler,
+        EngineTextSampler,
+    )
+
+    inner = EngineTextSampler(
+        reference.proto, reference.weights_dir, tokenizer, manifest.block_size, threads,
+        work_dir=reference.weights_dir,
+    )  # fmt: skip
+    texts = Path(CalibrationOptions().cache_dir).expanduser() / "texts"  # the build's default
+    return CachedTextSampler(inner, manifest.checkpoint_digest, texts)
 
 
 def _checkpoint(manifest, model: str | None):

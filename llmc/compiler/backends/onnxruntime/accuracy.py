@@ -37,11 +37,10 @@ def accuracy_report(
     chunked-prefill step, so the build holds one model and a few rows of logits at a time."""
     import tempfile
 
-    from llmc.calibration.accuracy import LogitsChunk, check_windows, score_logit_chunks
+    from llmc.calibration.accuracy import check_windows, score_logit_chunks
     from llmc.compiler.quantize.search.assignment_eval import LOGITS_ROWS, spill_logits
     from llmc.runtime.runners.cpu_runner import cpu_runner
     from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
-    from llmc.runtime.runners.step_inputs import prefill_chunks
 
     calib, block_size, threads = config.calibration, config.export.block_size, config.target.threads
     windows = windows_of(source, hf_model, tokenizer, calib.eval_samples, calib.calib_seq_len)
@@ -58,21 +57,28 @@ def accuracy_report(
         del ref
         release_freed_memory()  # the reference's last segment (vocabulary projection, logits)
         engine = cpu_runner(engine_dir, -(-calib.calib_seq_len // block_size), threads, provider)
+        chunks = engine_logit_chunks(engine, windows, shapes, spill, block_size)
+        return score_logit_chunks(chunks, windows, source.describe())
 
-        def chunks():
-            """The engine's logits of each window, ``LOGITS_ROWS`` positions per chunked-prefill
-            step (a 256-token window's whole [T, V] logits are 0.27 GB a copy, several in ONNX
-            Runtime), beside the reference's rows mapped from the spill file."""
-            offset = 0
-            for i, (window, (_, vocab)) in enumerate(zip(windows, shapes, strict=True)):
-                for step in prefill_chunks(window, block_size, LOGITS_ROWS):
-                    got = engine.execute(step)
-                    want = np.memmap(spill, np.float32, "r", offset=offset, shape=got.shape)
-                    if got.shape[1] != vocab:
-                        raise ValueError(f"engine vocabulary {got.shape[1]}, reference {vocab}")
-                    rows = slice(int(step.positions[0]), int(step.positions[-1]) + 1)
-                    offset += got.size * 4  # float32
-                    yield LogitsChunk(i, rows, want, got)
-                    del want, got
 
-        return score_logit_chunks(chunks(), windows, source.describe())
+def engine_logit_chunks(engine, windows: list[np.ndarray], shapes, spill, block_size: int):
+    """Yield ``LogitsChunk``s: ``engine``'s logits of each window, ``LOGITS_ROWS`` positions per
+    chunked-prefill step (a 256-token window's whole [T, V] logits are 0.27 GB a copy, several
+    in ONNX Runtime), beside the reference's rows mapped from the file ``spill``
+    (``spill_logits``' layout, window by window, ``shapes`` its [rows, vocab] per window).
+    Raises ValueError when the engine's vocabulary is not the reference's."""
+    from llmc.calibration.accuracy import LogitsChunk
+    from llmc.compiler.quantize.search.assignment_eval import LOGITS_ROWS
+    from llmc.runtime.runners.step_inputs import prefill_chunks
+
+    offset = 0
+    for i, (window, (_, vocab)) in enumerate(zip(windows, shapes, strict=True)):
+        for step in prefill_chunks(window, block_size, LOGITS_ROWS):
+            got = engine.execute(step)
+            want = np.memmap(spill, np.float32, "r", offset=offset, shape=got.shape)
+            if got.shape[1] != vocab:
+                raise ValueError(f"engine vocabulary {got.shape[1]}, reference {vocab}")
+            rows = slice(int(step.positions[0]), int(step.positions[-1]) + 1)
+            offset += got.size * 4  # float32
+            yield LogitsChunk(i, rows, want, got)
+            del want, got
