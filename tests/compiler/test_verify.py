@@ -20,7 +20,7 @@ from llmc.compiler.verify.verify import VerifyConfig, VerifyError, result_tables
 from llmc.engine.manifest import read_manifest, write_manifest
 from llmc.engine.plan import load_plan
 from llmc.errors import ModelSourceError
-from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3
+from tests.tiny_models import SHAKESPEARE, make_tiny_gemma3, make_tiny_llama
 
 FAST = {"windows": 2, "seq_len": 24}
 
@@ -177,3 +177,18 @@ def test_bad_options_fail_before_the_model_is_loaded(engines, tmp_path):
         verify_engine(good, VerifyConfig(seq_len=65, model=missing_model))
     with pytest.raises(ModelSourceError, match="no-such-checkpoint"):
         verify_engine(good, VerifyConfig(model=missing_model, **FAST))
+
+
+def test_an_engine_with_adapter_slots_passes_against_its_base_model(tmp_path):
+    """The reference carries the engine's LoRA slots, fed empty: every segment is compared."""
+    checkpoint = make_tiny_llama(tmp_path / "ckpt", seed=2, sharp=True)
+    engine = tmp_path / "engine"
+    config = BuildConfig.of(
+        model=str(checkpoint), block_size=4, max_seq_len=64, output=str(engine), enable_lora=True
+    )
+    build(config)
+    assert read_manifest(engine).lora is not None
+    result = verify_engine(engine, VerifyConfig(data=str(SHAKESPEARE), **FAST))
+    assert result.passed
+    for s in result.segments:
+        assert s.passed and s.note is None and s.outputs, s

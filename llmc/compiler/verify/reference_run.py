@@ -18,24 +18,39 @@ import numpy as np
 import onnx
 
 from llmc.compiler.frontend.model_source import ModelSource
+from llmc.compiler.frontend.onnx_export import LoRASlots
 from llmc.compiler.frontend.streamed_export import meta_model, write_float_graph
 from llmc.compiler.memory.plan import MAX_IN_FLIGHT_BYTES
 from llmc.compiler.quantize.search.assignment_eval import LOGITS_ROWS
 from llmc.compiler.stages.export import FloatGraph
 from llmc.compiler.stages.progress import Stage
 from llmc.compiler.weights.stored_weights import segment_widener
+from llmc.engine.lora import LoRALayout
 from llmc.runtime.runners.layerwise_runner import LayerwiseRunner
 
 
 def reference_graph(
-    src: ModelSource, digest: str, block_size: int, work_dir: Path, stage: Stage
+    src: ModelSource,
+    digest: str,
+    block_size: int,
+    work_dir: Path,
+    stage: Stage,
+    lora: dict | None = None,
 ) -> FloatGraph:
     """The unquantized engine graph of checkpoint ``src`` (sha256 ``digest``) with
-    ``block_size``-token KV blocks, written to ``work_dir`` with its weights as external data
-    there; the returned proto holds references to them. Raises ModelSourceError when a graph
-    weight is not in the checkpoint."""
+    ``block_size``-token KV blocks and the adapter slots of the manifest record ``lora``
+    (``LoRALayout.to_dict``; the runner feeds them empty, so the reference is the base model),
+    written to ``work_dir`` with its weights as external data there; the returned proto holds
+    references to them. Raises ModelSourceError when a graph weight is not in the
+    checkpoint."""
+    slots = None
+    if lora is not None:
+        layout = LoRALayout.from_dict(lora)
+        slots = LoRASlots(layout.max_loras, layout.max_lora_rank, layout.target_modules)
     meta = meta_model(src, digest)
-    path, report = write_float_graph(src, meta, block_size, work_dir, MAX_IN_FLIGHT_BYTES, stage)
+    path, report = write_float_graph(
+        src, meta, block_size, work_dir, MAX_IN_FLIGHT_BYTES, stage, lora=slots
+    )
     del meta
     return FloatGraph(onnx.load(str(path), load_external_data=False), report, work_dir)
 

@@ -101,7 +101,8 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
     with stage("resolve model"):
         src = _checkpoint(manifest, config.model)
     with tempfile.TemporaryDirectory(prefix="llmc-verify-") as work:
-        reference = reference_graph(src, manifest.checkpoint_digest, block, Path(work), stage)
+        digest, lora = manifest.checkpoint_digest, manifest.lora
+        reference = reference_graph(src, digest, block, Path(work), stage, lora)
         if windows is None:
             with stage("sample held-out text"):
                 sampler = _sampler(reference, tokenizer, manifest, config.threads)
