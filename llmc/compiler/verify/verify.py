@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmc.calibration.accuracy import AccuracyReport, score_logit_chunks
+from llmc.calibration.accuracy import AccuracyReport, check_windows, score_logit_chunks
 from llmc.calibration.data import HELDOUT, load_windows
 from llmc.compiler.backends.onnxruntime.accuracy import engine_logit_chunks
 from llmc.compiler.config.calibration import CalibrationOptions
@@ -98,6 +98,7 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
         windows = None
         if data is not None:  # a bad file fails here, before the model is loaded
             windows, label = load_windows(HELDOUT, data, None, tokenizer, config.windows, seq_len)
+            check_windows(windows)
     with stage("resolve model"):
         src = _checkpoint(manifest, config.model)
     with tempfile.TemporaryDirectory(prefix="llmc-verify-") as work:
@@ -110,6 +111,7 @@ def verify_engine(engine_dir: str | Path, config: VerifyConfig, progress=None) -
                     HELDOUT, None, sampler, tokenizer, config.windows, seq_len
                 )
                 del sampler
+                check_windows(windows)
         node_outputs = {o for n in reference.proto.graph.node for o in n.output}
         # Every engine boundary tensor the unquantized graph computes leaves its segment there.
         boundaries = tuple(
