@@ -10,7 +10,11 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from llmc.compiler.frontend.directory_tokenizer import directory_tokenizer, tokenizer_dir
+from llmc.compiler.frontend.directory_tokenizer import (
+    TOKENIZER_FILE_MAX_BYTES,
+    directory_tokenizer,
+    tokenizer_dir,
+)
 from llmc.compiler.frontend.kept_conversion import same_tokenizer
 
 TEXTS = ["Hello the world", "  two  spaces\tand a tab\n", "ünïcödé and 12345", "", "<bos><eos>"]
@@ -77,6 +81,11 @@ def test_other_tokenizer_files_are_another_entry_and_weights_are_not_read(tmp_pa
     directory = gemma_directory(tmp_path)
     before = tokenizer_dir(directory, tmp_path)
     (directory / "model.safetensors").write_bytes(b"other weights")
+    assert tokenizer_dir(directory, tmp_path) == before
+    exported = directory / "onnx" / "model.onnx_data"  # weights under another suffix, sparse
+    exported.parent.mkdir()
+    with open(exported, "wb") as f:
+        f.truncate(TOKENIZER_FILE_MAX_BYTES + 1)
     assert tokenizer_dir(directory, tmp_path) == before
     config_path = directory / "tokenizer_config.json"
     config = json.loads(config_path.read_text())

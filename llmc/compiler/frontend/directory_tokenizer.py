@@ -11,9 +11,10 @@ run, and the engine ships a copy that every server process loads.
 So the first build of a directory converts once: the model class's tokenizer is saved under
 ``cache_home()/tokenizer/KEY`` and kept when it reads back as ``PreTrainedTokenizerFast`` that
 tokenizes the same (``kept_conversion.same_tokenizer``); KEY is a SHA-256 of the directory's
-tokenizer files (every file but the weights, ``TOKENIZER_FILES_EXCLUDED``) and the converting
-packages' versions. Builds after it read the kept copy, and the engine's ``tokenizer/`` is its
-files (``tokenizer_class: TokenizersBackend``), so ``llmc serve`` loads the light one too.
+tokenizer files (every file but the weights: ``TOKENIZER_FILES_EXCLUDED``, and any file past
+``TOKENIZER_FILE_MAX_BYTES``) and the converting packages' versions. Builds after it read the
+kept copy, and the engine's ``tokenizer/`` is its files (``tokenizer_class:
+TokenizersBackend``), so ``llmc serve`` loads the light one too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ TOKENIZER_FILES_EXCLUDED = (
     ".h5",
     ".msgpack",
 )
+
+
+#: The largest file the key reads (bytes): Gemma 3's tokenizer.json, the largest seen, is 33 MB.
+TOKENIZER_FILE_MAX_BYTES = 512 << 20
 
 
 def directory_tokenizer(directory: Path, root: Path | None = None) -> Any:
@@ -70,6 +75,13 @@ def tokenizer_dir(directory: Path, root: Path | None = None) -> Path:
 
 def _tokenizer_files(directory: Path) -> list[Path]:
     """``directory``'s files that can hold tokenizer data, sorted: every file at the top level
-    and in its subdirectories (``additional_chat_templates/``) but weights."""
+    and in its subdirectories (``additional_chat_templates/``) but weights, by suffix or by a
+    size no tokenizer file has (``TOKENIZER_FILE_MAX_BYTES``: an ``onnx/model.onnx_data``)."""
     files = [*directory.glob("*"), *directory.glob("*/*")]
-    return sorted(p for p in files if p.is_file() and p.suffix not in TOKENIZER_FILES_EXCLUDED)
+    return sorted(
+        p
+        for p in files
+        if p.is_file()
+        and p.suffix not in TOKENIZER_FILES_EXCLUDED
+        and p.stat().st_size <= TOKENIZER_FILE_MAX_BYTES
+    )
