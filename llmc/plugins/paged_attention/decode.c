@@ -26,7 +26,9 @@ struct prefetch_rows {
  * prefetched are two tiles of TILE rows of head_dim floats, 32 KB each at head_dim 256 -- more
  * than a 32 KB L1 holds, so rows prefetched into L1 evicted each other before they were read.
  * Measured on an AMD EPYC Zen 4 (32 KB L1, one core, 16 sequences x 192 tokens x 18 layers of
- * a float32 cache from memory): 10.7 ms into L1, 6.7 ms into L2, 13.8 ms without prefetching. */
+ * a float32 cache from memory): 10.7 ms into L1, 6.7 ms into L2, 13.8 ms without prefetching.
+ * On a Zen 3 with AVX2 the kernel waits on its arithmetic and L1 was up to 7% faster there:
+ * about 1% of a decode step, not worth a second path (benchmarks/RESULTS.md). */
 static inline void prefetch_rows(const struct prefetch_rows *pf, int i, int n) {
   if (pf->base == NULL) return;
   for (int r = i; r < i + n && r < pf->rows; ++r) {
